@@ -1,0 +1,483 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := srv.Client(func(o *redis.Options) { o.PoolSize = 64 })
+	return lock.New(c, opts...), c, srv
+}
+
+// eventually polls cond (an observable fact in Redis) until it holds or the
+// timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestContentionNoOverlapAndFencesIncrease(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	ctx := context.Background()
+	const workers, perWorker = 16, 200
+
+	var (
+		holders  atomic.Int32
+		overlaps atomic.Int32
+		mu       sync.Mutex
+		fences   []int64 // in the order holders got the lock
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				lease, err := l.Acquire(ctx, "hot", 5*time.Second,
+					lock.WithWaitBackoff(lock.Backoff{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if holders.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				mu.Lock()
+				fences = append(fences, lease.Fence())
+				mu.Unlock()
+				holders.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d overlapping holds", n)
+	}
+	if len(fences) != workers*perWorker {
+		t.Fatalf("got %d acquisitions, want %d", len(fences), workers*perWorker)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("fence %d = %d after %d: not strictly increasing", i, fences[i], fences[i-1])
+		}
+	}
+}
+
+func TestTryAcquireBusy(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	a, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("second TryAcquire: %v, want ErrNotAcquired", err)
+	}
+	if got := c.Get(ctx, "lockstep:{r}").Val(); got != a.Token() || len(got) != 32 {
+		t.Fatalf("lock key holds %q, want the 128-bit token %q", got, a.Token())
+	}
+	if ttl := c.PTTL(ctx, "lockstep:{r}").Val(); ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("lock PTTL %v, want within (0, 1m]", ttl)
+	}
+	if ttl := c.PTTL(ctx, "lockstep:{r}:fence").Val(); ttl < 24*time.Hour {
+		t.Fatalf("fence counter PTTL %v, want a long TTL", ttl)
+	}
+}
+
+func TestWrongTokenCannotReleaseOrRenew(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	holder, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Overwrite the key with another token, as a new holder would after expiry.
+	if err := c.Set(ctx, holder.RedisKey(), "someone-else", 500*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = holder.Renew(ctx)
+	var lost *lock.LostError
+	if !errors.As(err, &lost) || lost.Reason != lock.ReasonStolen || !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Renew with a stale token: %v, want ErrLockLost (stolen)", err)
+	}
+	if ttl := c.PTTL(ctx, holder.RedisKey()).Val(); ttl > 500*time.Millisecond {
+		t.Fatalf("Renew extended another holder's lock: PTTL %v", ttl)
+	}
+	if err := holder.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Release with a stale token: %v, want ErrLockLost", err)
+	}
+	if got := c.Get(ctx, holder.RedisKey()).Val(); got != "someone-else" {
+		t.Fatalf("Release deleted another holder's lock: key holds %q", got)
+	}
+}
+
+func TestReleaseAfterExpiryLeavesNextHolder(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	first, err := l.TryAcquire(ctx, "r", 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the first lease to expire", func() bool {
+		return c.Exists(ctx, first.RedisKey()).Val() == 0
+	})
+	second, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatalf("acquire after expiry: %v", err)
+	}
+	if second.Fence() <= first.Fence() {
+		t.Fatalf("fence after expiry %d <= %d", second.Fence(), first.Fence())
+	}
+
+	start := time.Now()
+	err = first.Release(ctx)
+	if !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("late Release: %v, want ErrLockLost", err)
+	}
+	if got := c.Get(ctx, second.RedisKey()).Val(); got != second.Token() {
+		t.Fatalf("late Release touched the next holder's lock: key holds %q", got)
+	}
+	// Once lost, the lease answers without Redis.
+	if err := first.Renew(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Renew after loss: %v", err)
+	}
+	if err := first.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("second Release after loss: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("calls after loss took %v", d)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatalf("repeated Release: %v, want nil", err)
+	}
+}
+
+func TestRenewExtendsTTL(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "r", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PExpire(ctx, lease.RedisKey(), 100*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, lease.RedisKey()).Val(); ttl <= 500*time.Millisecond {
+		t.Fatalf("PTTL after Renew %v, want close to 1s", ttl)
+	}
+	if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = lease.Renew(ctx)
+	var lost *lock.LostError
+	if !errors.As(err, &lost) || lost.Reason != lock.ReasonExpired || lost.Key != "r" {
+		t.Fatalf("Renew of a deleted key: %v, want ErrLockLost (expired) on r", err)
+	}
+}
+
+func TestFenceSurvivesCounterExpiryAndNewLocker(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	l1 := lock.New(c, lock.WithFenceTTL(100*time.Millisecond))
+	var last int64
+	for i := range 3 {
+		lease, err := l1.TryAcquire(ctx, "r", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.Fence() <= last {
+			t.Fatalf("acquire %d: fence %d <= %d", i, lease.Fence(), last)
+		}
+		last = lease.Fence()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Duration(last) * time.Microsecond; d < time.Duration(time.Now().Add(-time.Hour).UnixMicro())*time.Microsecond {
+		t.Fatalf("a fresh counter started at %d, want the server's time in microseconds", last)
+	}
+	eventually(t, 2*time.Second, "the fence counter to expire", func() bool {
+		return c.Exists(ctx, l1.FenceKey("r")).Val() == 0
+	})
+	l2 := lock.New(srv.Client())
+	lease, err := l2.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Fence() <= last {
+		t.Fatalf("fence after the counter expired: %d <= %d", lease.Fence(), last)
+	}
+}
+
+func TestAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(nil)
+	l, _, _ := newLocker(t, lock.WithMetrics(m))
+	ctx := context.Background()
+	holder, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),
+			lock.WithWaitBackoff(lock.Backoff{Min: time.Millisecond, Max: 20 * time.Millisecond}))
+		if err == nil && lease.Fence() <= holder.Fence() {
+			err = fmt.Errorf("fence %d not above holder's %d", lease.Fence(), holder.Fence())
+		}
+		got <- err
+	}()
+	eventually(t, 5*time.Second, "a busy attempt", func() bool {
+		return testutil.ToFloat64(m.LockAcquire.WithLabelValues(metrics.AcquireBusy)) > 0
+	})
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire after release: %v", err)
+	}
+}
+
+func TestAcquireGivesUpAtMaxWaitWithBoundedAttempts(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	ctx := context.Background()
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(time.Second),
+		lock.CountAttempts(&attempts), lock.WithWaitBackoff(lock.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
+	elapsed := time.Since(start)
+	if !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire on a held lock: %v, want ErrNotAcquired", err)
+	}
+	if elapsed < time.Second || elapsed > 3*time.Second {
+		t.Fatalf("gave up after %v, want about the 1s max wait", elapsed)
+	}
+	// A fixed 10ms retry would make ~100 attempts; growing backoff makes far fewer.
+	if attempts < 3 || attempts > 40 {
+		t.Fatalf("%d attempts in 1s with 10ms..200ms backoff, want between 3 and 40", attempts)
+	}
+}
+
+func TestAcquireHonoursContext(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	if _, err := l.TryAcquire(context.Background(), "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire with a cancelled context: %v, want context.Canceled and ErrNotAcquired", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Acquire returned %v after cancel", d)
+	}
+}
+
+func TestBackoffGrowsWithJitterWithinBounds(t *testing.T) {
+	t.Parallel()
+	b := lock.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	var prev time.Duration
+	distinct := map[time.Duration]bool{}
+	var reachedHalfMax bool
+	for range 200 {
+		d := b.Next(prev)
+		if d < b.Min || d > b.Max {
+			t.Fatalf("delay %v outside [%v, %v]", d, b.Min, b.Max)
+		}
+		if d > b.Max/2 {
+			reachedHalfMax = true
+		}
+		distinct[d] = true
+		prev = d
+	}
+	if !reachedHalfMax {
+		t.Fatal("200 decorrelated-jitter steps never grew past half the max")
+	}
+	if len(distinct) < 50 {
+		t.Fatalf("only %d distinct delays in 200: no jitter", len(distinct))
+	}
+	if d := b.Nth(1); d > 30*time.Millisecond {
+		t.Fatalf("Nth(1) = %v, want at most 3×Min", d)
+	}
+	for range 100 {
+		if d := b.Nth(50); d < b.Min || d > b.Max {
+			t.Fatalf("Nth(50) = %v outside bounds", d)
+		}
+	}
+}
+
+func TestReentrancy(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	mine := lock.WithOwner(ctx, "owner-a")
+	theirs := lock.WithOwner(ctx, "owner-b")
+
+	outer, err := l.TryAcquire(mine, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.TryAcquire(mine, "r", time.Minute)
+	if err != nil {
+		t.Fatalf("reentrant acquire: %v", err)
+	}
+	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
+		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
+			inner.Reentrant(), inner.Fence(), outer.Fence())
+	}
+	if n := c.HGet(ctx, "lockstep:{r}:owners", "owner-a").Val(); n != "2" {
+		t.Fatalf("hold count %q, want 2", n)
+	}
+	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("other owner: %v, want ErrNotAcquired", err)
+	}
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("no owner: %v, want ErrNotAcquired", err)
+	}
+	if err := inner.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
+	}
+	if err := outer.Renew(ctx); err != nil {
+		t.Fatalf("renew the outer hold: %v", err)
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.TryAcquire(theirs, "r", time.Minute)
+	if err != nil {
+		t.Fatalf("other owner after every hold was released: %v", err)
+	}
+	if next.Fence() <= outer.Fence() {
+		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
+	}
+	if _, err := l.TryAcquire(mine, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("former owner re-entered someone else's lock: %v", err)
+	}
+}
+
+func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("with a replica", func(t *testing.T) {
+		t.Parallel()
+		master, replica := redistest.StartWithReplica(t)
+		l := lock.New(master.Client(), lock.WaitReplicas(1, 2*time.Second))
+		lease, err := l.TryAcquire(ctx, "r", time.Minute)
+		if err != nil {
+			t.Fatalf("acquire with one replica attached: %v", err)
+		}
+		if got := replica.Client().Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
+			t.Fatalf("replica holds %q, want the token", got)
+		}
+	})
+	t.Run("without one", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		c := srv.Client()
+		l := lock.New(c, lock.WaitReplicas(1, 100*time.Millisecond))
+		_, err := l.TryAcquire(ctx, "r", time.Minute)
+		if !errors.Is(err, lock.ErrReplicas) {
+			t.Fatalf("acquire with no replica: %v, want ErrReplicas", err)
+		}
+		if n := c.Exists(ctx, l.Key("r")).Val(); n != 0 {
+			t.Fatal("failed acquire left its lock behind")
+		}
+		if _, err := lock.New(c).TryAcquire(ctx, "r", time.Minute); err != nil {
+			t.Fatalf("the resource stayed blocked: %v", err)
+		}
+	})
+}
+
+func TestRedisKilledReturnsErrors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client(func(o *redis.Options) { o.MaxRetries = 1; o.DialTimeout = 200 * time.Millisecond })
+	l := lock.New(c)
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	if _, err := l.TryAcquire(ctx, "other", time.Minute); err == nil || errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with Redis dead: %v, want a transport error", err)
+	} else if !containsAll(err.Error(), "acquire", "other") {
+		t.Fatalf("error %q does not name the operation and key", err)
+	}
+	if err := lease.Renew(ctx); err == nil || errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Renew with Redis dead: %v, want a transport error (not a loss)", err)
+	}
+	if err := lease.Release(ctx); err == nil {
+		t.Fatal("Release with Redis dead returned nil")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := l.Acquire(wctx, "r", time.Minute); err == nil {
+		t.Fatal("Acquire with Redis dead returned nil")
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,262 @@
+// Package redistest starts private redis-server processes for tests.
+//
+// Every server listens on a free loopback port, keeps no data on disk and is
+// killed in t.Cleanup, so tests that use it can run in parallel. A Server can be
+// killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) and restarted on the same
+// port, which is what fault tests need. Nothing here mocks Redis.
+//
+// When redis-server is not installed, Start fails the test with a message that
+// says how to install it; it never skips.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a server may take to answer PING after exec.
+const startTimeout = 10 * time.Second
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	tb   testing.TB
+	Addr string // host:port on 127.0.0.1
+	Port int
+	args []string
+	dir  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd exits
+}
+
+// Start starts a private redis-server. Extra config directives may be given
+// as "name value" pairs, e.g. Start(t, "maxmemory", "10mb").
+func Start(tb testing.TB, directives ...string) *Server {
+	tb.Helper()
+	bin := binary(tb)
+	dir := tb.TempDir()
+	var lastErr error
+	for range 5 { // a free port can be taken between probe and bind; try a few
+		port, err := freePort()
+		if err != nil {
+			tb.Fatalf("redistest: free port: %v", err)
+		}
+		s := &Server{
+			tb:   tb,
+			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			Port: port,
+			dir:  dir,
+		}
+		s.args = append([]string{
+			"--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
+			"--save", "",
+			"--appendonly", "no",
+			"--dir", dir,
+			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
+			"--daemonize", "no",
+			"--repl-diskless-sync-delay", "0", // replicas link up at once
+		}, expand(directives)...)
+		if lastErr = s.start(bin); lastErr == nil {
+			tb.Cleanup(s.stop)
+			return s
+		}
+	}
+	tb.Fatalf("redistest: start redis-server: %v", lastErr)
+	return nil
+}
+
+// StartN starts n independent servers.
+func StartN(tb testing.TB, n int) []*Server {
+	tb.Helper()
+	servers := make([]*Server, n)
+	for i := range servers {
+		servers[i] = Start(tb)
+	}
+	return servers
+}
+
+// StartWithReplica starts a master and one replica of it, and returns once the
+// replica reports its link to the master up.
+func StartWithReplica(tb testing.TB) (master, replica *Server) {
+	tb.Helper()
+	master = Start(tb)
+	replica = Start(tb, "replicaof", fmt.Sprintf("127.0.0.1 %d", master.Port))
+	c := replica.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	for {
+		info, err := c.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return master, replica
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("redistest: replica of %s never linked up: %v", master.Addr, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Client returns a new client for the server, closed when the test ends.
+func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
+	o := &redis.Options{Addr: s.Addr}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Kill sends SIGKILL and waits for the process to exit.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Pause stops the process with SIGSTOP: connections stay open, nothing answers.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+// Restart kills the server (if running) and starts it again on the same port,
+// with no data.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+	bin := binary(s.tb)
+	var err error
+	for range 50 { // the port is ours; only a lingering socket can delay the bind
+		if err = s.startLocked(bin); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: restart %s: %v", s.Addr, err)
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.tb.Fatalf("redistest: %s is not running", s.Addr)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.tb.Fatalf("redistest: signal %v to %s: %v", sig, s.Addr, err)
+	}
+}
+
+func (s *Server) start(bin string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.startLocked(bin)
+}
+
+func (s *Server) startLocked(bin string) error {
+	cmd := exec.Command(bin, s.args...)
+	// The server dies with the test binary even if cleanup never runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	if err := s.waitReady(); err != nil {
+		s.killLocked()
+		log, _ := os.ReadFile(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.Port)))
+		return fmt.Errorf("%w; log:\n%s", err, tail(log, 2000))
+	}
+	return nil
+}
+
+func (s *Server) waitReady() error {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		select {
+		case <-s.done:
+			return errors.New("redis-server exited during start")
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no PONG from %s within %v: %w", s.Addr, startTimeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+func (s *Server) stop() { s.Kill() }
+
+func binary(tb testing.TB) string {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redistest: redis-server is not installed (%v). Install it with "+
+			"`apt-get update && apt-get install -y redis-server`, or run `make test`, which does.", err)
+	}
+	return bin
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// expand turns "name", "value" pairs into redis-server flags.
+func expand(directives []string) []string {
+	out := make([]string, 0, len(directives))
+	for i := 0; i < len(directives); i += 2 {
+		out = append(out, "--"+directives[i])
+		if i+1 < len(directives) {
+			out = append(out, directives[i+1])
+		}
+	}
+	return out
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
