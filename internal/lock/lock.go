@@ -75,6 +75,9 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 	return l
 }
 
+// Locker returns the Locker that took the lease.
+func (s *Lease) Locker() *Locker { return s.locker }
+
 // Client returns the Redis client the Locker uses.
 func (l *Locker) Client() redis.UniversalClient { return l.client }
 
@@ -311,6 +314,15 @@ func (s *Lease) Release(ctx context.Context) error {
 		if errors.Is(err, errReleased) {
 			return nil
 		}
+		if !inferred(err) {
+			return err
+		}
+		// The loss was inferred locally (deadline, max hold): the key may still
+		// hold our token, and deleting it by token frees the resource at once.
+		if _, relErr := run(ctx, s.locker.client, scriptRelease,
+			[]string{s.keys.lock, s.keys.owners}, s.token, s.owner); relErr != nil {
+			return errors.Join(err, fmt.Errorf("lock: release %q: %w", s.resource, relErr))
+		}
 		return err
 	}
 	reply, err := run(ctx, s.locker.client, scriptRelease,
@@ -340,9 +352,17 @@ func (s *Lease) settle(reply any) error {
 	return fmt.Errorf("lock: %q: unexpected reply %v", s.resource, reply)
 }
 
-// MarkLost records that the lease is lost for reason; later Renew and Release
-// calls return the loss without calling Redis. The watchdog uses it when the
-// local deadline passes.
+// inferred reports whether a loss was concluded locally rather than read from Redis.
+func inferred(err error) bool {
+	var lost *LostError
+	return errors.As(err, &lost) && (lost.Reason == ReasonUnreachable || lost.Reason == ReasonMaxHold)
+}
+
+// MarkLost records that the lease is lost for reason and returns the state that
+// holds (an earlier loss or release wins). Later Renew calls return the loss
+// without calling Redis; Release still deletes the key if it holds our token,
+// for reasons concluded locally (unreachable, max_hold). The watchdog uses it
+// when the local deadline or the max hold passes.
 func (s *Lease) MarkLost(reason Reason) error {
 	return s.state.set(&LostError{Key: s.resource, Reason: reason})
 }

@@ -45,37 +45,43 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*Lease) []error {
 
 // renewBatched renews leases[live...] on one node with renew_batch.lua.
 func (l *Locker) renewBatched(ctx context.Context, c redis.UniversalClient, leases []*Lease, live []int, results []error) {
-	fail := func(err error) {
-		for _, i := range live {
-			results[i] = fmt.Errorf("lock: renew %q: %w", leases[i].resource, err)
-		}
-	}
-	if err := scriptRenewBatch.Load(ctx, c).Err(); err != nil {
-		fail(fmt.Errorf("load script: %w", err))
-		return
-	}
 	type batch struct {
 		idx []int
 		cmd *redis.Cmd
 	}
 	var batches []batch
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for start := 0; start < len(live); start += BatchSize {
-			idx := live[start:min(start+BatchSize, len(live))]
-			keys := make([]string, 0, len(idx)+1)
-			args := make([]any, 0, 3*len(idx))
-			for _, i := range idx {
-				s := leases[i]
-				keys = append(keys, s.keys.lock)
-				if s.owner != "" {
-					keys = append(keys, s.keys.owners)
+	send := func() {
+		batches = batches[:0]
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for start := 0; start < len(live); start += BatchSize {
+				idx := live[start:min(start+BatchSize, len(live))]
+				keys := make([]string, 0, len(idx)+1)
+				args := make([]any, 0, 3*len(idx))
+				for _, i := range idx {
+					s := leases[i]
+					keys = append(keys, s.keys.lock)
+					if s.owner != "" {
+						keys = append(keys, s.keys.owners)
+					}
+					args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
 				}
-				args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
+				batches = append(batches, batch{idx, scriptRenewBatch.EvalSha(ctx, p, keys, args...)})
 			}
-			batches = append(batches, batch{idx, scriptRenewBatch.EvalSha(ctx, p, keys, args...)})
+			return nil
+		})
+	}
+	send()
+	// A pipeline can only send EVALSHA; after a restart or failover the
+	// script is missing once: load it and send again.
+	if err := batches[0].cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := scriptRenewBatch.Load(ctx, c).Err(); err != nil {
+			for _, i := range live {
+				results[i] = fmt.Errorf("lock: renew %q: load script: %w", leases[i].resource, err)
+			}
+			return
 		}
-		return nil
-	})
+		send()
+	}
 	for _, b := range batches {
 		statuses, err := b.cmd.Slice()
 		if err == nil && len(statuses) != len(b.idx) {
@@ -105,21 +111,27 @@ func (l *Locker) renewCluster(ctx context.Context, cc *redis.ClusterClient, leas
 	var wg sync.WaitGroup
 	for node, idx := range byNode {
 		wg.Go(func() {
-			if err := scriptRenew.Load(ctx, node).Err(); err != nil {
-				for _, i := range idx {
-					results[i] = fmt.Errorf("lock: renew %q: load script: %w", leases[i].resource, err)
-				}
-				return
-			}
 			cmds := make([]*redis.Cmd, len(idx))
-			_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for n, i := range idx {
-					s := leases[i]
-					cmds[n] = scriptRenew.EvalSha(ctx, p, []string{s.keys.lock, s.keys.owners},
-						s.token, s.ttl.Milliseconds(), s.reentrantFlag())
+			send := func() {
+				_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for n, i := range idx {
+						s := leases[i]
+						cmds[n] = scriptRenew.EvalSha(ctx, p, []string{s.keys.lock, s.keys.owners},
+							s.token, s.ttl.Milliseconds(), s.reentrantFlag())
+					}
+					return nil
+				})
+			}
+			send()
+			if err := cmds[0].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				if err := scriptRenew.Load(ctx, node).Err(); err != nil {
+					for _, i := range idx {
+						results[i] = fmt.Errorf("lock: renew %q: load script: %w", leases[i].resource, err)
+					}
+					return
 				}
-				return nil
-			})
+				send()
+			}
 			for n, i := range idx {
 				if reply, err := cmds[n].Result(); err != nil {
 					results[i] = fmt.Errorf("lock: renew %q: %w", leases[i].resource, err)

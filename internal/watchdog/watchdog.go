@@ -1,0 +1,428 @@
+package watchdog
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+)
+
+// ErrStopped is the cause given to holds still open when the watchdog stops.
+var ErrStopped = errors.New("watchdog: stopped")
+
+// Options configure a Watchdog. Zero values take the defaults.
+type Options struct {
+	// Interval between renewals of a lease; default TTL/3.
+	Interval time.Duration
+	// DriftMargin is subtracted from the local deadline (last renewal's send
+	// time + TTL) to allow for clock-rate differences and the time a handler
+	// needs to notice its context; default TTL/10 (at least 2ms).
+	DriftMargin time.Duration
+	// RetryInterval is the wait after a renewal failed with a transport error;
+	// default Interval/5 (at least 5ms).
+	RetryInterval time.Duration
+	// MaxHold bounds how long any lease is kept; 0 means no bound.
+	MaxHold time.Duration
+
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+}
+
+// HoldOption overrides the watchdog's Options for one hold.
+type HoldOption func(*holdConfig)
+
+type holdConfig struct {
+	interval, drift, retry, maxHold time.Duration
+}
+
+// Interval sets the renewal interval of one hold.
+func Interval(d time.Duration) HoldOption { return func(c *holdConfig) { c.interval = d } }
+
+// DriftMargin sets the drift margin of one hold.
+func DriftMargin(d time.Duration) HoldOption { return func(c *holdConfig) { c.drift = d } }
+
+// MaxHold bounds how long one hold is renewed.
+func MaxHold(d time.Duration) HoldOption { return func(c *holdConfig) { c.maxHold = d } }
+
+// Watchdog renews every lease handed to it and cancels the lease's context
+// the moment the lease is lost. One per process is enough: renewals that
+// fall due together share round trips.
+type Watchdog struct {
+	opts    Options
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	holds   map[*Hold]struct{}
+	stopped bool
+
+	wake     chan struct{} // a hold was added or is due earlier
+	quit     chan struct{}
+	done     chan struct{}
+	start    sync.Once
+	stopOnce sync.Once
+
+	// testHookRenew, when set, runs for each lease while a round is built;
+	// tests use it to inject a panic into one renewal.
+	testHookRenew func(*lock.Lease)
+}
+
+// New returns a watchdog. Its loop starts with the first Hold (or Start).
+func New(opts Options) *Watchdog {
+	return &Watchdog{
+		opts:    opts,
+		metrics: metrics.OrNop(opts.Metrics),
+		log:     cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
+		holds:   map[*Hold]struct{}{},
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// Start starts the renewal loop; it returns at once and is safe to repeat.
+func (w *Watchdog) Start(context.Context) error {
+	w.start.Do(func() { go w.loop() })
+	return nil
+}
+
+// Stop ends the renewal loop and cancels every hold still open with cause
+// ErrStopped. It does not release leases: their holders do. It is safe to call
+// more than once and waits for an in-flight round, bounded by ctx.
+func (w *Watchdog) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() {
+		w.start.Do(func() { close(w.done) }) // never started: nothing to wait for
+		w.mu.Lock()
+		w.stopped = true
+		holds := make([]*Hold, 0, len(w.holds))
+		for h := range w.holds {
+			holds = append(holds, h)
+		}
+		w.mu.Unlock()
+		close(w.quit)
+		for _, h := range holds {
+			h.end(ErrStopped)
+		}
+	})
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Held returns the number of leases being renewed.
+func (w *Watchdog) Held() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.holds)
+}
+
+// Hold starts renewing lease and returns a context derived from ctx that is
+// cancelled, with a cause matching lock.ErrLockLost, as soon as the lease is
+// lost: at once when a renewal finds the token gone (stolen, expired), when
+// the local deadline passes without a successful renewal (unreachable), or
+// when the max hold is reached (max_hold).
+//
+// The caller owns the lease: it must end the hold with Hold.Release (stop
+// renewing, then release) or Hold.Stop (stop renewing only) when its work is
+// done. The watchdog never releases a lease.
+func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOption) (context.Context, *Hold) {
+	ttl := lease.TTL()
+	c := holdConfig{
+		interval: w.opts.Interval,
+		drift:    w.opts.DriftMargin,
+		retry:    w.opts.RetryInterval,
+		maxHold:  w.opts.MaxHold,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	c.interval = cmp.Or(c.interval, ttl/3)
+	c.drift = cmp.Or(c.drift, max(ttl/10, 2*time.Millisecond))
+	c.retry = cmp.Or(c.retry, max(c.interval/5, 5*time.Millisecond))
+
+	hctx, cancel := context.WithCancelCause(ctx)
+	h := &Hold{
+		w:        w,
+		lease:    lease,
+		cancel:   cancel,
+		cfg:      c,
+		sent:     lease.AcquiredAt(),
+		next:     lease.AcquiredAt().Add(c.interval),
+		deadline: lease.AcquiredAt().Add(ttl - c.drift),
+		heldFrom: time.Now(),
+	}
+	w.mu.Lock()
+	if w.stopped {
+		h.ended = true
+		w.mu.Unlock()
+		cancel(ErrStopped)
+		return hctx, h
+	}
+	w.holds[h] = struct{}{}
+	// Timers start under the lock so that end, which takes it, sees them.
+	h.timer = time.AfterFunc(time.Until(h.deadline), h.onDeadline)
+	if c.maxHold > 0 {
+		h.maxTimer = time.AfterFunc(time.Until(lease.AcquiredAt().Add(c.maxHold)), func() {
+			h.lose(lock.ReasonMaxHold)
+		})
+	}
+	w.mu.Unlock()
+	w.metrics.LocksHeld.Inc()
+	_ = w.Start(ctx)
+	w.poke()
+	return hctx, h
+}
+
+func (w *Watchdog) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the watchdog's one goroutine: sleep until the earliest renewal is
+// due, renew every lease due by then (plus a little slack, so leases falling
+// due together share a round), repeat.
+func (w *Watchdog) loop() {
+	defer close(w.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next, ok := w.nextDue()
+		wait := time.Hour
+		if ok {
+			wait = max(time.Until(next), 0)
+		}
+		timer.Reset(wait)
+		select {
+		case <-w.quit:
+			return
+		case <-w.wake:
+			continue
+		case <-timer.C:
+		}
+		w.round()
+	}
+}
+
+func (w *Watchdog) nextDue() (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var next time.Time
+	for h := range w.holds {
+		if next.IsZero() || h.next.Before(next) {
+			next = h.next
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// round renews every due lease. It is supervised: a panic is recovered,
+// counted and logged, and the leases of that round are retried soon.
+func (w *Watchdog) round() {
+	now := time.Now()
+	var due []*Hold
+	w.mu.Lock()
+	for h := range w.holds {
+		if !h.next.After(now.Add(h.cfg.interval / 4)) {
+			due = append(due, h)
+		}
+	}
+	w.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+
+	// Group by Locker (a process usually has one) and build each batch; a
+	// panic while handling one lease skips that lease only.
+	byLocker := map[*lock.Locker][]*Hold{}
+	for _, h := range due {
+		if w.guard(h, func() {
+			if w.testHookRenew != nil {
+				w.testHookRenew(h.lease)
+			}
+		}) {
+			byLocker[h.lease.Locker()] = append(byLocker[h.lease.Locker()], h)
+		}
+	}
+	var wg sync.WaitGroup
+	for l, holds := range byLocker {
+		wg.Go(func() { w.renew(l, holds) })
+	}
+	wg.Wait()
+}
+
+// guard runs f for h, recovering a panic; it reports whether f completed.
+func (w *Watchdog) guard(h *Hold, f func()) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.metrics.Renewals.WithLabelValues(metrics.RenewalPanic).Inc()
+			w.log.Error("watchdog: recovered panic in renewal", "key", h.lease.Key(), "panic", fmt.Sprint(r))
+			h.retryAt(time.Now())
+			ok = false
+		}
+	}()
+	f()
+	return true
+}
+
+// renew sends one renewal round for holds of one Locker.
+func (w *Watchdog) renew(l *lock.Locker, holds []*Hold) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.metrics.Renewals.WithLabelValues(metrics.RenewalPanic).Add(float64(len(holds)))
+			w.log.Error("watchdog: recovered panic in renewal round", "leases", len(holds), "panic", fmt.Sprint(r))
+			now := time.Now()
+			for _, h := range holds {
+				h.retryAt(now)
+			}
+		}
+	}()
+	// A round may not outlive the earliest deadline in it: past that, its
+	// answer is useless and a late renewal would only delay the next holder.
+	sent := time.Now()
+	timeout := time.Duration(1<<63 - 1)
+	leases := make([]*lock.Lease, len(holds))
+	for i, h := range holds {
+		leases[i] = h.lease
+		timeout = min(timeout, h.deadlineIn(sent))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
+	defer cancel()
+	results := l.RenewAll(ctx, leases)
+	w.metrics.RenewalDuration.Observe(time.Since(sent).Seconds())
+	for i, h := range holds {
+		w.guard(h, func() { h.settle(sent, results[i]) })
+	}
+}
+
+// Hold is one lease under the watchdog.
+type Hold struct {
+	w      *Watchdog
+	lease  *lock.Lease
+	cfg    holdConfig
+	cancel context.CancelCauseFunc
+	heldFrom time.Time
+
+	// guarded by w.mu
+	timer    *time.Timer // fires at deadline
+	maxTimer *time.Timer // fires at the max hold, if any
+	sent     time.Time // send time of the last successful renewal (or the acquire)
+	deadline time.Time // sent + ttl - drift
+	next     time.Time // next renewal due
+	ended    bool
+}
+
+// Lease returns the held lease.
+func (h *Hold) Lease() *lock.Lease { return h.lease }
+
+// Stop ends renewal without releasing the lease, and cancels the hold's
+// context (cause context.Canceled) unless it already ended. Safe to repeat.
+func (h *Hold) Stop() { h.end(nil) }
+
+// Release stops renewal and releases the lease. It returns an error matching
+// lock.ErrLockLost when the lease had been lost.
+func (h *Hold) Release(ctx context.Context) error {
+	h.Stop()
+	return h.lease.Release(ctx)
+}
+
+func (h *Hold) deadlineIn(now time.Time) time.Duration {
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	return h.deadline.Sub(now)
+}
+
+func (h *Hold) retryAt(now time.Time) {
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	h.next = now.Add(h.cfg.retry)
+}
+
+// settle applies one renewal result.
+func (h *Hold) settle(sent time.Time, err error) {
+	m := h.w.metrics
+	var lost *lock.LostError
+	switch {
+	case err == nil:
+		m.Renewals.WithLabelValues(metrics.RenewalRenewed).Inc()
+		h.w.mu.Lock()
+		if h.ended {
+			h.w.mu.Unlock()
+			return
+		}
+		h.sent = sent
+		h.deadline = sent.Add(h.lease.TTL() - h.cfg.drift)
+		h.next = sent.Add(h.cfg.interval)
+		h.timer.Reset(time.Until(h.deadline))
+		h.w.mu.Unlock()
+	case errors.As(err, &lost):
+		m.Renewals.WithLabelValues(metrics.RenewalLost).Inc()
+		h.lose(lost.Reason)
+	default:
+		m.Renewals.WithLabelValues(metrics.RenewalError).Inc()
+		h.w.log.Warn("watchdog: renewal failed; retrying until the local deadline",
+			"key", h.lease.Key(), "error", err)
+		h.retryAt(time.Now())
+	}
+}
+
+// onDeadline runs from the deadline timer. A renewal that succeeded while
+// the timer was firing has moved the deadline; then this is a stale firing.
+func (h *Hold) onDeadline() {
+	h.w.mu.Lock()
+	stale := time.Now().Before(h.deadline)
+	h.w.mu.Unlock()
+	if !stale {
+		h.lose(lock.ReasonUnreachable)
+	}
+}
+
+// lose marks the lease lost and ends the hold with the loss as cause.
+func (h *Hold) lose(reason lock.Reason) {
+	cause := h.lease.MarkLost(reason) // an earlier loss or release wins
+	var lost *lock.LostError
+	if !errors.As(cause, &lost) {
+		h.end(nil) // released meanwhile: not a loss
+		return
+	}
+	if h.end(cause) {
+		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
+		h.w.log.Warn("watchdog: lock lost; handler context cancelled",
+			"key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
+	}
+}
+
+// end removes the hold and cancels its context with cause; it reports whether
+// this call ended it.
+func (h *Hold) end(cause error) bool {
+	h.w.mu.Lock()
+	if h.ended {
+		h.w.mu.Unlock()
+		return false
+	}
+	h.ended = true
+	_, held := h.w.holds[h]
+	delete(h.w.holds, h)
+	h.timer.Stop()
+	if h.maxTimer != nil {
+		h.maxTimer.Stop()
+	}
+	h.w.mu.Unlock()
+
+	h.cancel(cause)
+	if held {
+		h.w.metrics.LocksHeld.Dec()
+		h.w.metrics.LockHeld.Observe(time.Since(h.heldFrom).Seconds())
+	}
+	return true
+}

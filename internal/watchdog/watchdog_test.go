@@ -1,0 +1,487 @@
+package watchdog_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// ttl is short so fault tests run fast: interval 100ms, and a drift margin of
+// 75ms leaves room for a loaded 2-core CI machine to fire the deadline timer.
+const (
+	ttl   = 300 * time.Millisecond
+	drift = 75 * time.Millisecond
+	// slack is how late, beyond what the design allows, a cancellation may be
+	// observed on a loaded machine.
+	slack = 100 * time.Millisecond
+)
+
+// recorder is a go-redis hook that logs when each round trip was sent and
+// whether it succeeded, so tests can read the last successful renewal's send
+// time and count round trips.
+type recorder struct {
+	mu    sync.Mutex
+	trips []trip
+}
+
+type trip struct {
+	sent, done time.Time
+	cmds       int
+	evals      int // EVALSHA/EVAL commands in it
+	err        error
+}
+
+func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		t := trip{sent: time.Now(), cmds: 1, evals: countEvals(cmd)}
+		err := next(ctx, cmd)
+		t.done, t.err = time.Now(), err
+		r.add(t)
+		return err
+	}
+}
+
+func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		t := trip{sent: time.Now(), cmds: len(cmds), evals: countEvals(cmds...)}
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if err == nil {
+				err = c.Err()
+			}
+		}
+		t.done, t.err = time.Now(), err
+		r.add(t)
+		return err
+	}
+}
+
+func countEvals(cmds ...redis.Cmder) int {
+	n := 0
+	for _, c := range cmds {
+		if name := c.Name(); name == "evalsha" || name == "eval" {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) add(t trip) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.trips = append(r.trips, t)
+}
+
+func (r *recorder) snapshot() []trip {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]trip(nil), r.trips...)
+}
+
+// lastOKSend is the send time of the last round trip that succeeded before t.
+func (r *recorder) lastOKSend(before time.Time) time.Time {
+	var last time.Time
+	for _, t := range r.snapshot() {
+		if t.err == nil && t.done.Before(before) && t.sent.After(last) {
+			last = t.sent
+		}
+	}
+	return last
+}
+
+type rig struct {
+	srv     *redistest.Server
+	client  *redis.Client // the watchdog's, through rec
+	admin   *redis.Client // another client, for the test's own commands
+	rec     *recorder
+	locker  *lock.Locker
+	wd      *watchdog.Watchdog
+	metrics *metrics.Metrics
+}
+
+func newRig(t *testing.T, addr string, srv *redistest.Server, opts watchdog.Options) *rig {
+	t.Helper()
+	rec := &recorder{}
+	c := redis.NewClient(&redis.Options{
+		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		DialTimeout: 100 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	})
+	c.AddHook(rec)
+	t.Cleanup(func() { c.Close() })
+	m := metrics.New(nil)
+	opts.Metrics = m
+	opts.DriftMargin = cmp.Or(opts.DriftMargin, drift)
+	wd := watchdog.New(opts)
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	return &rig{srv: srv, client: c, admin: srv.Client(), rec: rec, locker: lock.New(c), wd: wd, metrics: m}
+}
+
+func (r *rig) hold(t *testing.T, resource string, opts ...watchdog.HoldOption) (context.Context, *watchdog.Hold) {
+	t.Helper()
+	lease, err := r.locker.TryAcquire(context.Background(), resource, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.wd.Hold(context.Background(), lease, opts...)
+}
+
+// cancelled waits for ctx to be cancelled and returns when and the lost reason.
+func cancelled(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(within):
+		t.Fatalf("context not cancelled within %v", within)
+	}
+	at := time.Now()
+	var lost *lock.LostError
+	cause := context.Cause(ctx)
+	if !errors.As(cause, &lost) || !errors.Is(cause, lock.ErrLockLost) {
+		t.Fatalf("cause %v, want a *lock.LostError matching lock.ErrLockLost", cause)
+	}
+	return at, lost.Reason
+}
+
+func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	select {
+	case <-ctx.Done():
+		t.Fatalf("cancelled while Redis was healthy: %v", context.Cause(ctx))
+	case <-time.After(10 * ttl):
+	}
+	renewed := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed))
+	// 10 × ttl at ttl/3 is 30 intervals; rounds may run up to a quarter early.
+	if renewed < 28 || renewed > 40 {
+		t.Fatalf("%v renewals in 10×ttl, want about 30", renewed)
+	}
+	if got := testutil.ToFloat64(r.metrics.LocksHeld); got != 1 {
+		t.Fatalf("locks_held = %v, want 1", got)
+	}
+	if err := hold.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.admin.Exists(context.Background(), r.locker.Key("r")).Val(); n != 0 {
+		t.Fatal("Release left the lock key")
+	}
+	if got := testutil.ToFloat64(r.metrics.LocksHeld); got != 0 {
+		t.Fatalf("locks_held after release = %v, want 0", got)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the hold's context is still live after Release")
+	}
+}
+
+func TestKeyDeletedCancelsExpired(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	defer hold.Stop()
+	bg := context.Background()
+	if err := r.admin.Del(bg, r.locker.Key("r")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	at, reason := cancelled(t, ctx, 2*time.Second)
+	if reason != lock.ReasonExpired {
+		t.Fatalf("reason %q, want expired", reason)
+	}
+	latency := at.Sub(deleted)
+	t.Logf("expired: cancelled %v after the key was deleted (interval %v)", latency, ttl/3)
+	if latency > ttl/3+slack {
+		t.Fatalf("cancelled %v after deletion, want within one interval (%v) + %v", latency, ttl/3, slack)
+	}
+	if got := testutil.ToFloat64(r.metrics.LockLost.WithLabelValues("expired")); got != 1 {
+		t.Fatalf("lock_lost_total{reason=expired} = %v", got)
+	}
+}
+
+func TestKeyOverwrittenCancelsStolenAndLeavesOtherTokenAlone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	defer hold.Stop()
+	bg := context.Background()
+	key := r.locker.Key("r")
+	if err := r.admin.Set(bg, key, "other-holder", 5*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	stolen := time.Now()
+	at, reason := cancelled(t, ctx, 2*time.Second)
+	if reason != lock.ReasonStolen {
+		t.Fatalf("reason %q, want stolen", reason)
+	}
+	t.Logf("stolen: cancelled %v after the key was overwritten (interval %v)", at.Sub(stolen), ttl/3)
+	if d := at.Sub(stolen); d > ttl/3+slack {
+		t.Fatalf("cancelled %v after the overwrite, want within one interval + %v", d, slack)
+	}
+	// Observe a full interval more: no renewal of ours may touch the other token.
+	tripsAtCancel := len(r.rec.snapshot())
+	time.Sleep(ttl / 2)
+	pttl := r.admin.PTTL(bg, key).Val()
+	if got := r.admin.Get(bg, key).Val(); got != "other-holder" {
+		t.Fatalf("key holds %q, want the other holder's token", got)
+	}
+	if want := 5*time.Second - time.Since(stolen) + 20*time.Millisecond; pttl > want {
+		t.Fatalf("other token's PTTL %v > %v: it was extended", pttl, want)
+	}
+	if n := len(r.rec.snapshot()) - tripsAtCancel; n != 0 {
+		t.Fatalf("%d round trips after the loss, want none", n)
+	}
+}
+
+// assertDeadline checks the cancellation came before the last successful
+// renewal's send time + ttl, and that no renewal was sent after it.
+func assertDeadline(t *testing.T, r *rig, at time.Time, label string) {
+	t.Helper()
+	last := r.rec.lastOKSend(at)
+	if last.IsZero() {
+		t.Fatal("no successful renewal recorded")
+	}
+	margin := last.Add(ttl).Sub(at)
+	t.Logf("%s: cancelled %v after the last successful renewal was sent; %v before its expiry (ttl %v)",
+		label, at.Sub(last), margin, ttl)
+	if margin <= 0 {
+		t.Fatalf("cancelled %v after last-renewal-send + ttl: another holder could have had the lock", -margin)
+	}
+	for _, tr := range r.rec.snapshot() {
+		if tr.evals > 0 && tr.sent.After(at) {
+			t.Fatalf("a renewal was sent %v after the cancellation", tr.sent.Sub(at))
+		}
+	}
+}
+
+func TestPausedRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	defer hold.Stop()
+	// Let a few renewals succeed first.
+	waitFor(t, time.Second, "3 renewals", func() bool {
+		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
+	})
+	srv.Pause()
+	paused := time.Now()
+	at, reason := cancelled(t, ctx, 2*ttl)
+	for time.Since(paused) < 2*ttl {
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv.Resume()
+	if reason != lock.ReasonUnreachable {
+		t.Fatalf("reason %q, want unreachable", reason)
+	}
+	assertDeadline(t, r, at, "paused")
+	// After SIGCONT: Redis answers again, and we still never renew the lease.
+	if err := r.admin.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	trips := len(r.rec.snapshot())
+	time.Sleep(ttl / 2)
+	if n := len(r.rec.snapshot()) - trips; n != 0 {
+		t.Fatalf("%d round trips after the resume, want none", n)
+	}
+}
+
+func TestKilledRedisCancelsUnreachable(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	defer hold.Stop()
+	waitFor(t, time.Second, "3 renewals", func() bool {
+		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
+	})
+	srv.Kill()
+	at, reason := cancelled(t, ctx, 2*ttl)
+	if reason != lock.ReasonUnreachable {
+		t.Fatalf("reason %q, want unreachable", reason)
+	}
+	assertDeadline(t, r, at, "killed")
+	if got := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalError)); got < 1 {
+		t.Fatalf("renewals_total{result=error} = %v, want the failed retries counted", got)
+	}
+}
+
+func TestBlackholedConnectionCancelsUnreachable(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	r := newRig(t, proxy.Addr, srv, watchdog.Options{})
+	ctx, hold := r.hold(t, "r")
+	defer hold.Stop()
+	waitFor(t, time.Second, "3 renewals", func() bool {
+		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
+	})
+	proxy.Blackhole()
+	at, reason := cancelled(t, ctx, 2*ttl)
+	if reason != lock.ReasonUnreachable {
+		t.Fatalf("reason %q, want unreachable", reason)
+	}
+	assertDeadline(t, r, at, "black-holed")
+}
+
+func TestMaxHoldCancelsAndReleaseFreesTheKey(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	start := time.Now()
+	ctx, hold := r.hold(t, "r", watchdog.MaxHold(2*ttl))
+	at, reason := cancelled(t, ctx, 4*ttl)
+	if reason != lock.ReasonMaxHold {
+		t.Fatalf("reason %q, want max_hold", reason)
+	}
+	if d := at.Sub(start); d < 2*ttl-10*time.Millisecond {
+		t.Fatalf("cancelled after %v, before the max hold %v", d, 2*ttl)
+	}
+	if err := hold.Release(context.Background()); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Release after max hold: %v, want the loss reported", err)
+	}
+	if n := r.admin.Exists(context.Background(), r.locker.Key("r")).Val(); n != 0 {
+		t.Fatal("Release after max hold left our key in Redis")
+	}
+}
+
+func TestPanicInOneRenewalDoesNotStopOthers(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	watchdog.SetTestHookRenew(r.wd, func(l *lock.Lease) {
+		if l.Key() == "bad" {
+			panic("injected")
+		}
+	})
+	badCtx, bad := r.hold(t, "bad")
+	defer bad.Stop()
+	goodCtx, good := r.hold(t, "good")
+	defer good.Stop()
+	select {
+	case <-goodCtx.Done():
+		t.Fatalf("healthy lease cancelled: %v", context.Cause(goodCtx))
+	case <-time.After(5 * ttl):
+	}
+	if got := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalPanic)); got < 1 {
+		t.Fatalf("renewals_total{result=panic} = %v, want the panics counted", got)
+	}
+	// The lease that always panics is never renewed, so its deadline passes.
+	if _, reason := cancelled(t, badCtx, time.Second); reason != lock.ReasonUnreachable {
+		t.Fatalf("panicking lease: reason %q, want unreachable", reason)
+	}
+}
+
+func TestTenThousandLeasesFewRoundTrips(t *testing.T) {
+	t.Parallel()
+	const n = 10_000
+	const longTTL = 2 * time.Second // interval ~667ms
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	bg := context.Background()
+	var lost atomic.Int32
+	holds := make([]*watchdog.Hold, n)
+	ctxs := make([]context.Context, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				lease, err := r.locker.TryAcquire(bg, fmt.Sprintf("bulk-%d", i), longTTL)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ctxs[i], holds[i] = r.wd.Hold(bg, lease)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, h := range holds {
+			h.Stop()
+		}
+	}()
+	for i := range ctxs {
+		context.AfterFunc(ctxs[i], func() { lost.Add(1) })
+	}
+	before := len(r.rec.snapshot())
+	renewedBefore := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed))
+	const rounds = 4
+	waitFor(t, rounds*longTTL, fmt.Sprintf("%d rounds of renewals", rounds), func() bool {
+		got := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) - renewedBefore
+		return got >= rounds*n
+	})
+	trips := r.rec.snapshot()[before:]
+	if lost.Load() != 0 {
+		t.Fatalf("%d leases cancelled while Redis was healthy", lost.Load())
+	}
+	// Every round sends the leases in one pipeline; acquires were spread over
+	// time, so a few rounds may split, but never anything near one trip per lease.
+	perRound := float64(len(trips)) / rounds
+	t.Logf("%d leases: %d round trips over %d renewal rounds (%.1f per round)", n, len(trips), rounds, perRound)
+	if perRound > 4 {
+		t.Fatalf("%.1f round trips per renewal round for %d leases, want a small constant", perRound, n)
+	}
+	for _, k := range []int{0, n / 2, n - 1} {
+		if pttl := r.admin.PTTL(bg, r.locker.Key(fmt.Sprintf("bulk-%d", k))).Val(); pttl < longTTL/2 {
+			t.Fatalf("bulk-%d PTTL %v: not being renewed", k, pttl)
+		}
+	}
+}
+
+func TestStopCancelsOpenHolds(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	ctx, _ := r.hold(t, "r")
+	if err := r.wd.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(ctx), watchdog.ErrStopped) {
+		t.Fatalf("cause after Stop: %v, want ErrStopped", context.Cause(ctx))
+	}
+	lease, err := r.locker.TryAcquire(context.Background(), "late", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, _ := r.wd.Hold(context.Background(), lease)
+	if !errors.Is(context.Cause(late), watchdog.ErrStopped) {
+		t.Fatalf("Hold after Stop: cause %v, want ErrStopped", context.Cause(late))
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
