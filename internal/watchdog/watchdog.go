@@ -307,18 +307,18 @@ func (w *Watchdog) renew(l *lock.Locker, holds []*Hold) {
 
 // Hold is one lease under the watchdog.
 type Hold struct {
-	w      *Watchdog
-	lease  *lock.Lease
-	cfg    holdConfig
-	cancel context.CancelCauseFunc
+	w        *Watchdog
+	lease    *lock.Lease
+	cfg      holdConfig
+	cancel   context.CancelCauseFunc
 	heldFrom time.Time
 
 	// guarded by w.mu
 	timer    *time.Timer // fires at deadline
 	maxTimer *time.Timer // fires at the max hold, if any
-	sent     time.Time // send time of the last successful renewal (or the acquire)
-	deadline time.Time // sent + ttl - drift
-	next     time.Time // next renewal due
+	sent     time.Time   // send time of the last successful renewal (or the acquire)
+	deadline time.Time   // sent + ttl - drift
+	next     time.Time   // next renewal due
 	ended    bool
 }
 
