@@ -1,0 +1,171 @@
+package config
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Common holds the sections shared by both binaries.
+type Common struct {
+	Redis RedisConfig `yaml:"redis"`
+	HTTP  HTTPConfig  `yaml:"http"`
+	Log   LogConfig   `yaml:"log"`
+	Lock  LockConfig  `yaml:"lock"`
+}
+
+// RedisConfig says how to reach the one Redis that holds all shared state.
+// After loading, Password holds the contents of PasswordFile when that was set.
+type RedisConfig struct {
+	Addr         string        `yaml:"addr"` // host:port, or a unix socket path
+	DB           int           `yaml:"db"`
+	Username     string        `yaml:"username"`
+	Password     Secret        `yaml:"password"`
+	PasswordFile string        `yaml:"password_file"`
+	TLS          TLSConfig     `yaml:"tls"`
+	DialTimeout  time.Duration `yaml:"dial_timeout"`
+	ReadTimeout  time.Duration `yaml:"read_timeout"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	PoolSize     int           `yaml:"pool_size"` // 0 = go-redis default
+}
+
+// TLSConfig enables TLS to Redis. The files are PEM; CertFile and KeyFile
+// (a client certificate) go together.
+type TLSConfig struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+// HTTPConfig is the address of the /metrics, /healthz and /readyz server.
+type HTTPConfig struct {
+	Addr string `yaml:"addr"`
+}
+
+// LogConfig selects the slog handler; see NewLogger.
+type LogConfig struct {
+	Format string `yaml:"format"` // json | text
+	Level  string `yaml:"level"`  // debug | info | warn | error
+}
+
+// LockConfig holds the lock defaults shared by workers and schedulers.
+type LockConfig struct {
+	Prefix              string        `yaml:"prefix"`
+	TTL                 time.Duration `yaml:"ttl"`
+	RenewInterval       time.Duration `yaml:"renew_interval"` // 0 = TTL/3
+	DriftMargin         time.Duration `yaml:"drift_margin"`   // 0 = watchdog default
+	WaitReplicas        int           `yaml:"wait_replicas"`
+	WaitReplicasTimeout time.Duration `yaml:"wait_replicas_timeout"`
+}
+
+// WorkerConfig is the configuration of cmd/worker (configs/worker.yaml).
+type WorkerConfig struct {
+	Common `yaml:",inline"`
+	Worker WorkerSettings `yaml:"worker"`
+}
+
+// WorkerSettings configures the asynq server and the contention requeue.
+type WorkerSettings struct {
+	Concurrency          int            `yaml:"concurrency"`
+	Queues               map[string]int `yaml:"queues"` // queue name -> priority
+	StrictPriority       bool           `yaml:"strict_priority"`
+	ShutdownTimeout      time.Duration  `yaml:"shutdown_timeout"`
+	ContentionBackoffMin time.Duration  `yaml:"contention_backoff_min"`
+	ContentionBackoffMax time.Duration  `yaml:"contention_backoff_max"`
+	Demo                 bool           `yaml:"demo"` // register the built-in demo:order.pay job
+}
+
+// SchedulerConfig is the configuration of cmd/scheduler (configs/scheduler.yaml).
+type SchedulerConfig struct {
+	Common    `yaml:",inline"`
+	Scheduler SchedulerSettings `yaml:"scheduler"`
+	Schedules []Schedule        `yaml:"schedules"`
+}
+
+// SchedulerSettings configures the tick claim shared by all schedules.
+type SchedulerSettings struct {
+	MaxClockSkew  time.Duration `yaml:"max_clock_skew"`
+	TickLockTTL   time.Duration `yaml:"tick_lock_ttl"`
+	TaskRetention time.Duration `yaml:"task_retention"` // how long tick task ids reject duplicates
+	MaxCatchUp    int           `yaml:"max_catch_up"`   // cap for CatchUpAll
+}
+
+// Schedule is one cron entry. After loading, Timezone is a valid IANA name
+// (default UTC), Payload is a JSON object or nil, and MaxCatchUp is never 0.
+// The cron expression itself is checked by the scheduler package.
+type Schedule struct {
+	Name       string          `yaml:"name"` // [A-Za-z0-9_.-]+, unique; task ids are <name>:<unix>
+	Cron       string          `yaml:"cron"`
+	Timezone   string          `yaml:"timezone"`
+	Task       string          `yaml:"task"`
+	Payload    json.RawMessage `yaml:"payload"`
+	Queue      string          `yaml:"queue"`
+	MaxRetry   int             `yaml:"max_retry"`
+	Timeout    time.Duration   `yaml:"timeout"` // 0 = asynq default
+	CatchUp    CatchUp         `yaml:"catch_up"`
+	MaxCatchUp int             `yaml:"max_catch_up"` // 0 in the file = scheduler.max_catch_up
+}
+
+// CatchUp is what a schedule does with ticks missed while no replica ran.
+type CatchUp string
+
+// The catch-up policies.
+const (
+	CatchUpSkip CatchUp = "skip" // enqueue nothing for missed ticks
+	CatchUpOnce CatchUp = "once" // enqueue the latest missed tick
+	CatchUpAll  CatchUp = "all"  // enqueue every missed tick, up to MaxCatchUp
+)
+
+// DefaultWorker returns the worker configuration used for keys that neither
+// the file nor the environment sets.
+func DefaultWorker() *WorkerConfig {
+	return &WorkerConfig{
+		Common: defaultCommon(":9090"),
+		Worker: WorkerSettings{
+			Concurrency:          10,
+			Queues:               map[string]int{"default": 1},
+			ShutdownTimeout:      30 * time.Second,
+			ContentionBackoffMin: 100 * time.Millisecond,
+			ContentionBackoffMax: 10 * time.Second,
+			Demo:                 true,
+		},
+	}
+}
+
+// DefaultScheduler returns the scheduler configuration used for keys that
+// neither the file nor the environment sets. It has no schedules.
+func DefaultScheduler() *SchedulerConfig {
+	return &SchedulerConfig{
+		Common: defaultCommon(":9091"),
+		Scheduler: SchedulerSettings{
+			MaxClockSkew:  2 * time.Second,
+			TickLockTTL:   10 * time.Second,
+			TaskRetention: 24 * time.Hour,
+			MaxCatchUp:    100,
+		},
+	}
+}
+
+func defaultCommon(httpAddr string) Common {
+	return Common{
+		Redis: RedisConfig{
+			DialTimeout:  5 * time.Second,
+			ReadTimeout:  3 * time.Second,
+			WriteTimeout: 3 * time.Second,
+		},
+		HTTP: HTTPConfig{Addr: httpAddr},
+		Log:  LogConfig{Format: "json", Level: "info"},
+		Lock: LockConfig{
+			Prefix:              "lockstep:",
+			TTL:                 30 * time.Second,
+			WaitReplicasTimeout: 100 * time.Millisecond,
+		},
+	}
+}
+
+// setDefaults fills a schedule before its YAML is decoded into it, so that
+// an explicit zero in the file (max_retry: 0) is kept.
+func (s *Schedule) setDefaults() {
+	*s = Schedule{Timezone: "UTC", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip}
+}

@@ -1,0 +1,80 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+const envPrefix = "LOCKSTEP_"
+
+// envName is the variable that overrides the field at key:
+// "redis.tls.ca_file" is LOCKSTEP_REDIS_TLS_CA_FILE.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// applyEnv overrides each field of v whose LOCKSTEP_* variable is set, even
+// to "". A scalar takes the text; a map takes "name=value,name=value" or a
+// YAML/JSON mapping; a list takes a YAML/JSON document and replaces the list.
+func applyEnv(v reflect.Value, p fieldPath, lookup func(string) (string, bool), o origins) []error {
+	var errs []error
+	for _, f := range fields(v) {
+		fp := p.field(f.name)
+		if f.v.Kind() == reflect.Struct {
+			errs = append(errs, applyEnv(f.v, fp, lookup, o)...)
+			continue
+		}
+		name := envName(fp.key)
+		s, ok := lookup(name)
+		if !ok {
+			continue
+		}
+		src := origin{env: name}
+		switch k := f.v.Kind(); {
+		case k == reflect.Slice, k == reflect.Map && strings.HasPrefix(strings.TrimSpace(s), "{"):
+			errs = append(errs, decodeDoc([]byte(s), src, f.v, fp, o)...)
+		case k == reflect.Map:
+			errs = append(errs, setPairs(f.v, s, fp, src, o)...)
+		default:
+			if err := setScalar(f.v, s); err != nil {
+				errs = append(errs, src.error(fp.show, err.Error(), nil))
+			}
+			o[fp.key] = src
+		}
+	}
+	return errs
+}
+
+// setPairs replaces map v with "name=value" pairs separated by commas.
+func setPairs(v reflect.Value, s string, p fieldPath, src origin, o origins) []error {
+	o.forget(p.key)
+	o[p.key] = src
+	var errs []error
+	m := reflect.MakeMap(v.Type())
+	for pair := range strings.SplitSeq(s, ",") {
+		if strings.TrimSpace(pair) == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(pair, "=")
+		k = strings.TrimSpace(k)
+		key := reflect.ValueOf(k).Convert(v.Type().Key())
+		switch {
+		case !ok:
+			errs = append(errs, src.error(p.show, fmt.Sprintf("invalid entry %q (want name=value)", strings.TrimSpace(pair)), nil))
+			continue
+		case m.MapIndex(key).IsValid():
+			errs = append(errs, src.error(p.show, fmt.Sprintf("duplicate key %q", k), nil))
+			continue
+		}
+		e := reflect.New(v.Type().Elem()).Elem()
+		if err := setScalar(e, val); err != nil {
+			errs = append(errs, src.error(p.field(k).show, err.Error(), nil))
+			continue
+		}
+		m.SetMapIndex(key, e)
+		o[p.field(k).key] = src
+	}
+	v.Set(m)
+	return errs
+}

@@ -1,0 +1,299 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+)
+
+const minimal = "redis:\n  addr: 127.0.0.1:6379\n"
+
+func TestLoadWorkerDefaults(t *testing.T) {
+	t.Parallel()
+	got, err := LoadWorker(writeFile(t, "w.yaml", minimal), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultWorker()
+	want.Redis.Addr = "127.0.0.1:6379"
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if want.HTTP.Addr != ":9090" || want.Lock.Prefix != "lockstep:" || want.Worker.Concurrency != 10 ||
+		want.Redis.DialTimeout != 5*time.Second || want.Lock.WaitReplicasTimeout != 100*time.Millisecond {
+		t.Errorf("defaults changed: %+v", want)
+	}
+}
+
+func TestLoadSchedulerDefaults(t *testing.T) {
+	t.Parallel()
+	got, err := LoadScheduler(writeFile(t, "s.yaml", minimal), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultScheduler()
+	want.Redis.Addr = "127.0.0.1:6379"
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if got.HTTP.Addr != ":9091" || got.Scheduler.MaxCatchUp != 100 || got.Scheduler.TaskRetention != 24*time.Hour {
+		t.Errorf("defaults changed: %+v", got)
+	}
+}
+
+func TestLoadWorkerFileValues(t *testing.T) {
+	t.Parallel()
+	got, err := LoadWorker("testdata/worker.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &WorkerConfig{
+		Common: Common{
+			Redis: RedisConfig{
+				Addr: "redis.internal:6380", DB: 3, Username: "app",
+				DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 4 * time.Second, PoolSize: 20,
+			},
+			HTTP: HTTPConfig{Addr: "127.0.0.1:8080"},
+			Log:  LogConfig{Format: "text", Level: "debug"},
+			Lock: LockConfig{
+				Prefix: "app:", TTL: time.Minute, RenewInterval: 15 * time.Second, DriftMargin: 2 * time.Second,
+				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond,
+			},
+		},
+		Worker: WorkerSettings{
+			Concurrency: 4, Queues: map[string]int{"critical": 6, "default": 3}, StrictPriority: true,
+			ShutdownTimeout: 90 * time.Second, ContentionBackoffMin: 50 * time.Millisecond, ContentionBackoffMax: 2 * time.Second,
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+}
+
+func TestExampleConfigsLoad(t *testing.T) {
+	t.Parallel()
+	w, err := LoadWorker("../../configs/worker.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo {
+		t.Errorf("worker: %+v", w)
+	}
+	s, err := LoadScheduler("../../configs/scheduler.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Schedules) == 0 || s.Schedules[0].Task != "demo:order.pay" {
+		t.Fatalf("scheduler: %+v", s)
+	}
+	var p struct {
+		OrderID string `json:"order_id"`
+		WorkMS  int    `json:"work_ms"`
+	}
+	if err := json.Unmarshal(s.Schedules[0].Payload, &p); err != nil || p.OrderID == "" {
+		t.Errorf("payload %s: %v", s.Schedules[0].Payload, err)
+	}
+}
+
+func TestLoadSchedules(t *testing.T) {
+	t.Parallel()
+	yaml := minimal + `
+scheduler:
+  max_catch_up: 7
+schedules:
+  - name: settle-orders
+    cron: "*/5 * * * * *"
+    timezone: Europe/Berlin
+    task: demo:order.pay
+    payload: {"order_id": "42", "work_ms": 100, "tags": [a, b], "meta": {"x": null}}
+    queue: critical
+    max_retry: 0
+    timeout: 2m
+    catch_up: all
+    max_catch_up: 3
+  - &base
+    name: defaults
+    cron: "@every 1m"
+    task: t
+  - <<: *base
+    name: merged
+    catch_up: once
+`
+	got, err := LoadScheduler(writeFile(t, "s.yaml", yaml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Schedule{
+		{
+			Name: "settle-orders", Cron: "*/5 * * * * *", Timezone: "Europe/Berlin", Task: "demo:order.pay",
+			Payload: json.RawMessage(`{"meta":{"x":null},"order_id":"42","tags":["a","b"],"work_ms":100}`),
+			Queue:   "critical", MaxRetry: 0, Timeout: 2 * time.Minute, CatchUp: CatchUpAll, MaxCatchUp: 3,
+		},
+		{Name: "defaults", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip, MaxCatchUp: 7},
+		{Name: "merged", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpOnce, MaxCatchUp: 7},
+	}
+	if !reflect.DeepEqual(got.Schedules, want) {
+		t.Errorf("got  %+v\nwant %+v", got.Schedules, want)
+	}
+}
+
+func TestLoadNullKeepsDefault(t *testing.T) {
+	t.Parallel()
+	got, err := LoadWorker(writeFile(t, "w.yaml", minimal+"worker:\n  concurrency:\n  queues: ~\nlog:\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Worker.Concurrency != 10 || !reflect.DeepEqual(got.Worker.Queues, map[string]int{"default": 1}) {
+		t.Errorf("got %+v", got.Worker)
+	}
+}
+
+func TestLoadPasswordFile(t *testing.T) {
+	t.Parallel()
+	pw := writeFile(t, "pw", "from-file\r\n")
+	got, err := LoadWorker(writeFile(t, "w.yaml", minimal+"  password_file: "+pw+"\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Redis.Password != "from-file" || got.Redis.PasswordFile != pw {
+		t.Errorf("password not read from file: %q", string(got.Redis.Password))
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "w.yaml", minimal+"worker:\n  concurrency: 3\n  queues: {low: 1}\n")
+	tests := []struct {
+		name  string
+		env   map[string]string
+		check func(*WorkerConfig) bool
+	}{
+		{"string", map[string]string{"LOCKSTEP_REDIS_ADDR": "10.0.0.1:7000"}, func(c *WorkerConfig) bool { return c.Redis.Addr == "10.0.0.1:7000" }},
+		{"http addr", map[string]string{"LOCKSTEP_HTTP_ADDR": ":1234"}, func(c *WorkerConfig) bool { return c.HTTP.Addr == ":1234" }},
+		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
+		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "false"}, func(c *WorkerConfig) bool { return !c.Worker.Demo }},
+		{"duration", map[string]string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT": "45s"}, func(c *WorkerConfig) bool { return c.Worker.ShutdownTimeout == 45*time.Second }},
+		{"nested", map[string]string{"LOCKSTEP_REDIS_TLS_SERVER_NAME": "r", "LOCKSTEP_REDIS_TLS_ENABLED": "true"}, func(c *WorkerConfig) bool { return c.Redis.TLS.ServerName == "r" }},
+		{"secret", map[string]string{"LOCKSTEP_REDIS_PASSWORD": "pw"}, func(c *WorkerConfig) bool { return c.Redis.Password == "pw" }},
+		{"empty string wins", map[string]string{"LOCKSTEP_LOCK_PREFIX": ""}, func(c *WorkerConfig) bool { return c.Lock.Prefix == "" }},
+		{"map pairs", map[string]string{"LOCKSTEP_WORKER_QUEUES": "critical=6, default=3,"}, func(c *WorkerConfig) bool {
+			return reflect.DeepEqual(c.Worker.Queues, map[string]int{"critical": 6, "default": 3})
+		}},
+		{"map json", map[string]string{"LOCKSTEP_WORKER_QUEUES": `{"critical": 6}`}, func(c *WorkerConfig) bool {
+			return reflect.DeepEqual(c.Worker.Queues, map[string]int{"critical": 6})
+		}},
+		{"unrelated", map[string]string{"LOCKSTEP_NOPE": "x", "REDIS_ADDR": "y"}, func(c *WorkerConfig) bool { return c.Redis.Addr == "127.0.0.1:6379" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := LoadWorker(file, envMap(tt.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Errorf("override not applied: %+v", c)
+			}
+		})
+	}
+}
+
+func TestEnvSchedules(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "s.yaml", minimal+"schedules:\n  - {name: from-file, cron: '* * * * * *', task: t}\n")
+	for name, doc := range map[string]string{
+		"json": `[{"name":"from-env","cron":"0 * * * * *","task":"t","payload":{"a":1}}]`,
+		"yaml": "- name: from-env\n  cron: 0 * * * * *\n  task: t\n  payload: {a: 1}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, err := LoadScheduler(file, envMap(map[string]string{"LOCKSTEP_SCHEDULES": doc}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.Schedules) != 1 || c.Schedules[0].Name != "from-env" || string(c.Schedules[0].Payload) != `{"a":1}` ||
+				c.Schedules[0].Timezone != "UTC" || c.Schedules[0].MaxRetry != 5 {
+				t.Errorf("got %+v", c.Schedules)
+			}
+		})
+	}
+}
+
+func TestLoadWithoutFile(t *testing.T) {
+	t.Parallel()
+	c, err := LoadWorker("", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": "r:6379"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Redis.Addr != "r:6379" {
+		t.Errorf("got %+v", c.Redis)
+	}
+	if _, err := LoadWorker("", nil); err == nil || err.Error() != "redis.addr: required" {
+		t.Errorf("got %v", err)
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	t.Parallel()
+	_, err := LoadWorker("nope/worker.yaml", nil)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("errors.Is(%v, fs.ErrNotExist) = false", err)
+	}
+	if err == nil || err.Error() != "nope/worker.yaml: cannot read config: no such file or directory" {
+		t.Errorf("got %v", err)
+	}
+}
+
+// Every scalar field must be reachable through its LOCKSTEP_* variable.
+func TestEveryScalarHasEnvVar(t *testing.T) {
+	t.Parallel()
+	type leaf struct {
+		name string
+		v    reflect.Value // points into the config
+		want any
+	}
+	for _, c := range []any{DefaultWorker(), DefaultScheduler()} {
+		v := reflect.ValueOf(c).Elem()
+		env := map[string]string{}
+		var leaves []leaf
+		var walk func(v reflect.Value, p fieldPath)
+		walk = func(v reflect.Value, p fieldPath) {
+			for _, f := range fields(v) {
+				fp := p.field(f.name)
+				name := envName(fp.key)
+				switch {
+				case f.v.Kind() == reflect.Struct:
+					walk(f.v, fp)
+				case f.v.Type() == durationType:
+					env[name] = "1234ms"
+					leaves = append(leaves, leaf{name, f.v, 1234 * time.Millisecond})
+				case f.v.Kind() == reflect.String:
+					env[name] = "env-value"
+					leaves = append(leaves, leaf{name, f.v, reflect.ValueOf("env-value").Convert(f.v.Type()).Interface()})
+				case f.v.Kind() == reflect.Int:
+					env[name] = "1234"
+					leaves = append(leaves, leaf{name, f.v, 1234})
+				case f.v.Kind() == reflect.Bool:
+					env[name] = strconv.FormatBool(!f.v.Bool())
+					leaves = append(leaves, leaf{name, f.v, !f.v.Bool()})
+				}
+			}
+		}
+		walk(v, fieldPath{})
+		if errs := applyEnv(v, fieldPath{}, envMap(env), origins{}); errs != nil {
+			t.Fatal(errs)
+		}
+		for _, l := range leaves {
+			if got := l.v.Interface(); got != l.want {
+				t.Errorf("%s not applied: got %v, want %v", l.name, got, l.want)
+			}
+		}
+		if len(leaves) < 25 {
+			t.Errorf("only %d variables: %v", len(leaves), env)
+		}
+	}
+}

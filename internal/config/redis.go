@@ -1,0 +1,155 @@
+package config
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Secret is a string that does not show itself: fmt, slog, encoding/json and
+// YAML print "[redacted]" (or "" when it is empty). Convert it with string()
+// only to hand it to a client.
+type Secret string
+
+const redacted = "[redacted]"
+
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+func (s Secret) GoString() string             { return strconv.Quote(s.String()) }
+func (s Secret) LogValue() slog.Value         { return slog.StringValue(s.String()) }
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// String summarises the connection settings without the password.
+func (r RedisConfig) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "addr=%s db=%d", r.Addr, r.DB)
+	if r.Username != "" {
+		fmt.Fprintf(&b, " username=%s", r.Username)
+	}
+	if r.Password != "" {
+		b.WriteString(" password=" + redacted)
+	}
+	if r.PasswordFile != "" {
+		fmt.Fprintf(&b, " password_file=%s", r.PasswordFile)
+	}
+	fmt.Fprintf(&b, " tls=%t", r.TLS.Enabled)
+	return b.String()
+}
+
+// LogValue logs the connection settings without the password.
+func (r RedisConfig) LogValue() slog.Value {
+	attrs := []slog.Attr{slog.String("addr", r.Addr), slog.Int("db", r.DB)}
+	if r.Username != "" {
+		attrs = append(attrs, slog.String("username", r.Username))
+	}
+	if r.Password != "" {
+		attrs = append(attrs, slog.String("password", redacted))
+	}
+	if r.PasswordFile != "" {
+		attrs = append(attrs, slog.String("password_file", r.PasswordFile))
+	}
+	attrs = append(attrs,
+		slog.Bool("tls", r.TLS.Enabled),
+		slog.Duration("dial_timeout", r.DialTimeout),
+		slog.Duration("read_timeout", r.ReadTimeout),
+		slog.Duration("write_timeout", r.WriteTimeout),
+		slog.Int("pool_size", r.PoolSize),
+	)
+	return slog.GroupValue(attrs...)
+}
+
+// UniversalOptions returns go-redis options for this Redis. Zero timeouts and
+// pool size leave go-redis defaults.
+func (r RedisConfig) UniversalOptions() (*redis.UniversalOptions, error) {
+	pw, t, err := r.credentials()
+	if err != nil {
+		return nil, err
+	}
+	return &redis.UniversalOptions{
+		Addrs:        []string{r.Addr},
+		DB:           r.DB,
+		Username:     r.Username,
+		Password:     pw,
+		DialTimeout:  r.DialTimeout,
+		ReadTimeout:  r.ReadTimeout,
+		WriteTimeout: r.WriteTimeout,
+		PoolSize:     r.PoolSize,
+		TLSConfig:    t,
+		// Context deadlines bound every call: the watchdog relies on it so a
+		// renewal round never outlives the leases' local deadline.
+		ContextTimeoutEnabled: true,
+	}, nil
+}
+
+// AsynqConnOpt returns the asynq connection option with the same settings as
+// UniversalOptions.
+func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
+	pw, t, err := r.credentials()
+	if err != nil {
+		return nil, err
+	}
+	return asynq.RedisClientOpt{
+		Addr:         r.Addr,
+		DB:           r.DB,
+		Username:     r.Username,
+		Password:     pw,
+		DialTimeout:  r.DialTimeout,
+		ReadTimeout:  r.ReadTimeout,
+		WriteTimeout: r.WriteTimeout,
+		PoolSize:     r.PoolSize,
+		TLSConfig:    t,
+	}, nil
+}
+
+// credentials returns the password (reading PasswordFile if the config was
+// built by hand rather than loaded) and the TLS configuration.
+func (r RedisConfig) credentials() (string, *tls.Config, error) {
+	if r.Password == "" && r.PasswordFile != "" {
+		pw, err := readPasswordFile(r.PasswordFile)
+		if err != nil {
+			return "", nil, err
+		}
+		r.Password = pw
+	}
+	t, err := r.TLS.build()
+	return string(r.Password), t, err
+}
+
+// build returns the TLS client configuration, or nil when TLS is off.
+// Errors are *Error naming the field and file, never file contents.
+func (t TLSConfig) build() (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, &Error{Field: "redis.tls.ca_file", Msg: fmt.Sprintf("cannot read %q", t.CAFile), Err: cause(err)}
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &Error{Field: "redis.tls.ca_file", Msg: fmt.Sprintf("no PEM certificate in %q", t.CAFile)}
+		}
+	}
+	if t.CertFile != "" || t.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, &Error{Field: "redis.tls.cert_file", Msg: fmt.Sprintf("cannot load key pair %q, %q", t.CertFile, t.KeyFile), Err: cause(err)}
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

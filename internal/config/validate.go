@@ -1,0 +1,253 @@
+package config
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	_ "time/tzdata" // schedule time zones must not depend on the host's zoneinfo
+)
+
+// validator collects problems, each located where its value came from.
+type validator struct {
+	file    string
+	origins origins
+	errs    []error
+}
+
+func (v *validator) fail(p fieldPath, format string, args ...any) {
+	v.add(&Error{Field: p.show, Msg: fmt.Sprintf(format, args...)}, p.key)
+}
+
+// add locates e at where key's value came from; an unset key is blamed on
+// its closest set parent (a missing redis.addr on the "redis:" line), else
+// on the config file.
+func (v *validator) add(e *Error, key string) {
+	o := origin{file: v.file}
+	for k := key; k != ""; k = k[:max(strings.LastIndexAny(k, ".["), 0)] {
+		if found, ok := v.origins[k]; ok {
+			o = found
+			break
+		}
+	}
+	e.File, e.Env, e.Line = o.file, o.env, o.line
+	v.errs = append(v.errs, e)
+}
+
+// addErr adds an *Error built outside the validator, whose Field is its key.
+func (v *validator) addErr(err error) {
+	if e, ok := errors.AsType[*Error](err); ok {
+		v.add(e, e.Field)
+		return
+	}
+	v.errs = append(v.errs, err)
+}
+
+func atLeast[T int | time.Duration](v *validator, p fieldPath, x, lo T) {
+	if x < lo {
+		v.fail(p, "must be at least %v, got %v", lo, x)
+	}
+}
+
+func positive[T int | time.Duration](v *validator, p fieldPath, x T) {
+	if x <= 0 {
+		v.fail(p, "must be greater than 0, got %v", x)
+	}
+}
+
+func oneOf[T ~string](v *validator, p fieldPath, x T, allowed ...T) {
+	if slices.Contains(allowed, x) {
+		return
+	}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = string(a)
+	}
+	v.fail(p, "must be %s or %s, got %q", strings.Join(names[:len(names)-1], ", "), names[len(names)-1], x)
+}
+
+var root fieldPath
+
+func (c *WorkerConfig) check(v *validator) {
+	c.Common.check(v)
+	w, p := &c.Worker, root.field("worker")
+	positive(v, p.field("concurrency"), w.Concurrency)
+	if len(w.Queues) == 0 {
+		v.fail(p.field("queues"), "at least one queue is required")
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.Queues)) {
+		if name == "" {
+			v.fail(p.field("queues"), "queue name must not be empty")
+		} else if w.Queues[name] <= 0 {
+			v.fail(p.field("queues").field(name), "priority must be greater than 0, got %d", w.Queues[name])
+		}
+	}
+	atLeast(v, p.field("shutdown_timeout"), w.ShutdownTimeout, 0)
+	positive(v, p.field("contention_backoff_min"), w.ContentionBackoffMin)
+	if w.ContentionBackoffMax < w.ContentionBackoffMin {
+		v.fail(p.field("contention_backoff_max"), "must be at least worker.contention_backoff_min (%v), got %v",
+			w.ContentionBackoffMin, w.ContentionBackoffMax)
+	}
+}
+
+var scheduleName = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+func (c *SchedulerConfig) check(v *validator) {
+	c.Common.check(v)
+	s, p := &c.Scheduler, root.field("scheduler")
+	atLeast(v, p.field("max_clock_skew"), s.MaxClockSkew, 0)
+	positive(v, p.field("tick_lock_ttl"), s.TickLockTTL)
+	positive(v, p.field("task_retention"), s.TaskRetention)
+	positive(v, p.field("max_catch_up"), s.MaxCatchUp)
+
+	first := make(map[string]int) // schedule name -> index of its first use
+	for i := range c.Schedules {
+		sc := &c.Schedules[i]
+		p := root.field("schedules").index(i, sc.Name)
+		switch j, dup := first[sc.Name]; {
+		case sc.Name == "":
+			v.fail(p.field("name"), "required")
+		case !scheduleName.MatchString(sc.Name):
+			v.fail(p.field("name"), "invalid name %q (use letters, digits, '_', '.' and '-')", sc.Name)
+		case dup:
+			v.fail(p.field("name"), "duplicate name %q, first used by schedules[%d]", sc.Name, j)
+		default:
+			first[sc.Name] = i
+		}
+		required(v, p, "cron", sc.Cron)
+		required(v, p, "task", sc.Task)
+		required(v, p, "queue", sc.Queue)
+		sc.Timezone = cmp.Or(sc.Timezone, "UTC")
+		if sc.Timezone == "Local" { // differs between hosts, so replicas would disagree on ticks
+			v.fail(p.field("timezone"), `"Local" is not allowed; name a zone such as UTC`)
+		} else if _, err := time.LoadLocation(sc.Timezone); err != nil {
+			v.fail(p.field("timezone"), "unknown time zone %q", sc.Timezone)
+		}
+		atLeast(v, p.field("max_retry"), sc.MaxRetry, 0)
+		atLeast(v, p.field("timeout"), sc.Timeout, 0)
+		oneOf(v, p.field("catch_up"), sc.CatchUp, CatchUpSkip, CatchUpOnce, CatchUpAll)
+		atLeast(v, p.field("max_catch_up"), sc.MaxCatchUp, 0)
+		if sc.MaxCatchUp == 0 {
+			sc.MaxCatchUp = s.MaxCatchUp
+		}
+	}
+}
+
+func (c *Common) check(v *validator) {
+	c.checkRedis(v)
+
+	if c.HTTP.Addr == "" {
+		v.fail(root.field("http").field("addr"), "required")
+	} else if err := checkHostPort(c.HTTP.Addr); err != nil {
+		v.fail(root.field("http").field("addr"), "invalid address %q: %v", c.HTTP.Addr, err)
+	}
+
+	p := root.field("log")
+	oneOf(v, p.field("format"), c.Log.Format, "json", "text")
+	oneOf(v, p.field("level"), c.Log.Level, "debug", "info", "warn", "error")
+
+	l, p := &c.Lock, root.field("lock")
+	if strings.ContainsAny(l.Prefix, "{}") {
+		v.fail(p.field("prefix"), "must not contain '{' or '}', which delimit the Redis Cluster hash tag, got %q", l.Prefix)
+	}
+	positive(v, p.field("ttl"), l.TTL)
+	atLeast(v, p.field("renew_interval"), l.RenewInterval, 0)
+	if l.TTL > 0 && l.RenewInterval >= l.TTL {
+		v.fail(p.field("renew_interval"), "must be less than lock.ttl (%v), got %v", l.TTL, l.RenewInterval)
+	}
+	atLeast(v, p.field("drift_margin"), l.DriftMargin, 0)
+	// The local deadline is last renewal + ttl - drift; it must come after the next renewal.
+	if renew := cmp.Or(l.RenewInterval, l.TTL/3); l.DriftMargin > 0 && l.RenewInterval < l.TTL && l.DriftMargin >= l.TTL-renew {
+		v.fail(p.field("drift_margin"), "must be less than lock.ttl minus the renew interval (%v), got %v", l.TTL-renew, l.DriftMargin)
+	}
+	atLeast(v, p.field("wait_replicas"), l.WaitReplicas, 0)
+	if l.WaitReplicas > 0 && l.WaitReplicasTimeout <= 0 { // WAIT with timeout 0 blocks forever
+		v.fail(p.field("wait_replicas_timeout"), "must be greater than 0 when lock.wait_replicas is set, got %v", l.WaitReplicasTimeout)
+	}
+}
+
+func (c *Common) checkRedis(v *validator) {
+	r, p := &c.Redis, root.field("redis")
+	if r.Addr == "" {
+		v.fail(p.field("addr"), "required")
+	} else if strings.HasPrefix(r.Addr, "/") {
+		// a unix socket
+	} else if err := checkHostPort(r.Addr); err != nil {
+		v.fail(p.field("addr"), "invalid address %q: %v", r.Addr, err)
+	}
+	atLeast(v, p.field("db"), r.DB, 0)
+	atLeast(v, p.field("dial_timeout"), r.DialTimeout, 0)
+	atLeast(v, p.field("read_timeout"), r.ReadTimeout, 0)
+	atLeast(v, p.field("write_timeout"), r.WriteTimeout, 0)
+	atLeast(v, p.field("pool_size"), r.PoolSize, 0)
+
+	if r.PasswordFile != "" {
+		if r.Password != "" {
+			v.fail(p.field("password_file"), "cannot be set together with redis.password")
+		} else if pw, err := readPasswordFile(r.PasswordFile); err != nil {
+			v.addErr(err)
+		} else {
+			r.Password = pw
+		}
+	}
+
+	t, p := r.TLS, p.field("tls")
+	for _, f := range []struct{ key, val string }{
+		{"ca_file", t.CAFile}, {"cert_file", t.CertFile}, {"key_file", t.KeyFile}, {"server_name", t.ServerName},
+	} {
+		if !t.Enabled && f.val != "" {
+			v.fail(p.field(f.key), "is set but redis.tls.enabled is false")
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		v.fail(p.field("key_file"), "required when redis.tls.cert_file is set")
+	case t.CertFile == "" && t.KeyFile != "":
+		v.fail(p.field("cert_file"), "required when redis.tls.key_file is set")
+	case t.Enabled:
+		if _, err := t.build(); err != nil {
+			v.addErr(err)
+		}
+	}
+}
+
+// checkHostPort accepts host:port with a numeric port; the host may be empty.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if ae, ok := errors.AsType[*net.AddrError](err); ok {
+		return errors.New(ae.Err)
+	} else if err != nil {
+		return err
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("invalid port %q", port)
+	}
+	return nil
+}
+
+// readPasswordFile returns the file's contents without trailing newlines.
+// Its errors name the file, never the contents.
+func readPasswordFile(path string) (Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", &Error{Field: "redis.password_file", Msg: fmt.Sprintf("cannot read %q", path), Err: cause(err)}
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return "", &Error{Field: "redis.password_file", Msg: fmt.Sprintf("file %q is empty", path)}
+	}
+	return Secret(pw), nil
+}
+
+func required(v *validator, p fieldPath, key, val string) {
+	if val == "" {
+		v.fail(p.field(key), "required")
+	}
+}
