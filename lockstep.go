@@ -1,0 +1,190 @@
+// Package lockstep locks any code with Redis: a migration, a report, a cache
+// rebuild. WithLock takes the lock (waiting if asked), runs a function under a
+// watchdog that renews the lease and cancels the function's context the moment
+// the lock is lost, and releases the lock when the function returns or panics.
+//
+//	locker := lockstep.NewLocker(redisClient)
+//	defer locker.Close(context.Background())
+//	err := locker.WithLock(ctx, "report:daily", func(ctx context.Context, lease *lockstep.Lease) error {
+//		return buildReport(ctx, lease.Fence())
+//	}, lockstep.TTL(30*time.Second), lockstep.Wait(time.Minute))
+//
+// The lease's Fence is a fencing token: it strictly increases with every
+// fresh acquire of the same key, so a store that remembers the highest fence
+// it accepted can refuse a write from a holder whose lock has passed on.
+//
+// What it guarantees, and what it does not, is the lock package's promise:
+// with one healthy Redis master, two holders of a key never overlap; a holder
+// whose lock is lost sees its context cancelled (cause ErrLockLost) before
+// another can take it. A failover with asynchronous replication can lose a
+// lock; fencing protects the store in that case.
+//
+// Job handlers declare their locks through the worker package instead.
+package lockstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+// Lease is a held lock: Key, Token and Fence identify it.
+type Lease = lock.Lease
+
+// LostError says which lock was lost and why (Reason: stolen, expired,
+// unreachable, max_hold, quorum_lost). errors.Is(err, ErrLockLost) holds.
+type LostError = lock.LostError
+
+var (
+	// ErrNotAcquired means the lock is held by someone else (after the wait,
+	// if one was asked for).
+	ErrNotAcquired = lock.ErrNotAcquired
+	// ErrLockLost means the lock was lost while the function ran.
+	ErrLockLost = lock.ErrLockLost
+)
+
+// WithOwner returns a context whose locks are reentrant for owner: a nested
+// WithLock on a key the same owner holds runs at once, and the lock is freed
+// when the outermost call returns.
+func WithOwner(ctx context.Context, owner string) context.Context {
+	return lock.WithOwner(ctx, owner)
+}
+
+// Locker takes locks on one Redis deployment and renews the ones it holds.
+type Locker struct {
+	locker   *lock.Locker
+	watchdog *watchdog.Watchdog
+}
+
+// Option configures a Locker.
+type Option func(*lockerConfig)
+
+type lockerConfig struct {
+	lock     []lock.Option
+	watchdog watchdog.Options
+}
+
+// KeyPrefix sets the prefix of every Redis key (default "lockstep:"); the
+// lock on key K lives at <prefix>{K}.
+func KeyPrefix(p string) Option {
+	return func(c *lockerConfig) { c.lock = append(c.lock, lock.WithPrefix(p)) }
+}
+
+// WaitReplicas makes every acquire wait until n replicas have the lock.
+func WaitReplicas(n int, timeout time.Duration) Option {
+	return func(c *lockerConfig) { c.lock = append(c.lock, lock.WaitReplicas(n, timeout)) }
+}
+
+// DriftMargin sets how long before the lease's expiry, counted from the last
+// renewal's send time, an unreachable Redis makes the function's context
+// cancel (default TTL/10).
+func DriftMargin(d time.Duration) Option {
+	return func(c *lockerConfig) { c.watchdog.DriftMargin = d }
+}
+
+// NewLocker returns a Locker over client (a single server, Sentinel or
+// Cluster client). Close it to stop its watchdog.
+func NewLocker(client redis.UniversalClient, opts ...Option) *Locker {
+	var c lockerConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	return &Locker{locker: lock.New(client, c.lock...), watchdog: watchdog.New(c.watchdog)}
+}
+
+// Close stops renewing; functions still running under WithLock see their
+// context cancelled. It does not close the Redis client.
+func (l *Locker) Close(ctx context.Context) error { return l.watchdog.Stop(ctx) }
+
+// LockOption tunes one WithLock call.
+type LockOption func(*lockCall)
+
+type lockCall struct {
+	ttl     time.Duration
+	wait    time.Duration
+	backoff lock.Backoff
+	maxHold time.Duration
+}
+
+// DefaultTTL is the lease TTL when TTL is not given. The watchdog renews the
+// lease every TTL/3, so the TTL bounds how long a crashed holder blocks the
+// key, not how long the function may run.
+const DefaultTTL = 30 * time.Second
+
+// TTL sets the lease's time to live (default DefaultTTL).
+func TTL(d time.Duration) LockOption { return func(c *lockCall) { c.ttl = d } }
+
+// Wait makes WithLock wait up to d for a busy lock, retrying with jittered
+// backoff; without it, a busy lock fails at once with ErrNotAcquired.
+func Wait(d time.Duration) LockOption { return func(c *lockCall) { c.wait = d } }
+
+// Backoff sets the delays between attempts while waiting (default 10ms..500ms).
+func Backoff(min, max time.Duration) LockOption {
+	return func(c *lockCall) { c.backoff = lock.Backoff{Min: min, Max: max} }
+}
+
+// MaxHold bounds how long the lock is kept: past it the function's context is
+// cancelled (reason max_hold) and the lock is not renewed again.
+func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold = d } }
+
+// releaseTimeout bounds the release after the function returned.
+const releaseTimeout = 5 * time.Second
+
+// WithLock takes the lock on key, runs fn with a context that is cancelled
+// (cause matching ErrLockLost) if the lock is lost, and releases the lock
+// when fn returns or panics; a panic is re-raised after the release.
+//
+// It returns ErrNotAcquired if the lock is busy (after the wait), fn's error,
+// and an error matching ErrLockLost if the lock was lost while fn ran, joined
+// with fn's error when there is one: a function that finished after its lock
+// was lost may have overlapped with the next holder.
+func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LockOption) (err error) {
+	c := lockCall{ttl: DefaultTTL, backoff: lock.DefaultBackoff}
+	for _, o := range opts {
+		o(&c)
+	}
+	var lease *Lease
+	if c.wait > 0 {
+		lease, err = l.locker.Acquire(ctx, key, c.ttl, lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff))
+	} else {
+		lease, err = l.locker.TryAcquire(ctx, key, c.ttl)
+	}
+	if err != nil {
+		return err
+	}
+	var holdOpts []watchdog.HoldOption
+	if c.maxHold > 0 {
+		holdOpts = append(holdOpts, watchdog.MaxHold(c.maxHold))
+	}
+	hctx, hold := l.watchdog.Hold(ctx, lease, holdOpts...)
+
+	defer func() {
+		lost := context.Cause(hctx)
+		if !errors.Is(lost, ErrLockLost) {
+			lost = nil
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		relErr := hold.Release(rctx)
+		cancel()
+		if r := recover(); r != nil {
+			panic(r) // released above; the panic is the caller's to see
+		}
+		switch {
+		case lost != nil:
+			err = errors.Join(err, lost)
+		case errors.Is(relErr, ErrLockLost):
+			// The key was gone or taken when fn returned, before the
+			// watchdog saw it: fn may have overlapped with the next holder.
+			err = errors.Join(err, relErr)
+		case relErr != nil && err == nil:
+			err = fmt.Errorf("lockstep: %w (the lock expires on its own within its TTL)", relErr)
+		}
+	}()
+	return fn(hctx, lease)
+}

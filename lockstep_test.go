@@ -1,0 +1,189 @@
+package lockstep_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newLocker(t *testing.T) (*lockstep.Locker, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	l := lockstep.NewLocker(c)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l, srv.Client()
+}
+
+func TestWithLockRunsOnceUnderTheLock(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := context.Background()
+	var runs int
+	err := l.WithLock(ctx, "job", func(ctx context.Context, lease *lockstep.Lease) error {
+		runs++
+		if got := admin.Get(ctx, "lockstep:{job}").Val(); got != lease.Token() {
+			t.Errorf("during fn the lock key holds %q, want the lease token", got)
+		}
+		if lease.Fence() <= 0 || lease.Key() != "job" {
+			t.Errorf("lease key %q fence %d", lease.Key(), lease.Fence())
+		}
+		return nil
+	})
+	if err != nil || runs != 1 {
+		t.Fatalf("WithLock = %v after %d runs, want nil after 1", err, runs)
+	}
+	if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
+		t.Fatal("lock not released after fn returned")
+	}
+}
+
+func TestWithLockBusyFailsAtOnceOrWaits(t *testing.T) {
+	t.Parallel()
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	inside := make(chan struct{})
+	leave := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error {
+			close(inside)
+			<-leave
+			return nil
+		})
+	}()
+	<-inside
+
+	start := time.Now()
+	err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error {
+		t.Error("fn ran while another caller held the lock")
+		return nil
+	})
+	if !errors.Is(err, lockstep.ErrNotAcquired) {
+		t.Fatalf("busy lock without wait: %v, want ErrNotAcquired", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("busy lock without wait took %v", d)
+	}
+
+	var ran atomic.Bool
+	second := make(chan error, 1)
+	go func() {
+		second <- l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error {
+			ran.Store(true)
+			return nil
+		}, lockstep.Wait(10*time.Second), lockstep.Backoff(time.Millisecond, 20*time.Millisecond))
+	}()
+	close(leave)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil || !ran.Load() {
+		t.Fatalf("waiting caller: %v, ran=%v; want it to run after the first released", err, ran.Load())
+	}
+
+	// A wait that ends before the holder releases gives up with ErrNotAcquired.
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	go func() {
+		_ = l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { close(held); <-hold; return nil })
+	}()
+	<-held
+	defer close(hold)
+	if err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { return nil },
+		lockstep.Wait(200*time.Millisecond)); !errors.Is(err, lockstep.ErrNotAcquired) {
+		t.Fatalf("wait past the bound: %v, want ErrNotAcquired", err)
+	}
+}
+
+func TestWithLockReturnsFnErrorAndReleases(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { return boom })
+	if !errors.Is(err, boom) || errors.Is(err, lockstep.ErrLockLost) {
+		t.Fatalf("WithLock = %v, want fn's error and no lock loss", err)
+	}
+	if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
+		t.Fatal("lock not released after fn failed")
+	}
+}
+
+func TestWithLockPanicReleasesAndRepanics(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := context.Background()
+	func() {
+		defer func() {
+			if r := recover(); r != "kaboom" {
+				t.Fatalf("recovered %v, want the fn's panic re-raised", r)
+			}
+		}()
+		_ = l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { panic("kaboom") })
+		t.Fatal("WithLock returned after fn panicked")
+	}()
+	if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
+		t.Fatal("lock not released after fn panicked")
+	}
+	if err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { return nil }); err != nil {
+		t.Fatalf("lock unusable after a panic: %v", err)
+	}
+}
+
+func TestWithLockStolenCancelsFnAndReportsLoss(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := context.Background()
+	err := l.WithLock(ctx, "job", func(ctx context.Context, lease *lockstep.Lease) error {
+		if err := admin.Set(ctx, "lockstep:{job}", "thief", time.Minute).Err(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			var lost *lockstep.LostError
+			if !errors.As(context.Cause(ctx), &lost) || lost.Reason != "stolen" {
+				t.Errorf("cause %v, want a stolen LostError", context.Cause(ctx))
+			}
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+			return errors.New("fn's context was not cancelled after the lock was stolen")
+		}
+	}, lockstep.TTL(300*time.Millisecond))
+	if !errors.Is(err, lockstep.ErrLockLost) {
+		t.Fatalf("WithLock = %v, want an error matching ErrLockLost", err)
+	}
+	if got := admin.Get(ctx, "lockstep:{job}").Val(); got != "thief" {
+		t.Fatalf("release touched the new holder's lock: key holds %q", got)
+	}
+}
+
+func TestWithLockReentrantForOneOwner(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := lockstep.WithOwner(context.Background(), "migration-1")
+	err := l.WithLock(ctx, "db", func(ctx context.Context, outer *lockstep.Lease) error {
+		return l.WithLock(ctx, "db", func(ctx context.Context, inner *lockstep.Lease) error {
+			if inner.Fence() != outer.Fence() {
+				t.Errorf("inner fence %d, outer %d", inner.Fence(), outer.Fence())
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatalf("nested WithLock for one owner: %v", err)
+	}
+	if n := admin.Exists(context.Background(), "lockstep:{db}").Val(); n != 0 {
+		t.Fatal("lock not released after the outer call")
+	}
+}
