@@ -377,7 +377,7 @@ func TestReentrancy(t *testing.T) {
 		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
 			inner.Reentrant(), inner.Fence(), outer.Fence())
 	}
-	if n := c.HGet(ctx, "lockstep:{r}:owners", "owner-a").Val(); n != "2" {
+	if n := c.HGet(ctx, "lockstep:{r}:owners", "o:owner-a").Val(); n != "2" {
 		t.Fatalf("hold count %q, want 2", n)
 	}
 	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {

@@ -1,7 +1,7 @@
 -- release: delete the lock only if it still holds our token.
 --
 -- KEYS[1]  lock key
--- KEYS[2]  reentrancy hash (ignored when ARGV[2] is "")
+-- KEYS[2]  reentrancy hash (see acquire.lua; ignored when ARGV[2] is "")
 -- ARGV[1]  token
 -- ARGV[2]  owner id of a reentrant lease, or ""
 --
@@ -18,7 +18,7 @@ if cur ~= ARGV[1] then
   return -1
 end
 if ARGV[2] ~= '' then
-  local n = redis.call('HINCRBY', KEYS[2], ARGV[2], -1)
+  local n = redis.call('HINCRBY', KEYS[2], 'o:' .. ARGV[2], -1)
   if n > 0 then
     return 2
   end
