@@ -408,6 +408,23 @@ func TestReentrancy(t *testing.T) {
 	if _, err := l.TryAcquire(mine, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("former owner re-entered someone else's lock: %v", err)
 	}
+
+	// A hash left over from an earlier hold (it can outlive its lock by a
+	// moment) must not let its owner into a plain holder's lock.
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, "lockstep:{r}:owners", "t", outer.Token(), "o:owner-a", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(mine, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("stale hash let its owner into a plain hold: %v", err)
+	}
+	_ = plain
 }
 
 func TestWaitReplicas(t *testing.T) {
