@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Installs the programs the tests start, from Debian's packages, when missing.
+# Installs the programs the tests start, from Debian's packages, when missing:
+# redis-server (internal/redistest) and prometheus with promtool
+# (internal/deploytest checks the alert rules and runs the dashboard queries).
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+	need+=(prometheus)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
 	sudo=""
 	[ "$(id -u)" -eq 0 ] || sudo="sudo"
 	echo "deps: installing ${need[*]}"
 	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+	# No recommends: prometheus would pull in prometheus-node-exporter.
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	# The package starts a system Prometheus on :9090 where systemd runs; the
+	# tests start their own, and :9090 is the worker's default metrics port.
+	if [[ " ${need[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 &&
+		systemctl is-active --quiet prometheus 2>/dev/null; then
+		echo "deps: stopping and disabling the prometheus service the package started"
+		$sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+	fi
 fi
 redis-server --version
+promtool --version 2>&1 | head -n 1

@@ -26,6 +26,18 @@ const (
 	RenewalPanic   = "panic" // recovered panic inside a renewal
 )
 
+// Every value a label of a Lockstep series can take, where the set is fixed.
+// New creates each series at zero, so that a rate or increase sees the first
+// event (a series that appears at 1 has no increase to show) and dashboards
+// have data from the first scrape.
+var (
+	AcquireResults = []string{AcquireAcquired, AcquireBusy, AcquireError}
+	RenewalResults = []string{RenewalRenewed, RenewalLost, RenewalError, RenewalPanic}
+	// LostReasons are the values of lockstep_lock_lost_total{reason}: the
+	// lock.Reason values.
+	LostReasons = []string{"stolen", "expired", "unreachable", "max_hold", "quorum_lost"}
+)
+
 // Metrics holds Lockstep's collectors.
 type Metrics struct {
 	LockAcquire         *prometheus.CounterVec // result
@@ -107,6 +119,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "lockstep_scheduler_leader_changes_total",
 			Help: "Ticks of a schedule won by this replica after another replica won the previous one, or the reverse.",
 		}),
+	}
+	for _, r := range AcquireResults {
+		m.LockAcquire.WithLabelValues(r)
+	}
+	for _, r := range RenewalResults {
+		m.Renewals.WithLabelValues(r)
+	}
+	for _, r := range LostReasons {
+		m.LockLost.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(
