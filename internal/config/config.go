@@ -13,20 +13,36 @@ type Common struct {
 	Lock  LockConfig  `yaml:"lock"`
 }
 
-// RedisConfig says how to reach the one Redis that holds all shared state.
+// RedisConfig says how to reach the one Redis deployment that holds all
+// shared state: a single server, a Sentinel-managed master or a Cluster.
 // After loading, Password holds the contents of PasswordFile when that was set.
 type RedisConfig struct {
-	Addr         string        `yaml:"addr"` // host:port, or a unix socket path
-	DB           int           `yaml:"db"`
-	Username     string        `yaml:"username"`
-	Password     Secret        `yaml:"password"`
-	PasswordFile string        `yaml:"password_file"`
-	TLS          TLSConfig     `yaml:"tls"`
-	DialTimeout  time.Duration `yaml:"dial_timeout"`
-	ReadTimeout  time.Duration `yaml:"read_timeout"`
-	WriteTimeout time.Duration `yaml:"write_timeout"`
-	PoolSize     int           `yaml:"pool_size"` // 0 = go-redis default
+	Mode             RedisMode     `yaml:"mode"`
+	Addr             string        `yaml:"addr"`        // single: host:port, or a unix socket path
+	Addrs            []string      `yaml:"addrs"`       // sentinel: the sentinels; cluster: seed nodes
+	MasterName       string        `yaml:"master_name"` // sentinel: the monitored master's name
+	DB               int           `yaml:"db"`          // cluster: 0 only
+	Username         string        `yaml:"username"`
+	Password         Secret        `yaml:"password"`
+	PasswordFile     string        `yaml:"password_file"`
+	SentinelUsername string        `yaml:"sentinel_username"` // sentinel: ACL user of the sentinels, if any
+	SentinelPassword Secret        `yaml:"sentinel_password"` // sentinel: password of the sentinels, if any
+	TLS              TLSConfig     `yaml:"tls"`
+	DialTimeout      time.Duration `yaml:"dial_timeout"`
+	ReadTimeout      time.Duration `yaml:"read_timeout"`
+	WriteTimeout     time.Duration `yaml:"write_timeout"`
+	PoolSize         int           `yaml:"pool_size"` // 0 = go-redis default
 }
+
+// RedisMode is the kind of Redis deployment.
+type RedisMode string
+
+// The Redis modes.
+const (
+	RedisSingle   RedisMode = "single"   // one server (or a proxy in front of one master)
+	RedisSentinel RedisMode = "sentinel" // a master found through Sentinel, which fails it over
+	RedisCluster  RedisMode = "cluster"  // Redis Cluster
+)
 
 // TLSConfig enables TLS to Redis. The files are PEM; CertFile and KeyFile
 // (a client certificate) go together.
@@ -51,6 +67,9 @@ type LogConfig struct {
 
 // LockConfig holds the lock defaults shared by workers and schedulers.
 type LockConfig struct {
+	Backend             LockBackend   `yaml:"backend"`
+	Nodes               []string      `yaml:"nodes"`        // redlock: independent masters, an odd number
+	NodeTimeout         time.Duration `yaml:"node_timeout"` // redlock: 0 = lock package default
 	Prefix              string        `yaml:"prefix"`
 	TTL                 time.Duration `yaml:"ttl"`
 	RenewInterval       time.Duration `yaml:"renew_interval"` // 0 = TTL/3
@@ -58,6 +77,15 @@ type LockConfig struct {
 	WaitReplicas        int           `yaml:"wait_replicas"`
 	WaitReplicasTimeout time.Duration `yaml:"wait_replicas_timeout"`
 }
+
+// LockBackend is where locks live.
+type LockBackend string
+
+// The lock backends.
+const (
+	BackendRedis   LockBackend = "redis"   // in the redis section's deployment
+	BackendRedlock LockBackend = "redlock" // on a quorum of lock.nodes
+)
 
 // WorkerConfig is the configuration of cmd/worker (configs/worker.yaml).
 type WorkerConfig struct {
@@ -150,6 +178,7 @@ func DefaultScheduler() *SchedulerConfig {
 func defaultCommon(httpAddr string) Common {
 	return Common{
 		Redis: RedisConfig{
+			Mode:         RedisSingle,
 			DialTimeout:  5 * time.Second,
 			ReadTimeout:  3 * time.Second,
 			WriteTimeout: 3 * time.Second,
@@ -157,6 +186,7 @@ func defaultCommon(httpAddr string) Common {
 		HTTP: HTTPConfig{Addr: httpAddr},
 		Log:  LogConfig{Format: "json", Level: "info"},
 		Lock: LockConfig{
+			Backend:             BackendRedis,
 			Prefix:              "lockstep:",
 			TTL:                 30 * time.Second,
 			WaitReplicasTimeout: 100 * time.Millisecond,

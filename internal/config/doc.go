@@ -17,7 +17,20 @@
 // (durations like "5s"). Maps take "name=value" pairs separated by commas
 // (LOCKSTEP_WORKER_QUEUES="critical=6,default=3") or a YAML/JSON mapping.
 // Lists take a YAML or JSON document that replaces the whole list
-// (LOCKSTEP_SCHEDULES='[{"name":"a","cron":"* * * * *","task":"t"}]').
+// (LOCKSTEP_SCHEDULES='[{"name":"a","cron":"* * * * *","task":"t"}]'); lists
+// of strings also take values separated by commas
+// (LOCKSTEP_LOCK_NODES="r1:6379,r2:6379,r3:6379").
+//
+// # Deployments
+//
+// redis.mode says what the redis section reaches: single (redis.addr), a
+// Sentinel-managed master (redis.addrs lists the sentinels, redis.master_name
+// names the master) or a Cluster (redis.addrs lists seed nodes; db 0 only).
+// UniversalOptions and AsynqConnOpt give the matching client kind.
+// lock.backend says where locks live: redis (the redis section's deployment)
+// or redlock (a quorum of lock.nodes, an odd number of independent masters
+// reached with the redis section's credentials, TLS and timeouts).
+// Common.NewLocker builds the Locker for either, for both binaries.
 //
 // # Guarantees
 //

@@ -16,7 +16,8 @@ func envName(key string) string {
 
 // applyEnv overrides each field of v whose LOCKSTEP_* variable is set, even
 // to "". A scalar takes the text; a map takes "name=value,name=value" or a
-// YAML/JSON mapping; a list takes a YAML/JSON document and replaces the list.
+// YAML/JSON mapping; a list takes a YAML/JSON document and replaces the list,
+// and a list of strings also takes "a,b,c".
 func applyEnv(v reflect.Value, p fieldPath, lookup func(string) (string, bool), o origins) []error {
 	var errs []error
 	for _, f := range fields(v) {
@@ -32,6 +33,8 @@ func applyEnv(v reflect.Value, p fieldPath, lookup func(string) (string, bool), 
 		}
 		src := origin{env: name}
 		switch k := f.v.Kind(); {
+		case k == reflect.Slice && f.v.Type().Elem().Kind() == reflect.String && !isDoc(s):
+			setList(f.v, s, fp, src, o)
 		case k == reflect.Slice, k == reflect.Map && strings.HasPrefix(strings.TrimSpace(s), "{"):
 			errs = append(errs, decodeDoc([]byte(s), src, f.v, fp, o)...)
 		case k == reflect.Map:
@@ -44,6 +47,25 @@ func applyEnv(v reflect.Value, p fieldPath, lookup func(string) (string, bool), 
 		}
 	}
 	return errs
+}
+
+// isDoc reports whether s is a YAML/JSON list rather than comma-separated values.
+func isDoc(s string) bool {
+	s = strings.TrimSpace(s)
+	return strings.HasPrefix(s, "[") || strings.HasPrefix(s, "- ") || strings.Contains(s, "\n")
+}
+
+// setList replaces string list v with values separated by commas.
+func setList(v reflect.Value, s string, p fieldPath, src origin, o origins) {
+	o.forget(p.key)
+	o[p.key] = src
+	list := reflect.MakeSlice(v.Type(), 0, strings.Count(s, ",")+1)
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			list = reflect.Append(list, reflect.ValueOf(item).Convert(v.Type().Elem()))
+		}
+	}
+	v.Set(list)
 }
 
 // setPairs replaces map v with "name=value" pairs separated by commas.

@@ -54,13 +54,13 @@ func TestLoadWorkerFileValues(t *testing.T) {
 	want := &WorkerConfig{
 		Common: Common{
 			Redis: RedisConfig{
-				Addr: "redis.internal:6380", DB: 3, Username: "app",
+				Mode: RedisSingle, Addr: "redis.internal:6380", DB: 3, Username: "app",
 				DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 4 * time.Second, PoolSize: 20,
 			},
 			HTTP: HTTPConfig{Addr: "127.0.0.1:8080"},
 			Log:  LogConfig{Format: "text", Level: "debug"},
 			Lock: LockConfig{
-				Prefix: "app:", TTL: time.Minute, RenewInterval: 15 * time.Second, DriftMargin: 2 * time.Second,
+				Backend: BackendRedis, Prefix: "app:", TTL: time.Minute, RenewInterval: 15 * time.Second, DriftMargin: 2 * time.Second,
 				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond,
 			},
 		},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,10 +32,18 @@ func (s Secret) GoString() string             { return strconv.Quote(s.String())
 func (s Secret) LogValue() slog.Value         { return slog.StringValue(s.String()) }
 func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-// String summarises the connection settings without the password.
+// String summarises the connection settings without the passwords.
 func (r RedisConfig) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "addr=%s db=%d", r.Addr, r.DB)
+	if r.Mode != "" && r.Mode != RedisSingle {
+		fmt.Fprintf(&b, "mode=%s addrs=%s ", r.Mode, strings.Join(r.Addrs, ","))
+		if r.MasterName != "" {
+			fmt.Fprintf(&b, "master_name=%s ", r.MasterName)
+		}
+		fmt.Fprintf(&b, "db=%d", r.DB)
+	} else {
+		fmt.Fprintf(&b, "addr=%s db=%d", r.Addr, r.DB)
+	}
 	if r.Username != "" {
 		fmt.Fprintf(&b, " username=%s", r.Username)
 	}
@@ -44,13 +53,28 @@ func (r RedisConfig) String() string {
 	if r.PasswordFile != "" {
 		fmt.Fprintf(&b, " password_file=%s", r.PasswordFile)
 	}
+	if r.SentinelUsername != "" {
+		fmt.Fprintf(&b, " sentinel_username=%s", r.SentinelUsername)
+	}
+	if r.SentinelPassword != "" {
+		b.WriteString(" sentinel_password=" + redacted)
+	}
 	fmt.Fprintf(&b, " tls=%t", r.TLS.Enabled)
 	return b.String()
 }
 
-// LogValue logs the connection settings without the password.
+// LogValue logs the connection settings without the passwords.
 func (r RedisConfig) LogValue() slog.Value {
-	attrs := []slog.Attr{slog.String("addr", r.Addr), slog.Int("db", r.DB)}
+	var attrs []slog.Attr
+	if r.Mode != "" && r.Mode != RedisSingle {
+		attrs = append(attrs, slog.String("mode", string(r.Mode)), slog.Any("addrs", r.Addrs))
+		if r.MasterName != "" {
+			attrs = append(attrs, slog.String("master_name", r.MasterName))
+		}
+	} else {
+		attrs = append(attrs, slog.String("addr", r.Addr))
+	}
+	attrs = append(attrs, slog.Int("db", r.DB))
 	if r.Username != "" {
 		attrs = append(attrs, slog.String("username", r.Username))
 	}
@@ -59,6 +83,12 @@ func (r RedisConfig) LogValue() slog.Value {
 	}
 	if r.PasswordFile != "" {
 		attrs = append(attrs, slog.String("password_file", r.PasswordFile))
+	}
+	if r.SentinelUsername != "" {
+		attrs = append(attrs, slog.String("sentinel_username", r.SentinelUsername))
+	}
+	if r.SentinelPassword != "" {
+		attrs = append(attrs, slog.String("sentinel_password", redacted))
 	}
 	attrs = append(attrs,
 		slog.Bool("tls", r.TLS.Enabled),
@@ -70,14 +100,17 @@ func (r RedisConfig) LogValue() slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-// UniversalOptions returns go-redis options for this Redis. Zero timeouts and
-// pool size leave go-redis defaults.
+// UniversalOptions returns go-redis options for this Redis, of the kind its
+// mode needs: redis.NewUniversalClient makes a plain client for single, a
+// failover client (the master found through the sentinels) for sentinel and
+// a Cluster client for cluster. Zero timeouts and pool size leave go-redis
+// defaults.
 func (r RedisConfig) UniversalOptions() (*redis.UniversalOptions, error) {
 	pw, t, err := r.credentials()
 	if err != nil {
 		return nil, err
 	}
-	return &redis.UniversalOptions{
+	o := &redis.UniversalOptions{
 		Addrs:        []string{r.Addr},
 		DB:           r.DB,
 		Username:     r.Username,
@@ -90,15 +123,76 @@ func (r RedisConfig) UniversalOptions() (*redis.UniversalOptions, error) {
 		// Context deadlines bound every call: the watchdog relies on it so a
 		// renewal round never outlives the leases' local deadline.
 		ContextTimeoutEnabled: true,
+	}
+	switch r.Mode {
+	case RedisSentinel:
+		o.Addrs = slices.Clone(r.Addrs)
+		o.MasterName = r.MasterName
+		o.SentinelUsername = r.SentinelUsername
+		o.SentinelPassword = string(r.SentinelPassword)
+	case RedisCluster:
+		o.Addrs = slices.Clone(r.Addrs)
+		o.IsClusterMode = true // a Cluster client even with one seed address
+	}
+	return o, nil
+}
+
+// NodeOptions returns go-redis options for one server at addr (a Redlock node)
+// with this section's credentials, TLS, timeouts and pool size.
+func (r RedisConfig) NodeOptions(addr string) (*redis.Options, error) {
+	pw, t, err := r.credentials()
+	if err != nil {
+		return nil, err
+	}
+	return &redis.Options{
+		Addr:                  addr,
+		DB:                    r.DB,
+		Username:              r.Username,
+		Password:              pw,
+		DialTimeout:           r.DialTimeout,
+		ReadTimeout:           r.ReadTimeout,
+		WriteTimeout:          r.WriteTimeout,
+		PoolSize:              r.PoolSize,
+		TLSConfig:             t,
+		ContextTimeoutEnabled: true,
 	}, nil
 }
 
 // AsynqConnOpt returns the asynq connection option with the same settings as
-// UniversalOptions.
+// UniversalOptions: asynq.RedisClientOpt for single,
+// asynq.RedisFailoverClientOpt for sentinel and asynq.RedisClusterClientOpt
+// for cluster (which has no database and no pool size setting).
 func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
 	pw, t, err := r.credentials()
 	if err != nil {
 		return nil, err
+	}
+	switch r.Mode {
+	case RedisSentinel:
+		return asynq.RedisFailoverClientOpt{
+			MasterName:       r.MasterName,
+			SentinelAddrs:    slices.Clone(r.Addrs),
+			SentinelUsername: r.SentinelUsername,
+			SentinelPassword: string(r.SentinelPassword),
+			Username:         r.Username,
+			Password:         pw,
+			DB:               r.DB,
+			DialTimeout:      r.DialTimeout,
+			ReadTimeout:      r.ReadTimeout,
+			WriteTimeout:     r.WriteTimeout,
+			PoolSize:         r.PoolSize,
+			TLSConfig:        t,
+		}, nil
+	case RedisCluster:
+		return asynq.RedisClusterClientOpt{
+			Addrs:        slices.Clone(r.Addrs),
+			Username:     r.Username,
+			Password:     pw,
+			DialTimeout:  r.DialTimeout,
+			ReadTimeout:  r.ReadTimeout,
+			WriteTimeout: r.WriteTimeout,
+			TLSConfig:    t,
+		}, nil
 	}
 	return asynq.RedisClientOpt{
 		Addr:         r.Addr,

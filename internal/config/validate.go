@@ -171,18 +171,102 @@ func (c *Common) check(v *validator) {
 	if l.WaitReplicas > 0 && l.WaitReplicasTimeout <= 0 { // WAIT with timeout 0 blocks forever
 		v.fail(p.field("wait_replicas_timeout"), "must be greater than 0 when lock.wait_replicas is set, got %v", l.WaitReplicasTimeout)
 	}
+	c.checkBackend(v)
+}
+
+// checkBackend checks lock.backend against its nodes and the Redis mode.
+func (c *Common) checkBackend(v *validator) {
+	l, p := &c.Lock, root.field("lock")
+	oneOf(v, p.field("backend"), l.Backend, BackendRedis, BackendRedlock)
+	atLeast(v, p.field("node_timeout"), l.NodeTimeout, 0)
+	switch l.Backend {
+	case BackendRedis:
+		if len(l.Nodes) > 0 {
+			v.fail(p.field("nodes"), "is only used with lock.backend redlock (lock.backend is %q)", l.Backend)
+		}
+		if l.NodeTimeout != 0 {
+			v.fail(p.field("node_timeout"), "is only used with lock.backend redlock (lock.backend is %q)", l.Backend)
+		}
+		// WAIT must follow the acquire on the same connection, which a
+		// Cluster client does not promise.
+		if l.WaitReplicas > 0 && c.Redis.Mode == RedisCluster {
+			v.fail(p.field("wait_replicas"), "is not supported with redis.mode cluster, got %d", l.WaitReplicas)
+		}
+	case BackendRedlock:
+		switch n := len(l.Nodes); {
+		case n == 0:
+			v.fail(p.field("nodes"), "required with lock.backend redlock: list an odd number of independent Redis masters (3 or more, usually 5)")
+		case n < 3 || n%2 == 0:
+			v.fail(p.field("nodes"), "must list an odd number of nodes, 3 or more (usually 5), got %d", n)
+		}
+		seen := map[string]int{}
+		for i, addr := range l.Nodes {
+			q := p.field("nodes").index(i, "")
+			if err := checkHostPort(addr); err != nil {
+				v.fail(q, "invalid address %q: %v", addr, err)
+			} else if j, dup := seen[addr]; dup {
+				v.fail(q, "duplicate node %q, also lock.nodes[%d]", addr, j)
+			} else {
+				seen[addr] = i
+			}
+		}
+		if l.WaitReplicas > 0 {
+			v.fail(p.field("wait_replicas"), "is not supported with lock.backend redlock, whose nodes are independent masters, got %d", l.WaitReplicas)
+		}
+		if l.TTL > 0 && l.NodeTimeout >= l.TTL {
+			v.fail(p.field("node_timeout"), "must be less than lock.ttl (%v), got %v", l.TTL, l.NodeTimeout)
+		}
+	}
 }
 
 func (c *Common) checkRedis(v *validator) {
 	r, p := &c.Redis, root.field("redis")
-	if r.Addr == "" {
-		v.fail(p.field("addr"), "required")
-	} else if strings.HasPrefix(r.Addr, "/") {
-		// a unix socket
-	} else if err := checkHostPort(r.Addr); err != nil {
-		v.fail(p.field("addr"), "invalid address %q: %v", r.Addr, err)
+	oneOf(v, p.field("mode"), r.Mode, RedisSingle, RedisSentinel, RedisCluster)
+	switch r.Mode {
+	case RedisSingle:
+		if r.Addr == "" {
+			v.fail(p.field("addr"), "required")
+		} else if strings.HasPrefix(r.Addr, "/") {
+			// a unix socket
+		} else if err := checkHostPort(r.Addr); err != nil {
+			v.fail(p.field("addr"), "invalid address %q: %v", r.Addr, err)
+		}
+		if len(r.Addrs) > 0 {
+			v.fail(p.field("addrs"), "is only used with redis.mode sentinel or cluster; set redis.addr for a single server")
+		}
+	case RedisSentinel, RedisCluster:
+		what := map[RedisMode]string{RedisSentinel: "the sentinels", RedisCluster: "the cluster's seed nodes"}[r.Mode]
+		if r.Addr != "" {
+			v.fail(p.field("addr"), "is not used with redis.mode %s: list %s in redis.addrs", r.Mode, what)
+		}
+		if len(r.Addrs) == 0 {
+			v.fail(p.field("addrs"), "required with redis.mode %s: list %s as host:port", r.Mode, what)
+		}
+		for i, addr := range r.Addrs {
+			if err := checkHostPort(addr); err != nil {
+				v.fail(p.field("addrs").index(i, ""), "invalid address %q: %v", addr, err)
+			}
+		}
 	}
-	atLeast(v, p.field("db"), r.DB, 0)
+	switch r.Mode {
+	case RedisSentinel:
+		if r.MasterName == "" {
+			v.fail(p.field("master_name"), "required with redis.mode sentinel: the name the sentinels monitor the master by")
+		}
+	case RedisSingle, RedisCluster:
+		for _, f := range []struct{ key, val string }{
+			{"master_name", r.MasterName}, {"sentinel_username", r.SentinelUsername}, {"sentinel_password", string(r.SentinelPassword)},
+		} {
+			if f.val != "" {
+				v.fail(p.field(f.key), "is only used with redis.mode sentinel (redis.mode is %q)", r.Mode)
+			}
+		}
+	}
+	if r.Mode == RedisCluster && r.DB != 0 {
+		v.fail(p.field("db"), "must be 0 with redis.mode cluster (Redis Cluster has only database 0), got %d", r.DB)
+	} else {
+		atLeast(v, p.field("db"), r.DB, 0)
+	}
 	atLeast(v, p.field("dial_timeout"), r.DialTimeout, 0)
 	atLeast(v, p.field("read_timeout"), r.ReadTimeout, 0)
 	atLeast(v, p.field("write_timeout"), r.WriteTimeout, 0)

@@ -22,12 +22,63 @@
 // # Not guaranteed
 //
 // A failover of a master with asynchronous replication can lose a lock that
-// the new master never saw. WaitReplicas narrows that window; fencing tokens
-// protect a store that checks them; Redlock is for those who need more.
+// the new master never saw, and with it the fencing counter's last
+// increments: the next holder can then get the lost holder's fence again, so
+// a store that accepts a fence equal to the last one it saw cannot tell the
+// two apart. WaitReplicas narrows that window (an acquire the replicas did not
+// acknowledge fails); Redlock is for those who need more. Renewals are not
+// waited for: a ttl shorter than a failover takes can let the lock expire on
+// the new master (the watchdog then cancels the holder at its next renewal).
+//
+// # Redis Cluster
+//
+// The keys of one resource share a hash tag, so every script runs on one
+// slot. RenewAll sends one pipeline per master, and a master that does not
+// answer gets half the time left before the round's deadline, so it cannot
+// delay the other masters' renewals: only its own leases are lost
+// (unreachable). A master that restarts empty loses its locks and counters;
+// fresh counters start at its clock in microseconds.
+//
+// # Redlock
+//
+// NewRedlock holds a lease on a quorum Q = N/2+1 of N independent masters.
+// An acquire runs acquire.lua on all nodes at once (each bounded by the node
+// timeout) and keeps the lease when Q granted it and validity is left:
+// ttl − elapsed − drift > 0, elapsed counted from the send time; otherwise it
+// releases on every node. A renewal keeps the lease while Q renew it; the
+// token gone from more than N − Q nodes is a loss (quorum_lost); anything
+// else is a transport error, which the watchdog retries until its deadline
+// (unreachable). Mutual exclusion holds under Redlock's assumptions: clocks
+// that run at about the same rate (the drift allowance), and nodes that keep
+// their data while a lease is live (persistence with fsync, or a restarted
+// node kept out for one ttl).
+//
+// Redlock fences: each node has its own counter. A lease's fence is the
+// highest counter among the nodes that granted it, and before the acquire
+// returns, a quorum of the granting nodes must have their counter at that
+// value while still holding the token: the nodes whose increment returned it,
+// and the others lifted to it (fence_raise.lua); the acquire fails otherwise.
+// Any later holder's quorum shares a node with that quorum, can set its key
+// there only after ours is gone, and so increments past our fence.
+//
+//   - Promised: if acquire A returned before acquire B was sent, B's fence is
+//     greater than A's, whatever the clocks, pauses and network delays did,
+//     as long as no node lost its data in between. A holder that was paused
+//     past its lease and writes late is therefore rejected by a store that
+//     keeps the highest fence it accepted, once the next holder has written.
+//   - Not promised: fences are not dense and not shared across resources;
+//     two acquires that overlap in time (possible only when clocks or pauses
+//     break Redlock's own assumptions) are not ordered; a node that restarts
+//     without its data restarts its counter at its clock in microseconds,
+//     which keeps fences increasing only while that clock is not behind the
+//     clock of the node that issued the last fence by more than the time
+//     since; fences from a Redlock Locker and from New on the same keys are
+//     different counters.
 //
 // # Keys
 //
 // For resource R and prefix P (default "lockstep:"): the lock P{R}, its
 // fencing counter P{R}:fence and, for reentrant holds, P{R}:owners, a hash of
-// owner id to hold count. All three share the hash tag {R}.
+// owner id to hold count. All three share the hash tag {R}. Redlock uses the
+// same keys on every node.
 package lock

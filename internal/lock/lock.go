@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,7 +22,8 @@ const (
 )
 
 // Locker acquires leases on named resources in one Redis deployment (a single
-// server, a Sentinel-managed master or a Cluster).
+// server, a Sentinel-managed master or a Cluster), or on a quorum of
+// independent masters (NewRedlock).
 type Locker struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -34,6 +36,8 @@ type Locker struct {
 
 	// acquire results, resolved once: label lookups stay off the hot path
 	acquired, busy, failed prometheus.Counter
+
+	rl *redlock // set by NewRedlock; nil for New
 }
 
 // Option configures a Locker.
@@ -85,7 +89,7 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 // Locker returns the Locker that took the lease.
 func (s *Lease) Locker() *Locker { return s.locker }
 
-// Client returns the Redis client the Locker uses.
+// Client returns the Redis client the Locker uses (for Redlock, the first node).
 func (l *Locker) Client() redis.UniversalClient { return l.client }
 
 // Lease is one holder's claim on a resource. Its methods are safe for
@@ -102,6 +106,8 @@ type Lease struct {
 	sent     time.Time
 
 	state leaseState
+
+	acquiring *sync.WaitGroup // Redlock: node answers to the acquire still on their way
 }
 
 // Key returns the resource name the lease was taken on, e.g. "lock:order:42".
@@ -161,6 +167,9 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 }
 
 func (l *Locker) acquireOnce(ctx context.Context, s *Lease) (*Lease, error) {
+	if l.rl != nil {
+		return l.rl.acquire(ctx, l, s)
+	}
 	keys := []string{s.keys.lock, s.keys.fence, s.keys.owners}
 	args := []any{s.token, s.ttl.Milliseconds(), l.fenceTTL.Milliseconds(), s.owner}
 	var reply any
@@ -304,6 +313,11 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if err := s.state.err(); err != nil {
 		return err
 	}
+	if s.locker.rl != nil {
+		results := []error{nil}
+		s.locker.rl.renew(ctx, []*Lease{s}, []int{0}, results)
+		return results[0]
+	}
 	status, err := run(ctx, s.locker.client, scriptRenew,
 		[]string{s.keys.lock, s.keys.owners}, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
 	if err != nil {
@@ -317,6 +331,9 @@ func (s *Lease) Renew(ctx context.Context) error {
 // ErrLockLost when the lease had already been lost (and then leaves the next
 // holder's lock alone).
 func (s *Lease) Release(ctx context.Context) error {
+	if s.locker.rl != nil {
+		return s.locker.rl.release(ctx, s)
+	}
 	if err := s.state.err(); err != nil {
 		if errors.Is(err, errReleased) {
 			return nil

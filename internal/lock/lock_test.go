@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,57 +41,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 
 func TestContentionNoOverlapAndFencesIncrease(t *testing.T) {
 	t.Parallel()
-	l, _, _ := newLocker(t)
-	ctx := context.Background()
-	const workers, perWorker = 16, 200
-
-	var (
-		holders  atomic.Int32
-		overlaps atomic.Int32
-		mu       sync.Mutex
-		fences   []int64 // in the order holders got the lock
-	)
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Go(func() {
-			for range perWorker {
-				lease, err := l.Acquire(ctx, "hot", 5*time.Second,
-					lock.WithWaitBackoff(lock.Backoff{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
-				if err != nil {
-					errs <- err
-					return
-				}
-				if holders.Add(1) != 1 {
-					overlaps.Add(1)
-				}
-				mu.Lock()
-				fences = append(fences, lease.Fence())
-				mu.Unlock()
-				holders.Add(-1)
-				if err := lease.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := overlaps.Load(); n != 0 {
-		t.Fatalf("%d overlapping holds", n)
-	}
-	if len(fences) != workers*perWorker {
-		t.Fatalf("got %d acquisitions, want %d", len(fences), workers*perWorker)
-	}
-	for i := 1; i < len(fences); i++ {
-		if fences[i] <= fences[i-1] {
-			t.Fatalf("fence %d = %d after %d: not strictly increasing", i, fences[i], fences[i-1])
-		}
-	}
+	checkContention(t, singleServer(t), 16, 200)
 }
 
 func TestTryAcquireBusy(t *testing.T) {
@@ -120,30 +68,7 @@ func TestTryAcquireBusy(t *testing.T) {
 
 func TestWrongTokenCannotReleaseOrRenew(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
-	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Overwrite the key with another token, as a new holder would after expiry.
-	if err := c.Set(ctx, holder.RedisKey(), "someone-else", 500*time.Millisecond).Err(); err != nil {
-		t.Fatal(err)
-	}
-	err = holder.Renew(ctx)
-	var lost *lock.LostError
-	if !errors.As(err, &lost) || lost.Reason != lock.ReasonStolen || !errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("Renew with a stale token: %v, want ErrLockLost (stolen)", err)
-	}
-	if ttl := c.PTTL(ctx, holder.RedisKey()).Val(); ttl > 500*time.Millisecond {
-		t.Fatalf("Renew extended another holder's lock: PTTL %v", ttl)
-	}
-	if err := holder.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("Release with a stale token: %v, want ErrLockLost", err)
-	}
-	if got := c.Get(ctx, holder.RedisKey()).Val(); got != "someone-else" {
-		t.Fatalf("Release deleted another holder's lock: key holds %q", got)
-	}
+	checkWrongToken(t, singleServer(t))
 }
 
 func TestReleaseAfterExpiryLeavesNextHolder(t *testing.T) {
@@ -220,38 +145,7 @@ func TestRenewExtendsTTL(t *testing.T) {
 
 func TestFenceSurvivesCounterExpiryAndNewLocker(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c := srv.Client()
-	ctx := context.Background()
-	l1 := lock.New(c, lock.WithFenceTTL(100*time.Millisecond))
-	var last int64
-	for i := range 3 {
-		lease, err := l1.TryAcquire(ctx, "r", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lease.Fence() <= last {
-			t.Fatalf("acquire %d: fence %d <= %d", i, lease.Fence(), last)
-		}
-		last = lease.Fence()
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if d := time.Duration(last) * time.Microsecond; d < time.Duration(time.Now().Add(-time.Hour).UnixMicro())*time.Microsecond {
-		t.Fatalf("a fresh counter started at %d, want the server's time in microseconds", last)
-	}
-	eventually(t, 2*time.Second, "the fence counter to expire", func() bool {
-		return c.Exists(ctx, l1.FenceKey("r")).Val() == 0
-	})
-	l2 := lock.New(srv.Client())
-	lease, err := l2.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lease.Fence() <= last {
-		t.Fatalf("fence after the counter expired: %d <= %d", lease.Fence(), last)
-	}
+	checkFenceAcrossExpiry(t, singleServer(t))
 }
 
 func TestAcquireWaitsForRelease(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -21,7 +22,9 @@ const BatchSize = 1000
 // On a single server (or a Sentinel-managed master) the leases go in batches
 // of BatchSize through one Lua call each, all batches in one pipeline. On
 // Redis Cluster the keys of different locks live in different slots, so each
-// master node gets one pipeline of single-lease renewals.
+// master node gets one pipeline of single-lease renewals. For Redlock, every
+// node gets the batches of the single-server case, and a lease stays held
+// while a quorum renews it.
 func (l *Locker) RenewAll(ctx context.Context, leases []*Lease) []error {
 	results := make([]error, len(leases))
 	live := make([]int, 0, len(leases))
@@ -33,6 +36,10 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*Lease) []error {
 		live = append(live, i)
 	}
 	if len(live) == 0 {
+		return results
+	}
+	if l.rl != nil {
+		l.rl.renew(ctx, leases, live, results)
 		return results
 	}
 	if cc, ok := l.client.(*redis.ClusterClient); ok {
@@ -108,9 +115,20 @@ func (l *Locker) renewCluster(ctx context.Context, cc *redis.ClusterClient, leas
 		}
 		byNode[node] = append(byNode[node], i)
 	}
+	// A master that does not answer (killed, paused, cut off) must not hold
+	// up the others until ctx's deadline, the deadline of the round's leases:
+	// each node gets half the time left, so the other masters' answers are
+	// applied while their leases are still trusted.
+	nodeCtx := func() (context.Context, context.CancelFunc) { return ctx, func() {} }
+	if d, ok := ctx.Deadline(); ok {
+		budget := time.Until(d) / 2
+		nodeCtx = func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, budget) }
+	}
 	var wg sync.WaitGroup
 	for node, idx := range byNode {
 		wg.Go(func() {
+			ctx, cancel := nodeCtx()
+			defer cancel()
 			cmds := make([]*redis.Cmd, len(idx))
 			send := func() {
 				_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {

@@ -16,11 +16,14 @@ var (
 	renewLua string
 	//go:embed lua/renew_batch.lua
 	renewBatchLua string
+	//go:embed lua/fence_raise.lua
+	fenceRaiseLua string
 
 	scriptAcquire    = redis.NewScript(acquireLua)
 	scriptRelease    = redis.NewScript(releaseLua)
 	scriptRenew      = redis.NewScript(renewLua)
 	scriptRenewBatch = redis.NewScript(renewBatchLua)
+	scriptFenceRaise = redis.NewScript(fenceRaiseLua)
 )
 
 // run is the one way scripts are called: EVALSHA, falling back to EVAL when

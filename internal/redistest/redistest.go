@@ -5,6 +5,11 @@
 // killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) and restarted on the same
 // port, which is what fault tests need. Nothing here mocks Redis.
 //
+// Besides single servers: StartN (independent masters, e.g. Redlock nodes),
+// StartWithReplica, StartCluster (a Redis Cluster of masters) and
+// StartSentinel (a master, a replica and three sentinels, with Failover and
+// CutReplication to lose a write on purpose).
+//
 // When redis-server is not installed, Start fails the test with a message that
 // says how to install it; it never skips.
 package redistest
@@ -47,6 +52,25 @@ type Server struct {
 // as "name value" pairs, e.g. Start(t, "maxmemory", "10mb").
 func Start(tb testing.TB, directives ...string) *Server {
 	tb.Helper()
+	return launch(tb, func(port int, dir string) []string {
+		return append([]string{
+			"--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
+			"--save", "",
+			"--appendonly", "no",
+			"--dir", dir,
+			"--logfile", logFile(dir, port),
+			"--daemonize", "no",
+			"--repl-diskless-sync-delay", "0", // replicas link up at once
+		}, expand(directives)...)
+	})
+}
+
+// launch starts redis-server with the arguments args returns for a free port
+// and the server's own directory, retrying on another port when the bind
+// fails. The server is killed in tb's cleanup.
+func launch(tb testing.TB, args func(port int, dir string) []string) *Server {
+	tb.Helper()
 	bin := binary(tb)
 	dir := tb.TempDir()
 	var lastErr error
@@ -60,17 +84,8 @@ func Start(tb testing.TB, directives ...string) *Server {
 			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 			Port: port,
 			dir:  dir,
+			args: args(port, dir),
 		}
-		s.args = append([]string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", dir,
-			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
-			"--daemonize", "no",
-			"--repl-diskless-sync-delay", "0", // replicas link up at once
-		}, expand(directives)...)
 		if lastErr = s.start(bin); lastErr == nil {
 			tb.Cleanup(s.stop)
 			return s
@@ -78,6 +93,10 @@ func Start(tb testing.TB, directives ...string) *Server {
 	}
 	tb.Fatalf("redistest: start redis-server: %v", lastErr)
 	return nil
+}
+
+func logFile(dir string, port int) string {
+	return filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
 }
 
 // StartN starts n independent servers.
@@ -183,7 +202,7 @@ func (s *Server) startLocked(bin string) error {
 	s.cmd, s.done = cmd, done
 	if err := s.waitReady(); err != nil {
 		s.killLocked()
-		log, _ := os.ReadFile(filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.Port)))
+		log, _ := os.ReadFile(logFile(s.dir, s.Port))
 		return fmt.Errorf("%w; log:\n%s", err, tail(log, 2000))
 	}
 	return nil

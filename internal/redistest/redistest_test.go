@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,5 +75,67 @@ func TestReplicaFollowsMaster(t *testing.T) {
 	}
 	if got, err := r.Client().Get(ctx, "k").Result(); err != nil || got != "v" {
 		t.Fatalf("replica GET = %q, %v", got, err)
+	}
+}
+
+func TestClusterServesEverySlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := StartCluster(t, 3)
+	client := c.Client()
+	seen := map[string]bool{}
+	for i := range 30 {
+		key := fmt.Sprintf("{k%d}", i)
+		if err := client.Set(ctx, key, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", key, err)
+		}
+		seen[c.NodeFor(key).Addr] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("30 keys landed on %d masters, want all 3", len(seen))
+	}
+	// NodeFor names the master that holds the key.
+	direct := c.NodeFor("{k7}").Client()
+	if got, err := direct.Get(ctx, "{k7}").Int(); err != nil || got != 7 {
+		t.Fatalf("GET on NodeFor's master: %v, %v", got, err)
+	}
+}
+
+func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := StartSentinel(t)
+	c := s.Client()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Wait(ctx, 1, 2*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	start := time.Now()
+	from, to := s.Failover()
+	t.Logf("failover %s -> %s took %v", from.Addr, to.Addr, time.Since(start))
+	if s.Master() != to || from == to {
+		t.Fatalf("master is %s after failover from %s", s.Master().Addr, from.Addr)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET through the failover client after failover: %q, %v", got, err)
+	}
+	if err := c.Set(ctx, "k2", "v2", 0).Err(); err != nil {
+		t.Fatalf("SET on the new master: %v", err)
+	}
+	s.WaitReplicaLinked(from)
+
+	// A cut link: writes stay on the master until it is healed.
+	s.CutReplication(to)
+	if err := c.Set(ctx, "only-on-master", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Wait(ctx, 1, 300*time.Millisecond).Result(); err != nil || n != 0 {
+		t.Fatalf("WAIT 1 with replication cut = %d, %v; want 0", n, err)
+	}
+	s.HealReplication(to)
+	if n, err := c.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 after heal = %d, %v; want 1", n, err)
 	}
 }

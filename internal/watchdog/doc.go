@@ -49,8 +49,10 @@
 // Leases due within a quarter interval of each other share a round. A round
 // is one lock.Locker.RenewAll per Locker: on one Redis node, batches of
 // lock.BatchSize leases per Lua call, all in one pipeline; on Redis Cluster,
-// one pipeline per master node. 10,000 held leases cost a round trip or two
-// per interval, not 10,000.
+// one pipeline per master node (a master that does not answer delays only
+// its own leases); for Redlock, one pipeline per node, a lease kept while a
+// quorum renews it. 10,000 held leases cost a round trip or two per node per
+// interval, not 10,000.
 //
 // # Not guaranteed
 //

@@ -1,0 +1,240 @@
+package config
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+func TestModeOptions(t *testing.T) {
+	t.Parallel()
+	sentinel := RedisConfig{
+		Mode: RedisSentinel, Addrs: []string{"s1:26379", "s2:26379", "s3:26379"}, MasterName: "mymaster", DB: 2,
+		Username: "app", Password: "pw", SentinelUsername: "sentinel-user", SentinelPassword: "spw",
+		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 7,
+	}
+	u, err := sentinel.UniversalOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(u.Addrs, sentinel.Addrs) || u.MasterName != "mymaster" || u.DB != 2 || u.Username != "app" ||
+		u.Password != "pw" || u.SentinelUsername != "sentinel-user" || u.SentinelPassword != "spw" || u.PoolSize != 7 ||
+		!u.ContextTimeoutEnabled {
+		t.Errorf("sentinel UniversalOptions = %+v", u)
+	}
+	opt, err := sentinel.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, ok := opt.(asynq.RedisFailoverClientOpt)
+	if !ok {
+		t.Fatalf("sentinel AsynqConnOpt is %T, want asynq.RedisFailoverClientOpt", opt)
+	}
+	if f.MasterName != "mymaster" || !reflect.DeepEqual(f.SentinelAddrs, sentinel.Addrs) || f.SentinelUsername != "sentinel-user" ||
+		f.SentinelPassword != "spw" || f.Username != "app" || f.Password != "pw" || f.DB != 2 || f.PoolSize != 7 ||
+		f.DialTimeout != time.Second || f.ReadTimeout != 2*time.Second || f.WriteTimeout != 3*time.Second {
+		t.Errorf("RedisFailoverClientOpt = %+v", f)
+	}
+
+	cluster := RedisConfig{Mode: RedisCluster, Addrs: []string{"c1:7000"}, Username: "app", Password: "pw", DialTimeout: time.Second}
+	u, err = cluster.UniversalOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !u.IsClusterMode || !reflect.DeepEqual(u.Addrs, []string{"c1:7000"}) || u.MasterName != "" || u.Password != "pw" {
+		t.Errorf("cluster UniversalOptions = %+v", u)
+	}
+	c := redis.NewUniversalClient(u) // one seed address still makes a Cluster client
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Errorf("cluster mode with one seed made a %T", c)
+	}
+	_ = c.Close()
+	opt, err = cluster.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if co, ok := opt.(asynq.RedisClusterClientOpt); !ok || !reflect.DeepEqual(co.Addrs, []string{"c1:7000"}) ||
+		co.Username != "app" || co.Password != "pw" || co.DialTimeout != time.Second {
+		t.Errorf("cluster AsynqConnOpt = %#v", opt)
+	}
+}
+
+func TestModeSecretsRedacted(t *testing.T) {
+	t.Parallel()
+	c, err := LoadWorker(writeFile(t, "w.yaml", "redis:\n  mode: sentinel\n  addrs: [s1:26379]\n  master_name: m\n  sentinel_password: "+secret+"\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	slog.New(slog.NewTextHandler(&logs, nil)).Info("loaded", "redis", c.Redis)
+	js, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]string{"String": c.Redis.String(), "log": logs.String(), "json": string(js), "%+v": fmt.Sprintf("%+v", c)} {
+		if strings.Contains(out, secret) || !strings.Contains(out, redacted) {
+			t.Errorf("%s: %s", name, out)
+		}
+	}
+	if got, want := c.Redis.String(), "mode=sentinel addrs=s1:26379 master_name=m db=0 sentinel_password=[redacted] tls=false"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
+
+func TestModeEnvOverrides(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "w.yaml", minimal)
+	tests := []struct {
+		name  string
+		env   map[string]string
+		check func(*WorkerConfig) bool
+	}{
+		{"cluster, comma list", map[string]string{"LOCKSTEP_REDIS_MODE": "cluster", "LOCKSTEP_REDIS_ADDR": "", "LOCKSTEP_REDIS_ADDRS": "c1:7000, c2:7000,"},
+			func(c *WorkerConfig) bool {
+				return c.Redis.Mode == RedisCluster && reflect.DeepEqual(c.Redis.Addrs, []string{"c1:7000", "c2:7000"})
+			}},
+		{"sentinel, JSON list", map[string]string{"LOCKSTEP_REDIS_MODE": "sentinel", "LOCKSTEP_REDIS_ADDR": "",
+			"LOCKSTEP_REDIS_ADDRS": `["s1:26379","s2:26379"]`, "LOCKSTEP_REDIS_MASTER_NAME": "m", "LOCKSTEP_REDIS_SENTINEL_PASSWORD": "x"},
+			func(c *WorkerConfig) bool {
+				return c.Redis.Mode == RedisSentinel && len(c.Redis.Addrs) == 2 && c.Redis.MasterName == "m" && c.Redis.SentinelPassword == "x"
+			}},
+		{"redlock", map[string]string{"LOCKSTEP_LOCK_BACKEND": "redlock", "LOCKSTEP_LOCK_NODES": "n1:6379,n2:6379,n3:6379,n4:6379,n5:6379",
+			"LOCKSTEP_LOCK_NODE_TIMEOUT": "80ms"},
+			func(c *WorkerConfig) bool {
+				return c.Lock.Backend == BackendRedlock && len(c.Lock.Nodes) == 5 && c.Lock.NodeTimeout == 80*time.Millisecond
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := LoadWorker(file, envMap(tt.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Errorf("override not applied: %+v", c)
+			}
+		})
+	}
+}
+
+// Each mode, loaded from YAML, reaches a real deployment through both the
+// go-redis client and asynq's, and NewLocker takes locks on it.
+func TestModesReachRealDeployments(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run := func(t *testing.T, yml string, wantClient string, check func(*lock.Locker, *lock.Lease)) {
+		t.Helper()
+		c, err := LoadWorker(writeFile(t, "w.yaml", yml), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts, err := c.Redis.UniversalOptions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := redis.NewUniversalClient(opts)
+		defer client.Close()
+		if got := fmt.Sprintf("%T", client); got != wantClient {
+			t.Fatalf("client %s, want %s", got, wantClient)
+		}
+		aopt, err := c.Redis.AsynqConnOpt()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ac := aopt.MakeRedisClient().(redis.UniversalClient)
+		defer ac.Close()
+		if err := ac.Set(ctx, "{asynq}:probe", "x", time.Minute).Err(); err != nil {
+			t.Fatalf("asynq's client: %v", err)
+		}
+		if got := client.Get(ctx, "{asynq}:probe").Val(); got != "x" {
+			t.Fatalf("asynq's client and ours see different data: %q", got)
+		}
+		l, closeLocker, err := c.NewLocker(client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := closeLocker(); err != nil {
+				t.Error(err)
+			}
+		}()
+		lease, err := l.TryAcquire(ctx, "probe", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.RedisKey() != c.Lock.Prefix+"{probe}" {
+			t.Fatalf("key %q does not use lock.prefix %q", lease.RedisKey(), c.Lock.Prefix)
+		}
+		check(l, lease)
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("single", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.Start(t)
+		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  prefix: 'single:'\n", s.Addr), "*redis.Client",
+			func(l *lock.Locker, _ *lock.Lease) {
+				if l.Quorum() != 1 {
+					t.Errorf("quorum %d", l.Quorum())
+				}
+			})
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.StartSentinel(t)
+		run(t, fmt.Sprintf("redis:\n  mode: sentinel\n  addrs: [%s]\n  master_name: %s\nlock:\n  wait_replicas: 1\n  wait_replicas_timeout: 2s\n",
+			strings.Join(s.SentinelAddrs(), ", "), s.MasterName), "*redis.Client",
+			func(_ *lock.Locker, lease *lock.Lease) {
+				// WAIT 1 succeeded, so the replica has the lock.
+				if got := s.Replica().Client().Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
+					t.Errorf("replica holds %q, want the token", got)
+				}
+			})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.StartCluster(t, 3)
+		run(t, fmt.Sprintf("redis:\n  mode: cluster\n  addrs: [%s]\n", cl.Nodes[1].Addr), "*redis.ClusterClient",
+			func(_ *lock.Locker, lease *lock.Lease) {
+				if got := cl.NodeFor(lease.RedisKey()).Client().Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
+					t.Errorf("the slot's master holds %q, want the token", got)
+				}
+			})
+	})
+	t.Run("redlock", func(t *testing.T) {
+		t.Parallel()
+		main := redistest.Start(t)
+		nodes := redistest.StartN(t, 3)
+		addrs := []string{nodes[0].Addr, nodes[1].Addr, nodes[2].Addr}
+		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  backend: redlock\n  nodes: [%s]\n  node_timeout: 200ms\n",
+			main.Addr, strings.Join(addrs, ", ")), "*redis.Client",
+			func(l *lock.Locker, lease *lock.Lease) {
+				if l.Quorum() != 2 || len(l.Nodes()) != 3 {
+					t.Errorf("quorum %d of %d nodes, want 2 of 3", l.Quorum(), len(l.Nodes()))
+				}
+				for i, n := range nodes {
+					if got := n.Client().Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
+						t.Errorf("node %d holds %q, want the token", i, got)
+					}
+				}
+				if n := main.Client().Exists(ctx, lease.RedisKey()).Val(); n != 0 {
+					t.Error("the redis section's server holds a Redlock lock")
+				}
+			})
+	})
+}

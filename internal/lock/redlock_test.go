@@ -1,0 +1,390 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+// Short leases keep the fault tests fast: the watchdog renews every 100ms
+// and trusts a lease until last renewal + 300ms − 75ms.
+const (
+	wdTTL   = 300 * time.Millisecond
+	wdDrift = 75 * time.Millisecond
+)
+
+func newWatchdog(t *testing.T) (*watchdog.Watchdog, *metrics.Metrics) {
+	m := metrics.New(nil)
+	wd := watchdog.New(watchdog.Options{DriftMargin: wdDrift, Metrics: m})
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	return wd, m
+}
+
+func renewed(m *metrics.Metrics) float64 {
+	return testutil.ToFloat64(m.Renewals.WithLabelValues(metrics.RenewalRenewed))
+}
+
+// lostWithin waits for ctx's cancellation and returns when and the reason.
+func lostWithin(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(within):
+		t.Fatalf("context not cancelled within %v", within)
+	}
+	at := time.Now()
+	var lost *lock.LostError
+	if cause := context.Cause(ctx); !errors.As(cause, &lost) {
+		t.Fatalf("cause %v, want a *lock.LostError", cause)
+	}
+	return at, lost.Reason
+}
+
+func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
+	t.Parallel()
+	servers, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	wd, m := newWatchdog(t)
+	ctx := context.Background()
+
+	lease, err := l.TryAcquire(ctx, "held", wdTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hold := wd.Hold(ctx, lease)
+	defer hold.Stop()
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 3 })
+
+	servers[0].Kill()
+	servers[3].Kill()
+	before := renewed(m)
+	select {
+	case <-hctx.Done():
+		t.Fatalf("lease lost with 3 of 5 nodes up: %v", context.Cause(hctx))
+	case <-time.After(10 * wdTTL):
+	}
+	// 10 × ttl at ttl/3 is 30 intervals; rounds may run up to a quarter early.
+	if n := renewed(m) - before; n < 25 {
+		t.Fatalf("%v renewals in 10×ttl with 3 of 5 nodes up, want about 30", n)
+	}
+	live := []redis.UniversalClient{clients[1], clients[2], clients[4]}
+	for i, c := range live {
+		if pttl := c.PTTL(ctx, lease.RedisKey()).Val(); pttl < wdTTL/2 {
+			t.Fatalf("live node %d: PTTL %v, the lease is not being renewed", i, pttl)
+		}
+	}
+
+	start := time.Now()
+	fresh, err := l.TryAcquire(ctx, "fresh", wdTTL)
+	if err != nil {
+		t.Fatalf("acquire with 3 of 5 nodes up: %v", err)
+	}
+	t.Logf("acquire with 2 of 5 nodes dead took %v", time.Since(start))
+	if fresh.Fence() <= 0 {
+		t.Fatalf("fence %d", fresh.Fence())
+	}
+	if err := fresh.Release(ctx); err != nil {
+		t.Fatalf("release with 3 of 5 nodes up: %v", err)
+	}
+
+	// No overlap under contention with two nodes down.
+	checkContention(t, deployment{
+		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(clients, opts...) },
+		admin:  live,
+	}, 4, 25)
+
+	if err := hold.Release(ctx); err != nil {
+		t.Fatalf("release of the held lease: %v", err)
+	}
+	for i, c := range live {
+		if c.Exists(ctx, lease.RedisKey()).Val() != 0 {
+			t.Fatalf("live node %d kept the released lock", i)
+		}
+	}
+}
+
+func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
+	t.Parallel()
+	servers, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	wd, m := newWatchdog(t)
+	ctx := context.Background()
+
+	var ctxs []context.Context
+	var leases []*lock.Lease
+	for _, r := range []string{"a", "b"} {
+		lease, err := l.TryAcquire(ctx, r, wdTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hctx, hold := wd.Hold(ctx, lease)
+		defer hold.Stop()
+		ctxs, leases = append(ctxs, hctx), append(leases, lease)
+	}
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 6 })
+
+	for _, i := range []int{0, 2, 4} {
+		servers[i].Kill()
+	}
+	killed := time.Now()
+	for i, hctx := range ctxs {
+		at, reason := lostWithin(t, hctx, 2*wdTTL)
+		t.Logf("lease %s: cancelled %v after 3 of 5 nodes were killed, reason %s", leases[i].Key(), at.Sub(killed), reason)
+		if reason != lock.ReasonUnreachable && reason != lock.ReasonQuorumLost {
+			t.Fatalf("reason %s, want unreachable or quorum_lost", reason)
+		}
+		// The last renewal that reached a quorum was sent before the kill,
+		// so the lease could not outlive kill + ttl anywhere.
+		if d := at.Sub(killed); d >= wdTTL {
+			t.Fatalf("cancelled %v after the kill, not before the ttl (%v)", d, wdTTL)
+		}
+		if err := leases[i].Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Release after the loss: %v, want the loss", err)
+		}
+	}
+
+	_, err := l.TryAcquire(ctx, "c", wdTTL)
+	if err == nil || errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("acquire with 2 of 5 nodes up: %v, want a transport error", err)
+	}
+	if !strings.Contains(err.Error(), "3 of 5 nodes failed, quorum 3") {
+		t.Fatalf("error %q does not say the quorum failed", err)
+	}
+
+	// The nodes come back empty: fences still go up (fresh counters start
+	// at the servers' clocks) and the lock can be taken again.
+	for _, i := range []int{0, 2, 4} {
+		servers[i].Restart()
+	}
+	eventually(t, 5*time.Second, "an acquire after the restart", func() bool {
+		lease, err := l.TryAcquire(ctx, "a", wdTTL)
+		if err != nil {
+			return false
+		}
+		if lease.Fence() <= leases[0].Fence() {
+			t.Fatalf("fence after the restart %d <= %d", lease.Fence(), leases[0].Fence())
+		}
+		return true
+	})
+}
+
+func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
+	t.Parallel()
+	_, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	wd, m := newWatchdog(t)
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "r", wdTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hold := wd.Hold(ctx, lease)
+	defer hold.Stop()
+
+	for _, c := range clients[:2] {
+		if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := renewed(m)
+	eventually(t, time.Second, "3 renewals with the token gone from 2 of 5 nodes", func() bool {
+		return renewed(m)-before >= 3
+	})
+	if hctx.Err() != nil {
+		t.Fatalf("lease lost with its token on 3 of 5 nodes: %v", context.Cause(hctx))
+	}
+
+	if err := clients[2].Set(ctx, lease.RedisKey(), "someone-else", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gone := time.Now()
+	at, reason := lostWithin(t, hctx, 2*time.Second)
+	if reason != lock.ReasonQuorumLost {
+		t.Fatalf("reason %s, want quorum_lost", reason)
+	}
+	if d := at.Sub(gone); d > wdTTL/3+100*time.Millisecond {
+		t.Fatalf("cancelled %v after the token left a majority, want within one interval", d)
+	}
+	if got := clients[2].Get(ctx, lease.RedisKey()).Val(); got != "someone-else" {
+		t.Fatalf("the other token was touched: %q", got)
+	}
+}
+
+// Each node has its own counter. The fence is the highest among the nodes
+// that granted the lease, and those nodes' counters are lifted to it, so a
+// later holder, whose majority shares a node with them, gets a greater fence
+// even when the node that was ahead is not in its majority.
+func TestRedlockFenceIncreasesAcrossDisjointMajorities(t *testing.T) {
+	t.Parallel()
+	_, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	ctx := context.Background()
+	key, fence := l.Key("r"), l.FenceKey("r")
+	block := func(nodes ...int) {
+		for _, i := range nodes {
+			if err := clients[i].Set(ctx, key, "someone-else", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	unblock := func(nodes ...int) {
+		for _, i := range nodes {
+			if err := clients[i].Del(ctx, key).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	counters := func() []int64 {
+		out := make([]int64, len(clients))
+		for i, c := range clients {
+			out[i], _ = c.Get(ctx, fence).Int64()
+		}
+		return out
+	}
+	if err := clients[0].Set(ctx, fence, 5000, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range clients[1:] {
+		if err := c.Set(ctx, fence, 10, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	block(3, 4)
+	x, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Fence() != 5001 {
+		t.Fatalf("fence %d, want 5001 (node 0 was ahead)", x.Fence())
+	}
+	if got := counters(); got[1] != 5001 || got[2] != 5001 || got[3] != 10 {
+		t.Fatalf("counters %v: want nodes 1 and 2 lifted to 5001, node 3 (busy) untouched", got)
+	}
+	if err := x.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	unblock(3, 4)
+	block(0)
+	y, err := l.TryAcquire(ctx, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y.Fence() <= x.Fence() {
+		t.Fatalf("fence %d after %d from a majority without the node that was ahead", y.Fence(), x.Fence())
+	}
+	// A quorum of the granting nodes is at the fence (a grant that came in
+	// after the decision may be left behind: later acquires lift it).
+	atFence := 0
+	got := counters()
+	for _, c := range got[1:] {
+		if c == y.Fence() {
+			atFence++
+		}
+	}
+	if atFence < 3 {
+		t.Fatalf("counters %v: want a quorum of nodes 1-4 lifted to %d", got, y.Fence())
+	}
+}
+
+func TestRedlockBusyMajorityUndoesPartialAcquire(t *testing.T) {
+	t.Parallel()
+	_, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	ctx := context.Background()
+	for _, c := range clients[:3] {
+		if err := c.Set(ctx, l.Key("r"), "someone-else", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("acquire with 3 of 5 nodes busy: %v, want ErrNotAcquired", err)
+	}
+	for i, c := range clients[3:] {
+		if n := c.Exists(ctx, l.Key("r")).Val(); n != 0 {
+			t.Fatalf("node %d kept the failed acquire's lock", 3+i)
+		}
+	}
+	for i, c := range clients[:3] {
+		if got := c.Get(ctx, l.Key("r")).Val(); got != "someone-else" {
+			t.Fatalf("node %d: the other holder's key holds %q", i, got)
+		}
+	}
+}
+
+func TestRedlockReentrancy(t *testing.T) {
+	t.Parallel()
+	_, clients := redlockNodes(t, 5)
+	l := lock.NewRedlock(clients)
+	ctx := context.Background()
+	mine := lock.WithOwner(ctx, "owner-a")
+	theirs := lock.WithOwner(ctx, "owner-b")
+
+	outer, err := l.TryAcquire(mine, "r", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.TryAcquire(mine, "r", time.Minute)
+	if err != nil {
+		t.Fatalf("reentrant acquire: %v", err)
+	}
+	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
+		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
+			inner.Reentrant(), inner.Fence(), outer.Fence())
+	}
+	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("other owner: %v, want ErrNotAcquired", err)
+	}
+	if err := inner.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
+	}
+	if err := outer.Renew(ctx); err != nil {
+		t.Fatalf("renew the outer hold: %v", err)
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clients {
+		if n := c.Exists(ctx, l.Key("r")).Val(); n != 0 {
+			t.Fatalf("node %d kept the lock after every hold was released", i)
+		}
+	}
+	next, err := l.TryAcquire(theirs, "r", time.Minute)
+	if err != nil {
+		t.Fatalf("other owner after every hold was released: %v", err)
+	}
+	if next.Fence() <= outer.Fence() {
+		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
+	}
+}
+
+func TestNewRedlockRejectsEvenNodeCounts(t *testing.T) {
+	t.Parallel()
+	_, clients := redlockNodes(t, 4)
+	for _, n := range []int{0, 2, 4} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(r.(string), "odd number of nodes") {
+					t.Fatalf("NewRedlock with %d nodes: panic %v, want one about the odd count", n, r)
+				}
+			}()
+			lock.NewRedlock(clients[:n])
+		}()
+	}
+	if q := lock.NewRedlock(clients[:3]).Quorum(); q != 2 {
+		t.Fatalf("quorum of 3 nodes = %d, want 2", q)
+	}
+}
