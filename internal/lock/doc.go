@@ -1,7 +1,7 @@
 // Package lock implements Lockstep's Redis locks: leases with fencing tokens.
 //
 // A lease is taken with one Lua call that does SET key token NX PX ttl and, on
-// success, increments the resource's fencing counter. Release and renew are
+// success, advances the resource's fencing counter. Release and renew are
 // Lua compare-token scripts, so a holder can never delete or extend a lock that
 // has passed to someone else, and both are safe to repeat.
 //
@@ -12,20 +12,22 @@
 //     its TTL, unless renewed; holders that outlive that must stop (the
 //     watchdog package cancels them).
 //   - Fences strictly increase per resource across expiry, Locker instances
-//     and processes (G5). The counter carries a long TTL refreshed on every
-//     acquire; a counter created afresh starts at the Redis server's TIME in
-//     microseconds, so even a counter that expired never hands out a smaller
-//     fence, unless the server's clock moved back by more than the counter's
-//     idle lifetime.
+//     and processes (G5). Each acquire sets the counter to max(counter + 1,
+//     the Redis server's TIME in microseconds), refreshing its long TTL, so a
+//     counter that expired, or whose last writes a failover lost, still never
+//     hands out a smaller fence, unless the server's clock moved back by more
+//     than the time since the last acquire (or the new master's clock is that
+//     far behind the old one's).
 //   - Tokens are 128 random bits from crypto/rand.
 //
 // # Not guaranteed
 //
 // A failover of a master with asynchronous replication can lose a lock that
-// the new master never saw, and with it the fencing counter's last
-// increments: the next holder can then get the lost holder's fence again, so
-// a store that accepts a fence equal to the last one it saw cannot tell the
-// two apart. WaitReplicas narrows that window (an acquire the replicas did not
+// the new master never saw, and with it the fencing counter's last write;
+// the next holder still gets a higher fence (from the new master's clock),
+// so a store that checks fences refuses the lost holder's later writes, but
+// the two holders may run at the same time until the watchdog's next renewal
+// cancels the first. WaitReplicas narrows that window (an acquire the replicas did not
 // acknowledge fails); Redlock is for those who need more. Renewals are not
 // waited for: a ttl shorter than a failover takes can let the lock expire on
 // the new master (the watchdog then cancels the holder at its next renewal).

@@ -250,11 +250,14 @@ func TestRedlockFenceIncreasesAcrossDisjointMajorities(t *testing.T) {
 		}
 		return out
 	}
-	if err := clients[0].Set(ctx, fence, 5000, time.Hour).Err(); err != nil {
+	// Counters far ahead of the nodes' clocks (fences start from TIME), node 0
+	// further than the others.
+	base := time.Now().Add(24 * time.Hour).UnixMicro()
+	if err := clients[0].Set(ctx, fence, base+5000, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range clients[1:] {
-		if err := c.Set(ctx, fence, 10, time.Hour).Err(); err != nil {
+		if err := c.Set(ctx, fence, base+10, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -264,11 +267,11 @@ func TestRedlockFenceIncreasesAcrossDisjointMajorities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.Fence() != 5001 {
-		t.Fatalf("fence %d, want 5001 (node 0 was ahead)", x.Fence())
+	if x.Fence() != base+5001 {
+		t.Fatalf("fence %d, want base+5001 (node 0 was ahead)", x.Fence())
 	}
-	if got := counters(); got[1] != 5001 || got[2] != 5001 || got[3] != 10 {
-		t.Fatalf("counters %v: want nodes 1 and 2 lifted to 5001, node 3 (busy) untouched", got)
+	if got := counters(); got[1] != base+5001 || got[2] != base+5001 || got[3] != base+10 {
+		t.Fatalf("counters %v: want nodes 1 and 2 lifted to base+5001, node 3 (busy) untouched", got)
 	}
 	if err := x.Release(ctx); err != nil {
 		t.Fatal(err)

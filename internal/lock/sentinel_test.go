@@ -31,8 +31,9 @@ import (
 //   - with WaitReplicas(1) the acquire waits for the replica, gets no
 //     acknowledgement and fails, so no lock exists for the failover to lose.
 //
-// B's fence is compared with A's: the fencing counter's last increment, made
-// on the old master only, is lost with the lock.
+// B's fence is compared with A's: the fencing counter's last write, made on
+// the old master only, is lost with the lock, but fences start from the
+// server's clock, so B's must still be above A's.
 //
 // Control trials fail over with a healthy link. With a ttl well above the
 // failover time the lock must survive: B finds it busy and A keeps it. With
@@ -191,6 +192,11 @@ func TestSentinelFailoverWhileLockHeld(t *testing.T) {
 	for _, o := range []outcome{none, waited, control, short} {
 		if o.cancelledA < o.secondHolder {
 			t.Fatalf("B got the lock %d times but the watchdog cancelled A only %d times", o.secondHolder, o.cancelledA)
+		}
+	}
+	for _, o := range []outcome{none, short} {
+		if o.fenceNotAbove != 0 {
+			t.Fatalf("%d second holders after a failover got a fence not above the first's", o.fenceNotAbove)
 		}
 	}
 	if waited.secondHolder != 0 || waited.acquiredA != 0 {

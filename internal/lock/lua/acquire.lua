@@ -13,20 +13,19 @@
 --   {2, token, fence}  re-entered: the holder's token and fence; hold count + 1
 --   {0}                held by someone else
 --
--- A counter created afresh (first use, or after it expired) starts at the
--- server's TIME in microseconds, so fences never go backwards. Its TTL is
--- refreshed whenever less than half of it is left, which keeps a counter in
--- use alive without a write on every acquire.
+-- The fence is max(counter + 1, the server's TIME in microseconds), stored
+-- back with the counter's TTL refreshed. Fences so keep increasing when the
+-- counter expired, and also when a failover lost the counter's last
+-- increments, as long as the new master's clock is not behind the old one's
+-- by more than the time between the two acquires.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
-    local t = redis.call('TIME')
-    local start = t[1] .. string.format('%06d', tonumber(t[2]))
-    redis.call('SET', KEYS[2], start, 'PX', ARGV[3])
-    fence = tonumber(start)
-  elseif redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) / 2 then
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  local t = redis.call('TIME')
+  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if last >= fence then
+    fence = last + 1
   end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
   if ARGV[4] ~= '' then
     -- The hash is bound to this hold's token: a previous holder's hash that
     -- outlived its lock by a moment is replaced, never inherited.
