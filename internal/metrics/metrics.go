@@ -117,7 +117,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		SchedulerLeaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lockstep_scheduler_leader_changes_total",
-			Help: "Ticks of a schedule won by this replica after another replica won the previous one, or the reverse.",
+			Help: "Ticks this replica won when another replica had won the previous tick of the schedule; summed over replicas, the leader changes.",
 		}),
 	}
 	for _, r := range AcquireResults {
