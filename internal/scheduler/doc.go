@@ -1,0 +1,137 @@
+// Package scheduler runs Lockstep's cron schedules on any number of replicas
+// and enqueues each tick of each schedule into asynq exactly once.
+//
+// Every replica runs every schedule. At a tick's scheduled time T (not the
+// wall-clock time of the wake-up) each replica calls one Lua script that
+// claims the tick; the winner enqueues the schedule's task with the asynq
+// task id "<schedule>:<T as Unix seconds>" and then marks the tick done.
+//
+// # Keys
+//
+// For schedule N and prefix P (default "lockstep:"), all sharing the hash tag
+// {schedule:N}, so each script runs on one Redis Cluster slot:
+//
+//	P{schedule:N}:tick:<T>   the tick's leader lock: the winning attempt's token, PX tick_lock_ttl
+//	P{schedule:N}:pending    zset of ticks claimed and not yet done
+//	P{schedule:N}:state      hash: tick (the watermark: highest tick claimed or skipped), leader
+//
+// pending and state carry a TTL of at least 400 days, refreshed on every claim.
+//
+// # The tick claim
+//
+// One tick moves through these states; every arrow is one atomic script:
+//
+//	              claim.lua: T > watermark
+//	              watermark := T, lock T, T pending
+//	┌─────────┐ ─────────────────────────────────▶ ┌─────────┐  done.lua, after the  ┌──────┐
+//	│ unknown │                                    │ claimed │ ────────────────────▶ │ done │
+//	└─────────┘                                    └─────────┘  enqueue (or its task └──────┘
+//	     │                                  lease    │   ▲      id existed already)
+//	     │ skip.lua, or a later tick      expires    │   │ claim.lua: T pending,
+//	     │ claimed (catch-up policy,                 ▼   │ lock gone: a takeover
+//	     │ a stall)                             ┌──────────┐
+//	     ▼                                      │ orphaned │
+//	┌─────────┐                                 └──────────┘
+//	│ skipped │
+//	└─────────┘
+//
+// skipped and done are final: T is at or behind the watermark and not
+// pending, so claim.lua answers "done" to every later attempt.
+//
+// claim.lua answers, for a tick T:
+//   - fresh: T was ahead of the watermark; it is now pending with this
+//     attempt's lock, and the watermark is T. The caller enqueues.
+//   - taken: T was pending and its lock had expired (or was this attempt's);
+//     the caller takes over and enqueues.
+//   - held: another attempt's lock on T is live. The caller is a follower.
+//   - done: T is at or behind the watermark and not pending: it was enqueued,
+//     or dropped by the catch-up policy. Ticks never go backwards.
+//   - early: T lies further ahead of Redis's clock than max_clock_skew + 1s.
+//     The caller's clock is wrong; it does not claim.
+//
+// # Guarantees
+//
+//   - G1, at most once. A fresh claim happens once per tick because the
+//     watermark only grows, atomically with the claim. A second winner
+//     exists only after a leader held its tick past tick_lock_ttl (a stall);
+//     both enqueue with the same task id and asynq keeps one, because the
+//     task is retained for task_retention after it completes. A pending tick
+//     is taken over only while it is younger than task_retention − 2 ×
+//     max_clock_skew − tick_lock_ttl, so its first task id is still known.
+//   - G2, at least once while a replica lives. A tick's leader that dies
+//     between claim and done leaves the tick pending; every replica sweeps
+//     the pending sets every tick_lock_ttl/2 and takes over ticks whose lock
+//     expired, within tick_lock_ttl + tick_lock_ttl/2 of the claim.
+//   - Skewed clocks. Leases are measured by Redis (PX, TIME), never by a
+//     replica's clock. A replica's clock only decides when it tries a tick:
+//     one that is ahead tries early, one that is behind finds the tick done.
+//     A tick that nobody claimed within max_clock_skew + 1s of T is missed;
+//     a replica whose clock is ahead of Redis's by more than that is refused.
+//   - Catch-up. At start, and whenever a replica finds a tick later than
+//     max_clock_skew + 1s (a stall, Redis down, a clock jump), it applies the
+//     schedule's policy to the ticks between the watermark and now − (
+//     max_clock_skew + 1s): skip enqueues none of them; once enqueues the
+//     latest; all enqueues the latest max_catch_up. Dropped ticks are
+//     counted as missed by the replica that moved the watermark over them.
+//     Ticks within max_clock_skew + 1s of now are treated as on time.
+//
+// # Not guaranteed
+//
+//   - A Redis restart that loses data (no persistence, or a failover to a
+//     replica that had not received the last writes) loses the watermark and
+//     the asynq task ids with the queue itself, and a replica whose clock is
+//     behind may then enqueue a tick within max_clock_skew of the restart a
+//     second time. Run Redis with AOF, as asynq needs for durable queues.
+//   - Replicas whose clocks differ by more than max_clock_skew can make a
+//     restarting replica treat a tick as missed while another is about to
+//     claim it (G2 under skip and once); G1 holds regardless.
+//   - A replica enqueues up to its clock's lead early.
+//
+// # Failure handling
+//
+//   - Leader dies after the claim, before the enqueue: the tick stays
+//     pending; after tick_lock_ttl another replica's sweep takes it over.
+//   - Leader dies after the enqueue, before done: the takeover's enqueue
+//     meets the task id (counted "duplicate") and marks the tick done.
+//   - Leader stalls past its lease and wakes: both enqueue, one task id wins.
+//   - Redis unreachable at T: the claim is retried for max_clock_skew + 1s;
+//     then the tick is left to the catch-up policy, which runs as soon as
+//     Redis answers again. A claim that reached a stalled Redis may run only
+//     when it wakes, after its sender gave up: the tick is then pending with
+//     nobody enqueuing, and a sweep takes it over. An enqueue is retried for
+//     the lease; then the tick is left pending for a takeover. A failed done
+//     is finished by a takeover.
+//   - All replicas down: on start, the catch-up policy decides about the
+//     ticks nobody claimed.
+//   - Clock steps back: ticks at or behind the watermark are done; the
+//     schedule waits for its next tick. Clock steps forward: the ticks
+//     skipped over are late and go to the catch-up policy.
+//
+// # Redis calls
+//
+// A winning replica makes three calls per tick (claim, enqueue, done), a
+// follower one. Script calls of one replica that are due together (every
+// schedule firing in the same second) go out in one pipeline of EVALSHA; a
+// call that meets NOSCRIPT is sent again alone, which loads the script.
+// Every retry is bounded: a claim by max_clock_skew + 1s, an enqueue and a
+// done by tick_lock_ttl.
+//
+// # Time zones
+//
+// Schedules run in their time zone (default UTC; a CRON_TZ= prefix in the
+// expression overrides it). Schedules with a fixed hour field fire once per
+// wall-clock time across daylight-saving changes: a tick in the skipped hour
+// fires at the first instant after it, and a repeated hour fires only in its
+// first pass; schedules whose hour field is * or */n follow elapsed time.
+// "@every D" ticks at multiples of D since the Unix epoch, so that all
+// replicas agree whenever they started.
+//
+// # Metrics
+//
+// lockstep_scheduler_ticks_total{schedule,result} with result enqueued,
+// follower, duplicate, missed or caught_up; lockstep_scheduler_tick_lateness_seconds
+// (enqueue time − T, for ticks enqueued on time or by takeover);
+// lockstep_scheduler_ticks_missed_total; lockstep_scheduler_leader_changes_total,
+// counted by the replica that wins a tick after another replica won the one
+// before, so the sum over replicas is the number of changes.
+package scheduler

@@ -1,0 +1,226 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testConfig is a scheduler configuration with short leases for tests.
+func testConfig(skew, lease time.Duration, schedules ...config.Schedule) *config.SchedulerConfig {
+	c := config.DefaultScheduler()
+	c.Scheduler.MaxClockSkew = skew
+	c.Scheduler.TickLockTTL = lease
+	c.Scheduler.TaskRetention = time.Hour
+	c.Schedules = schedules
+	return c
+}
+
+func sched(name, cron string, catchUp config.CatchUp) config.Schedule {
+	return config.Schedule{
+		Name: name, Cron: cron, Timezone: "UTC", Task: "test:tick", Payload: json.RawMessage(`{"n":1}`),
+		Queue: "default", MaxRetry: 3, CatchUp: catchUp,
+	}
+}
+
+// replica starts a scheduler with its own Redis client, as a separate
+// process would have, and stops it when the test ends.
+func replica(t testing.TB, srv *redistest.Server, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
+	t.Helper()
+	h := hooks{}
+	if rec != nil {
+		h.event = rec.add
+	}
+	opts = append([]Option{WithReplicaID(id), withHooks(h)}, opts...)
+	s, err := New(srv.Client(), c, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { stop(t, s) })
+	return s
+}
+
+// stop stops s gracefully, as SIGTERM would; t.Context is over by cleanup.
+func stop(t testing.TB, s *Scheduler) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Stop(ctx); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+}
+
+// recorder collects the events of any number of replicas and lets a test
+// wait for a condition on them.
+type recorder struct {
+	mu      sync.Mutex
+	events  []event
+	changed chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{changed: make(chan struct{})} }
+
+func (r *recorder) add(e event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+func (r *recorder) all() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// wait returns once ok holds for the events so far, and fails the test if
+// that takes longer than timeout.
+func (r *recorder) wait(t *testing.T, timeout time.Duration, what string, ok func([]event) bool) []event {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		evs, changed := slices.Clone(r.events), r.changed
+		r.mu.Unlock()
+		if ok(evs) {
+			return evs
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("timed out after %v waiting for %s; events:\n%s", timeout, what, describeEvents(evs))
+		}
+	}
+}
+
+// waitTick waits until every replica named has reported on the tick.
+func (r *recorder) waitTick(t *testing.T, timeout time.Duration, schedule string, tick time.Time, replicas ...string) {
+	t.Helper()
+	r.wait(t, timeout, fmt.Sprintf("%s tick %v on %v", schedule, tick.UTC(), replicas), func(evs []event) bool {
+		seen := map[string]bool{}
+		for _, e := range evs {
+			if e.Schedule == schedule && e.Tick.Equal(tick) && e.Result != ResultMissed {
+				seen[e.Replica] = true
+			}
+		}
+		for _, id := range replicas {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func describeEvents(evs []event) string {
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "  %s %s %s %s n=%d\n", e.Replica, e.Schedule, e.Tick.UTC().Format(time.RFC3339), e.Result, e.Count)
+	}
+	return b.String()
+}
+
+// countResult sums the events of one result, for one schedule.
+func countResult(evs []event, schedule, result string) int {
+	n := 0
+	for _, e := range evs {
+		if e.Schedule == schedule && e.Result == result {
+			n += max(e.Count, 1)
+		}
+	}
+	return n
+}
+
+// taskTicks reads every task of schedule in queue "default" with asynq's
+// Inspector and returns their ticks, sorted. It fails the test on a task id
+// that is not "<schedule>:<unix>".
+func taskTicks(t *testing.T, c redis.UniversalClient, schedule string) []int64 {
+	t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(c)
+	var out []int64
+	for page := 1; page < 1000; page++ {
+		tasks, err := insp.ListPendingTasks("default", asynq.PageSize(500), asynq.Page(page))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			break // nothing enqueued yet
+		}
+		if err != nil {
+			t.Fatalf("ListPendingTasks: %v", err)
+		}
+		for _, ti := range tasks {
+			name, unix, ok := strings.Cut(ti.ID, ":")
+			if name != schedule {
+				continue
+			}
+			u, err := strconv.ParseInt(unix, 10, 64)
+			if !ok || err != nil {
+				t.Fatalf("task id %q is not <schedule>:<unix>", ti.ID)
+			}
+			if ti.Type != "test:tick" || string(ti.Payload) != `{"n":1}` {
+				t.Errorf("task %s: type %q payload %s", ti.ID, ti.Type, ti.Payload)
+			}
+			out = append(out, u)
+		}
+		if len(tasks) < 500 {
+			break
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// assertExactlyOnce checks that every tick of spec in [from, to] has exactly
+// one task, and that there is no task for another time before to.
+func assertExactlyOnce(t *testing.T, c redis.UniversalClient, schedule string, spec Spec, from, to time.Time) {
+	t.Helper()
+	want, _, _ := between(spec, from.Add(-time.Second), to, 1<<20)
+	got := taskTicks(t, c, schedule)
+	count := map[int64]int{}
+	for _, u := range got {
+		count[u]++
+	}
+	for _, w := range want {
+		if n := count[w.Unix()]; n != 1 {
+			t.Errorf("tick %v (%s): %d tasks, want 1", w.UTC(), TaskID(schedule, w), n)
+		}
+	}
+	wanted := map[int64]bool{}
+	for _, w := range want {
+		wanted[w.Unix()] = true
+	}
+	for _, u := range got {
+		if u <= to.Unix() && u >= from.Unix() && !wanted[u] {
+			t.Errorf("task %s:%d is not a tick of %s", schedule, u, spec)
+		}
+	}
+	if len(want) == 0 {
+		t.Errorf("no ticks in [%v, %v]", from, to)
+	}
+}
+
+func unixTimes(ts ...time.Time) []int64 {
+	out := make([]int64, len(ts))
+	for i, t := range ts {
+		out[i] = t.Unix()
+	}
+	return out
+}

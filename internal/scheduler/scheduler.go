@@ -1,0 +1,395 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+)
+
+// Values of lockstep_scheduler_ticks_total{result}.
+const (
+	ResultEnqueued  = "enqueued"  // this replica won the tick (on time, or by takeover) and enqueued it
+	ResultFollower  = "follower"  // another replica had the tick
+	ResultDuplicate = "duplicate" // this replica won the tick but its task id existed already
+	ResultMissed    = "missed"    // dropped by the catch-up policy (or too old to take over)
+	ResultCaughtUp  = "caught_up" // enqueued late, by the catch-up policy
+)
+
+const (
+	// claimMargin is how much later than max_clock_skew an on-time claim may
+	// reach Redis: timer and scheduling delay, a round trip, a short retry.
+	// A tick older than max_clock_skew + claimMargin that nobody claimed is
+	// missed, and the catch-up policy decides about it.
+	claimMargin = time.Second
+	// minStateTTL is how long a schedule's watermark and pending set outlive
+	// their last claim: longer than any cron period (a leap year plus).
+	minStateTTL = 400 * 24 * time.Hour
+	// sweepLimit bounds the pending ticks one sweep reads per schedule.
+	sweepLimit = 100
+)
+
+// redisBackoff spaces retries of one Redis call.
+var redisBackoff = lock.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+
+// Scheduler runs one replica of Lockstep's scheduler: every schedule's ticks,
+// claimed in Redis so that each is enqueued into asynq exactly once across all
+// replicas. See the package documentation for the protocol.
+type Scheduler struct {
+	client    redis.UniversalClient
+	scripts   *runner
+	enq       *asynq.Client
+	entries   []*entry
+	skew      time.Duration
+	lease     time.Duration
+	retention time.Duration
+	lateAfter time.Duration // a tick this old and unclaimed is missed
+	horizon   time.Duration // a pending tick this old is not taken over
+	stateTTL  time.Duration
+	sweep     time.Duration
+
+	clock Clock
+	log   *slog.Logger
+	m     *metrics.Metrics
+	id    string
+	seq   atomic.Uint64
+	hooks hooks
+
+	earlyLogged atomic.Int64 // when "clock ahead" was last logged, Unix ns
+
+	mu        sync.Mutex
+	started   bool
+	stopped   bool
+	stopLoops context.CancelFunc // ends the waiting: no new ticks
+	stopFires context.CancelFunc // aborts ticks in flight
+	stopRun   chan struct{}      // ends the script runner, last
+	wg        sync.WaitGroup
+	runnerWG  sync.WaitGroup
+	running   atomic.Bool
+}
+
+// Option configures a Scheduler.
+type Option func(*Scheduler)
+
+// WithClock sets the clock that says when ticks are due (default SystemClock).
+func WithClock(c Clock) Option { return func(s *Scheduler) { s.clock = c } }
+
+// WithMetrics records tick results, lateness and leader changes in m.
+func WithMetrics(m *metrics.Metrics) Option { return func(s *Scheduler) { s.m = m } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(s *Scheduler) { s.log = l } }
+
+// WithReplicaID names this replica in Redis and in logs (default:
+// hostname-pid-random). It must differ between replicas.
+func WithReplicaID(id string) Option { return func(s *Scheduler) { s.id = id } }
+
+// hooks let tests observe ticks and kill a replica at chosen points.
+type hooks struct {
+	// afterClaim and afterEnqueue run once this replica won a tick; true
+	// makes the replica die on the spot, as a SIGKILL would: nothing more is
+	// written to Redis by it.
+	afterClaim   func(schedule string, tick time.Time) bool
+	afterEnqueue func(schedule string, tick time.Time) bool
+	event        func(event)
+}
+
+func withHooks(h hooks) Option { return func(s *Scheduler) { s.hooks = h } }
+
+// event is one outcome of one tick on one replica, reported to test hooks.
+type event struct {
+	Replica  string
+	Schedule string
+	Tick     time.Time
+	Result   string        // a Result* value, "early" (refused: clock ahead), or "caught_up_done" once a catch-up pass ended
+	Count    int           // ticks the event stands for (missed ranges)
+	Lateness time.Duration // enqueued: enqueue time − Tick on the replica's clock
+}
+
+// New returns a scheduler for c's schedules over client. It validates the
+// schedules (see Validate) and the scheduler settings and does not touch
+// Redis; Start does.
+func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option) (*Scheduler, error) {
+	entries, err := parseEntries(c)
+	if err != nil {
+		return nil, err
+	}
+	set := c.Scheduler
+	s := &Scheduler{
+		client:    client,
+		scripts:   newRunner(client),
+		enq:       asynq.NewClientFromRedisClient(client),
+		entries:   entries,
+		skew:      set.MaxClockSkew,
+		lease:     set.TickLockTTL,
+		retention: set.TaskRetention,
+	}
+	s.lateAfter = s.skew + claimMargin
+	s.horizon = s.retention - 2*s.skew - s.lease
+	s.stateTTL = max(minStateTTL, 2*s.retention)
+	s.sweep = max(s.lease/2, 50*time.Millisecond)
+	for _, o := range opts {
+		o(s)
+	}
+	if s.clock == nil {
+		s.clock = SystemClock{}
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.m = metrics.OrNop(s.m)
+	if s.id == "" {
+		s.id = defaultReplicaID()
+	}
+	s.log = s.log.With("replica", s.id)
+	return s, nil
+}
+
+func defaultReplicaID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return cmp.Or(host, "scheduler") + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b)
+}
+
+// Start starts one goroutine per schedule and one that takes over unfinished
+// ticks, and returns at once. It fails if the scheduler was started before.
+// Redis need not be reachable: the loops retry, and ticks that nobody could
+// claim are handled by the catch-up policy once it is back.
+func (s *Scheduler) Start(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("scheduler: already started")
+	}
+	s.started = true
+	loops, stopLoops := context.WithCancel(context.Background())
+	fires, stopFires := context.WithCancel(context.Background())
+	s.stopLoops, s.stopFires = stopLoops, stopFires
+	s.running.Store(true)
+	s.stopRun = make(chan struct{})
+	s.runnerWG.Go(func() { s.scripts.loop(s.stopRun) })
+	for _, e := range s.entries {
+		s.wg.Go(func() { s.loop(loops, fires, e) })
+	}
+	s.wg.Go(func() { s.sweeper(loops, fires) })
+	s.log.Info("scheduler started", "schedules", len(s.entries), "max_clock_skew", s.skew,
+		"tick_lock_ttl", s.lease, "task_retention", s.retention)
+	return nil
+}
+
+// Stop stops taking new ticks, lets ticks in flight finish until ctx ends
+// (then aborts them: their leases expire and other replicas take them over)
+// and waits for every goroutine. Safe to call more than once, and before Start.
+func (s *Scheduler) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.started || s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	s.running.Store(false)
+	s.stopLoops()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.stopFires()
+	<-done
+	close(s.stopRun)
+	s.runnerWG.Wait()
+	s.log.Info("scheduler stopped")
+	return err
+}
+
+// crash ends the replica at once, as SIGKILL would (test hook).
+func (s *Scheduler) crash() {
+	s.running.Store(false)
+	s.stopLoops()
+	s.stopFires()
+}
+
+// Ready reports whether the scheduler runs: started, not stopped. Redis
+// reachability is a separate check.
+func (s *Scheduler) Ready(context.Context) error {
+	if !s.running.Load() {
+		return errors.New("scheduler not running")
+	}
+	return nil
+}
+
+// loop runs one schedule: a catch-up pass at start, then every tick when it
+// is due. Ticks are fired in order; a tick found later than lateAfter (the
+// process stalled, Redis was down, the clock jumped) goes to the catch-up
+// policy instead.
+func (s *Scheduler) loop(loops, fires context.Context, e *entry) {
+	h := health{log: s.log, what: "schedule " + e.name}
+	cursor := s.clock.Now().Add(-s.lateAfter)
+	err := s.catchUp(loops, fires, e, cursor)
+	h.report(err)
+	pendingCatchUp := err != nil
+	for {
+		n := e.spec.Next(cursor)
+		if n.IsZero() {
+			s.log.Warn("schedule has no more ticks", "schedule", e.name)
+			return
+		}
+		if !s.sleepUntil(loops, n) {
+			return
+		}
+		now := s.clock.Now()
+		late := now.Sub(n) > s.lateAfter
+		if late || pendingCatchUp {
+			cutoff := now.Add(-s.lateAfter)
+			err := s.catchUp(loops, fires, e, cutoff)
+			h.report(err)
+			pendingCatchUp = err != nil
+			if late {
+				cursor = cutoff
+				continue
+			}
+		}
+		// A tick nobody could claim is left to the catch-up policy.
+		if err := s.fire(fires, e, n, onTime); err != nil {
+			h.report(fmt.Errorf("tick %v not claimed: %w", n.UTC(), err))
+			pendingCatchUp = true
+		} else if !pendingCatchUp {
+			h.report(nil)
+		}
+		cursor = n
+	}
+}
+
+// health logs when a loop starts failing to reach Redis and when it
+// recovers, not at every attempt in between.
+type health struct {
+	log     *slog.Logger
+	what    string
+	failing bool
+}
+
+func (h *health) report(err error) {
+	switch {
+	case err != nil && !h.failing && !errors.Is(err, context.Canceled):
+		h.log.Error("Redis calls failing; ticks meanwhile go to the catch-up policy", "loop", h.what, "err", err)
+	case err == nil && h.failing:
+		h.log.Info("Redis calls work again", "loop", h.what)
+	}
+	h.failing = err != nil
+}
+
+// sleepUntil waits until the clock reaches t, or loops ends (false).
+func (s *Scheduler) sleepUntil(loops context.Context, t time.Time) bool {
+	tm := s.clock.NewTimer(t.Sub(s.clock.Now()))
+	defer tm.Stop()
+	select {
+	case <-tm.C():
+		return true
+	case <-loops.Done():
+		return false
+	}
+}
+
+// sweeper takes over ticks whose leader died between claim and done. It runs
+// on real time, not on the injected clock, because leases are measured by
+// Redis's clock.
+func (s *Scheduler) sweeper(loops, fires context.Context) {
+	t := time.NewTicker(s.sweep)
+	defer t.Stop()
+	h := health{log: s.log, what: "sweep"}
+	for {
+		s.sweepOnce(fires, &h)
+		select {
+		case <-t.C:
+		case <-loops.Done():
+			return
+		}
+	}
+}
+
+func (s *Scheduler) sweepOnce(ctx context.Context, h *health) {
+	if len(s.entries) == 0 {
+		return
+	}
+	cmds := make([]*redis.StringSliceCmd, len(s.entries))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range s.entries {
+			cmds[i] = p.ZRange(ctx, e.keys.pending, 0, sweepLimit-1)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		h.report(err)
+		return
+	}
+	h.report(nil)
+	for i, e := range s.entries {
+		for _, member := range cmds[i].Val() {
+			u, err := strconv.ParseInt(member, 10, 64)
+			if err != nil || ctx.Err() != nil {
+				continue
+			}
+			if err := s.fire(ctx, e, time.Unix(u, 0).UTC(), takeover); err != nil && ctx.Err() == nil {
+				s.log.Warn("takeover failed", "schedule", e.name, "tick", u, "err", err)
+			}
+		}
+	}
+}
+
+func (s *Scheduler) emit(e *entry, tick time.Time, result string, n int, late time.Duration) {
+	if s.hooks.event != nil {
+		s.hooks.event(event{Replica: s.id, Schedule: e.name, Tick: tick, Result: result, Count: n, Lateness: late})
+	}
+}
+
+// count records n ticks of e with result.
+func (s *Scheduler) count(e *entry, tick time.Time, result string, n int) {
+	if n <= 0 {
+		return
+	}
+	s.m.SchedulerTicks.WithLabelValues(e.name, result).Add(float64(n))
+	if result == ResultMissed {
+		s.m.SchedulerTicksMissed.Add(float64(n))
+	}
+	s.emit(e, tick, result, n, 0)
+}
+
+// retry calls f until it succeeds or ctx ends, with jittered backoff. It
+// returns f's last error.
+func retry(ctx context.Context, f func(context.Context) error) error {
+	var delay time.Duration
+	for {
+		err := f(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		delay = redisBackoff.Next(delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// kind is why a replica fires a tick.
+type kind int
+
+const (
+	onTime   kind = iota // the tick is due on this replica's clock
+	catchUp              // the catch-up policy chose the tick after an outage
+	takeover             // the tick is pending: its leader may have died
+)
+
+func (k kind) String() string {
+	return [...]string{"on_time", "catch_up", "takeover"}[k]
+}
+
+// Claim outcomes: the first element of claim.lua's reply.
+const (
+	claimDone  = 0
+	claimFresh = 1
+	claimTaken = 2
+	claimHeld  = 3
+	claimEarly = 4
+)
+
+type claimReply struct {
+	code       int64
+	prevTick   string // claimFresh: the watermark before, "" if none
+	prevLeader string // claimFresh: the replica that claimed prevTick
+	n          int64  // claimHeld: lease left in ms; claimEarly: server time in ms
+}
+
+func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string) (claimReply, error) {
+	res, err := s.scripts.run(ctx, "claim", e.name, scriptClaim,
+		[]string{e.keys.tick(tick), e.keys.pending, e.keys.state},
+		tick, token, s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds())
+	if err != nil {
+		return claimReply{}, err
+	}
+	a, ok := res.([]any)
+	if !ok || len(a) == 0 {
+		return claimReply{}, fmt.Errorf("scheduler: claim %s: unexpected reply %v", e.name, res)
+	}
+	r := claimReply{}
+	r.code, _ = a[0].(int64)
+	switch r.code {
+	case claimFresh:
+		if len(a) == 3 {
+			r.prevTick, _ = a[1].(string)
+			r.prevLeader, _ = a[2].(string)
+		}
+	case claimHeld, claimEarly:
+		if len(a) == 2 {
+			r.n, _ = a[1].(int64)
+		}
+	}
+	return r, nil
+}
+
+// fire claims tick t of e and, if this replica wins it, enqueues its task and
+// marks it done. It returns an error only when the claim could not be made
+// (Redis unreachable); a failure after the claim leaves the tick pending for
+// a takeover.
+func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) error {
+	tick := t.Unix()
+	if k == takeover && s.clock.Now().Sub(t) > s.horizon {
+		return s.drop(ctx, e, t)
+	}
+	token := s.id + "/" + strconv.FormatUint(s.seq.Add(1), 10)
+
+	// A takeover tries once: the next sweep tries again.
+	cctx, cancel := context.WithTimeout(ctx, s.lateAfter)
+	defer cancel()
+	var r claimReply
+	var sent time.Time
+	claimOnce := func(ctx context.Context) (err error) {
+		sent = time.Now()
+		r, err = s.claim(ctx, e, tick, token)
+		return err
+	}
+	var err error
+	if k == takeover {
+		err = claimOnce(cctx)
+	} else {
+		err = retry(cctx, claimOnce)
+	}
+	if err != nil {
+		return err
+	}
+
+	switch r.code {
+	case claimDone, claimHeld:
+		if k != takeover {
+			s.count(e, t, ResultFollower, 1)
+		}
+		return nil
+	case claimEarly:
+		if last := s.earlyLogged.Load(); time.Since(time.Unix(0, last)) > time.Minute && s.earlyLogged.CompareAndSwap(last, time.Now().UnixNano()) {
+			s.log.Error("clock ahead of Redis by more than max_clock_skew + 1s; not claiming (logged once a minute)",
+				"schedule", e.name, "tick", t, "redis_time", time.UnixMilli(r.n).UTC(), "max_clock_skew", s.skew)
+		}
+		s.emit(e, t, "early", 0, 0)
+		return nil
+	case claimFresh:
+		if r.prevLeader != "" && r.prevLeader != s.id {
+			s.m.SchedulerLeaderChanges.Inc()
+		}
+		if prev, err := strconv.ParseInt(r.prevTick, 10, 64); err == nil {
+			// Ticks between the old watermark and t were claimed by nobody:
+			// the catch-up policy dropped them, or they were lost in a stall.
+			if _, n, _ := between(e.spec, time.Unix(prev, 0), t.Add(-time.Second), 0); n > 0 {
+				s.count(e, t, ResultMissed, n)
+			}
+		}
+	case claimTaken:
+		if k == takeover {
+			s.log.Warn("took over unfinished tick", "schedule", e.name, "tick", t)
+		}
+	default:
+		return fmt.Errorf("scheduler: claim %s: unknown reply code %d", e.name, r.code)
+	}
+
+	if h := s.hooks.afterClaim; h != nil && h(e.name, t) {
+		s.crash()
+		return nil
+	}
+	result, late, ok := s.enqueue(ctx, e, t, k, sent)
+	if !ok {
+		return nil
+	}
+	if h := s.hooks.afterEnqueue; h != nil && h(e.name, t) {
+		s.crash()
+		return nil
+	}
+	s.done(ctx, e, tick, token)
+	s.m.SchedulerTicks.WithLabelValues(e.name, result).Inc()
+	s.emit(e, t, result, 1, late)
+	return nil
+}
+
+// TaskID returns the asynq task id of schedule's tick at t: "<name>:<unix>".
+func TaskID(schedule string, t time.Time) string {
+	return schedule + ":" + strconv.FormatInt(t.Unix(), 10)
+}
+
+// enqueue puts the tick's task into asynq, retrying until the lease taken at
+// sent would end. The task id makes a second enqueue of the tick fail, for as
+// long as the task is retained.
+func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, sent time.Time) (result string, late time.Duration, ok bool) {
+	task := asynq.NewTask(e.task, e.payload)
+	opts := []asynq.Option{
+		asynq.TaskID(TaskID(e.name, t)),
+		asynq.Queue(e.queue),
+		asynq.MaxRetry(e.maxRetry),
+		asynq.Retention(s.retention),
+	}
+	if e.timeout > 0 {
+		opts = append(opts, asynq.Timeout(e.timeout))
+	}
+	ectx, cancel := context.WithDeadline(ctx, sent.Add(s.lease))
+	defer cancel()
+	result = ResultEnqueued
+	if k == catchUp {
+		result = ResultCaughtUp
+	}
+	err := retry(ectx, func(ctx context.Context) error {
+		_, err := s.enq.EnqueueContext(ctx, task, opts...)
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			result = ResultDuplicate
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("enqueue failed; the tick stays pending for a takeover", "schedule", e.name, "tick", t, "err", err)
+		}
+		return "", 0, false
+	}
+	late = s.clock.Now().Sub(t)
+	if result == ResultEnqueued {
+		s.m.SchedulerTickLateness.Observe(late.Seconds())
+	}
+	if result == ResultDuplicate {
+		s.log.Warn("tick was enqueued already", "schedule", e.name, "tick", t, "kind", k.String())
+	}
+	return result, late, true
+}
+
+// done removes the tick from the pending set and frees its lock. If it
+// fails, the tick stays pending: a takeover then finds its task id and
+// marks it done.
+func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string) {
+	dctx, cancel := context.WithTimeout(ctx, s.lease)
+	defer cancel()
+	err := retry(dctx, func(ctx context.Context) error {
+		_, err := s.scripts.run(ctx, "done", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, token)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("marking tick done failed; a takeover will finish it", "schedule", e.name, "tick", tick, "err", err)
+	}
+}
+
+// drop removes a pending tick too old to take over safely: its task id may
+// have expired from asynq, so enqueuing it again could duplicate it.
+func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
+	tick := t.Unix()
+	res, err := s.scripts.run(ctx, "drop", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, "")
+	if err != nil {
+		return err
+	}
+	if a, ok := res.([]any); !ok || len(a) != 2 || a[0] != int64(1) {
+		return nil // another replica dropped it
+	}
+	s.log.Error("dropped unfinished tick older than the takeover horizon", "schedule", e.name, "tick", t, "horizon", s.horizon)
+	s.count(e, t, ResultMissed, 1)
+	return nil
+}
