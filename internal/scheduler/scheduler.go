@@ -153,6 +153,12 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.m = metrics.OrNop(s.m)
+	// Every series at zero from the start, so the first event shows in rate().
+	for _, e := range s.entries {
+		for _, r := range []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp} {
+			s.m.SchedulerTicks.WithLabelValues(e.name, r)
+		}
+	}
 	if s.id == "" {
 		s.id = defaultReplicaID()
 	}
