@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+)
+
+// workerBin is the worker binary built once for the package's tests.
+var workerBin string
+
+// buildWorker builds this package into dir.
+func buildWorker(dir string) (string, error) {
+	bin := filepath.Join(dir, "worker")
+	args := []string{"build", "-o", bin}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goTool, append(args, ".")...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// testYAML configures a quick worker: short lock TTL (renewed every 200ms),
+// short contention backoff, HTTP on a free port, debug logs the tests read.
+// Redis comes from LOCKSTEP_REDIS_ADDR.
+const testYAML = `
+http:
+  addr: "127.0.0.1:0"
+log:
+  format: json
+  level: debug
+lock:
+  ttl: 600ms
+worker:
+  concurrency: 4
+  shutdown_timeout: 2s
+  contention_backoff_min: 10ms
+  contention_backoff_max: 200ms
+`
+
+const (
+	testTTL             = 600 * time.Millisecond
+	testRenewInterval   = testTTL / 3
+	testShutdownTimeout = 2 * time.Second
+)
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// proc is one worker process and the JSON log lines it wrote to stderr.
+type proc struct {
+	t   *testing.T
+	cmd *exec.Cmd
+
+	mu     sync.Mutex
+	lines  []map[string]any
+	raw    []string
+	notify chan struct{} // closed and replaced on every new line
+
+	exited chan struct{}
+	state  *os.ProcessState
+}
+
+// startWorker starts the worker binary with args and only the environment
+// given (plus PATH), killing it at the end of the test if still running.
+func startWorker(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(workerBin, args...)
+	// A race-enabled binary sleeps a second at exit unless told not to.
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0"}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, notify: make(chan struct{}), exited: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		p.scan(stderr)
+	}()
+	go func() {
+		<-scanned // Wait closes the pipe: read everything first
+		_ = cmd.Wait()
+		p.state = cmd.ProcessState
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			p.dumpTail(40)
+		}
+	})
+	return p
+}
+
+func (p *proc) scan(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var m map[string]any
+		_ = json.Unmarshal([]byte(line), &m)
+		p.mu.Lock()
+		p.raw = append(p.raw, line)
+		if m != nil {
+			p.lines = append(p.lines, m)
+		}
+		close(p.notify)
+		p.notify = make(chan struct{})
+		p.mu.Unlock()
+	}
+}
+
+func (p *proc) dumpTail(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.t.Logf("last lines of worker %d:", p.cmd.Process.Pid)
+	for _, l := range p.raw[max(0, len(p.raw)-n):] {
+		p.t.Log("  " + l)
+	}
+}
+
+// waitLog waits for a log line that match accepts and returns it.
+func (p *proc) waitLog(timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
+	p.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	seen := 0
+	for {
+		p.mu.Lock()
+		lines, notify := p.lines[seen:], p.notify
+		seen = len(p.lines)
+		p.mu.Unlock()
+		for _, l := range lines {
+			if match(l) {
+				return l
+			}
+		}
+		select {
+		case <-notify:
+		case <-p.exited:
+			p.t.Fatalf("worker exited (%v) while waiting for %s", p.state, what)
+		case <-deadline.C:
+			p.t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+	}
+}
+
+// findLog returns the first log line that match accepts, or nil.
+func (p *proc) findLog(match func(map[string]any) bool) map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lines {
+		if match(l) {
+			return l
+		}
+	}
+	return nil
+}
+
+// allLogs returns everything the worker wrote to stderr so far.
+func (p *proc) allLogs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.raw, "\n")
+}
+
+// httpAddr is the address the worker's metrics server listens on.
+func (p *proc) httpAddr() string {
+	l := p.waitLog(10*time.Second, "the metrics server", func(m map[string]any) bool { return m["msg"] == "metrics server listening" })
+	return l["addr"].(string)
+}
+
+// started waits for the debug line of task id starting under its lock and
+// returns its fence.
+func (p *proc) started(id string, timeout time.Duration) int64 {
+	p.t.Helper()
+	l := p.waitLog(timeout, "task "+id+" to start", func(m map[string]any) bool {
+		return m["msg"] == "job started" && m["id"] == id
+	})
+	return int64(l["fence"].(float64))
+}
+
+// wait waits for the process to exit and returns its state.
+func (p *proc) wait(timeout time.Duration) *os.ProcessState {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+		return p.state
+	case <-time.After(timeout):
+		p.t.Fatalf("worker still running %v later", timeout)
+		return nil
+	}
+}
+
+// execution is one entry of the demo stream.
+type execution struct {
+	ID                string
+	Task              string // the asynq task id
+	Order, Worker     string
+	Fence             int64
+	Started, Finished int64 // Unix ms
+	Outcome           string
+}
+
+func readExecutions(t *testing.T, c *redis.Client) []execution {
+	t.Helper()
+	msgs, err := c.XRange(context.Background(), jobs.DemoStream("lockstep:"), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]execution, 0, len(msgs))
+	for _, m := range msgs {
+		s := func(k string) string { v, _ := m.Values[k].(string); return v }
+		n := func(k string) int64 { v, _ := strconv.ParseInt(s(k), 10, 64); return v }
+		out = append(out, execution{
+			ID: m.ID, Task: s("task_id"), Order: s("order_id"), Worker: s("worker"), Fence: n("fence"),
+			Started: n("started_ms"), Finished: n("finished_ms"), Outcome: s("outcome"),
+		})
+	}
+	return out
+}
+
+// checkExecutions asserts, per order, that no two executions overlap in time
+// and that fences strictly increase in start order. It returns the
+// executions by order, in start order.
+func checkExecutions(t *testing.T, execs []execution) map[string][]execution {
+	t.Helper()
+	byOrder := map[string][]execution{}
+	for _, x := range execs {
+		byOrder[x.Order] = append(byOrder[x.Order], x)
+	}
+	for order, xs := range byOrder {
+		slices.SortFunc(xs, func(a, b execution) int {
+			return cmp.Or(cmp.Compare(a.Started, b.Started), cmp.Compare(a.Fence, b.Fence))
+		})
+		for i := 1; i < len(xs); i++ {
+			prev, cur := xs[i-1], xs[i]
+			if cur.Started < prev.Finished {
+				t.Errorf("order %s: execution fence %d (%s, %d..%d) overlaps fence %d (%s, %d..%d)", order,
+					cur.Fence, cur.Worker, cur.Started, cur.Finished, prev.Fence, prev.Worker, prev.Started, prev.Finished)
+			}
+			if cur.Fence <= prev.Fence {
+				t.Errorf("order %s: fence %d started after fence %d", order, cur.Fence, prev.Fence)
+			}
+		}
+	}
+	return byOrder
+}
+
+// enqueueDemo enqueues a demo job kept an hour after completion, so that its
+// retry count can be read.
+func enqueueDemo(t *testing.T, c *asynq.Client, id, order string, workMS int, opts ...asynq.Option) {
+	t.Helper()
+	payload := fmt.Sprintf(`{"order_id":%q,"work_ms":%d}`, order, workMS)
+	opts = append([]asynq.Option{asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour), asynq.Queue(jobs.DemoQueue)}, opts...)
+	_, err := c.Enqueue(asynq.NewTask(jobs.DemoType, []byte(payload)), opts...)
+	if err != nil {
+		t.Fatalf("enqueue %s: %v", id, err)
+	}
+}
+
+// waitFor polls cond every 20ms until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitCompleted waits until n tasks of the demo queue completed, failing at
+// once if one is archived.
+func waitCompleted(t *testing.T, insp *asynq.Inspector, n int, timeout time.Duration) {
+	t.Helper()
+	var q *asynq.QueueInfo
+	waitFor(t, timeout, fmt.Sprintf("%d completed tasks", n), func() bool {
+		var err error
+		if q, err = insp.GetQueueInfo(jobs.DemoQueue); err != nil {
+			return false
+		}
+		if q.Archived > 0 {
+			archived, _ := insp.ListArchivedTasks(jobs.DemoQueue)
+			for _, a := range archived {
+				t.Errorf("archived %s: %s", a.ID, a.LastErr)
+			}
+			t.FailNow()
+		}
+		return q.Completed == n
+	})
+}

@@ -1,0 +1,12 @@
+// Command worker is Lockstep's default worker: it runs the built-in demo job
+// (demo:order.pay, when worker.demo is true) under its lock, with the
+// configuration from --config (default configs/worker.yaml) and LOCKSTEP_*
+// variables, and serves /metrics, /healthz and /readyz.
+//
+// A worker with your own handlers is the same binary with your handlers: see
+// the worker package.
+package main
+
+import "github.com/lockstep-dev/lockstep/worker"
+
+func main() { worker.Main() }

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/worker"
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lockstep-worker-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	workerBin, err = buildWorker(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// The binary's fx graph is complete with the example configuration.
+func TestValidateApp(t *testing.T) {
+	t.Parallel()
+	if err := worker.Check([]string{"--config", "../../configs/worker.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Three worker processes run 600 demo jobs over 12 orders: each job ends ok
+// exactly once, no two executions of an order overlap, fences per order
+// increase, and contention never used a job's retries.
+func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
+	t.Parallel()
+	const jobsN, orders, maxRetry = 600, 12, 2
+	rs := redistest.Start(t)
+	cfg := writeFile(t, "worker.yaml", testYAML)
+	for range 3 {
+		// 24 handlers for 12 orders: at least half of them meet a busy lock.
+		startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr, "LOCKSTEP_WORKER_CONCURRENCY=8"}, "--config", cfg)
+	}
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+
+	// Orders in a shuffled sequence, so neighbours in the queue often share one.
+	perOrder := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i, k := range rng.Perm(jobsN) {
+		order := strconv.Itoa(k % orders)
+		perOrder[order]++
+		enqueueDemo(t, enq, fmt.Sprintf("job-%03d", i), order, 5, asynq.MaxRetry(maxRetry))
+	}
+	waitCompleted(t, insp, jobsN, 150*time.Second)
+
+	execs := readExecutions(t, admin)
+	byOrder := checkExecutions(t, execs)
+	okByTask := map[string]int{}
+	for _, x := range execs {
+		if x.Outcome == jobs.OutcomeOK {
+			okByTask[x.Task]++
+		}
+	}
+	for i := range jobsN {
+		if id := fmt.Sprintf("job-%03d", i); okByTask[id] != 1 {
+			t.Errorf("task %s ran to ok %d times, want exactly once", id, okByTask[id])
+		}
+	}
+	failedRuns := map[string]int{}
+	for order, xs := range byOrder {
+		ok := 0
+		for _, x := range xs {
+			if x.Outcome == jobs.OutcomeOK {
+				ok++
+			} else {
+				failedRuns[order]++
+			}
+		}
+		if ok != perOrder[order] {
+			t.Errorf("order %s: %d ok executions, want one per job: %d", order, ok, perOrder[order])
+		}
+	}
+
+	// Each task completed once (asynq), and the ok executions per order
+	// match the jobs per order: together, every job ran ok exactly once.
+	// Retries: only real failures (an execution that did not end ok) may
+	// have grown a task's retry count, never contention.
+	tasks, err := insp.ListCompletedTasks(jobs.DemoQueue, asynq.PageSize(jobsN+1))
+	if err != nil || len(tasks) != jobsN {
+		t.Fatalf("completed tasks: %d, %v", len(tasks), err)
+	}
+	retried := map[string]int{}
+	contended, maxContended := 0, 0
+	count := regexp.MustCompile(`contended (\d+) times`)
+	for _, task := range tasks {
+		var p jobs.DemoPayload
+		_ = json.Unmarshal(task.Payload, &p)
+		retried[p.OrderID] += task.Retried
+		if m := count.FindStringSubmatch(task.LastErr); m != nil {
+			contended++
+			n, _ := strconv.Atoi(m[1])
+			maxContended = max(maxContended, n)
+		}
+	}
+	for order := range perOrder {
+		if retried[order] != failedRuns[order] {
+			t.Errorf("order %s: tasks retried %d times in all, but only %d executions failed", order, retried[order], failedRuns[order])
+		}
+	}
+	t.Logf("%d of %d jobs met a busy lock, one of them %d times (max retry %d); %d failed executions",
+		contended, jobsN, maxContended, maxRetry, sum(failedRuns))
+	if maxContended <= maxRetry {
+		t.Errorf("no job contended more than its %d retries allow: the test did not show contention spares the budget", maxRetry)
+	}
+}
+
+// SIGKILL a worker in the middle of a job: its lock frees within one TTL, the
+// order is taken again with a higher fence, and every job still completes
+// once asynq recovers the killed worker's tasks.
+func TestKilledWorkersJobsStillComplete(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	cfg := writeFile(t, "worker.yaml", testYAML)
+	env := []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}
+	workers := []*proc{}
+	for range 3 {
+		workers = append(workers, startWorker(t, env, "--config", cfg))
+	}
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+	ctx := context.Background()
+
+	enqueueDemo(t, enq, "victim", "kill", 4000)
+	// Which worker took it: the one that logs its start.
+	var victim *proc
+	var fence int64
+	waitFor(t, 10*time.Second, "the victim job to start", func() bool {
+		for _, w := range workers {
+			if l := w.findLog(func(m map[string]any) bool { return m["msg"] == "job started" && m["id"] == "victim" }); l != nil {
+				victim, fence = w, int64(l["fence"].(float64))
+				return true
+			}
+		}
+		return false
+	})
+	total := 1
+	for i := range 5 {
+		enqueueDemo(t, enq, fmt.Sprintf("follow-%d", i), "kill", 5)
+		total++
+	}
+	for i := range 120 {
+		enqueueDemo(t, enq, fmt.Sprintf("job-%03d", i), strconv.Itoa(i%6), 5)
+		total++
+	}
+
+	lockKey := "lockstep:{lock:order:kill}"
+	token := admin.Get(ctx, lockKey).Val()
+	killed := time.Now()
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	victim.wait(5 * time.Second)
+	waitFor(t, 5*time.Second, "the killed worker's lock to free", func() bool {
+		return admin.Get(ctx, lockKey).Val() != token
+	})
+	freed := time.Since(killed)
+	if freed > testTTL+50*time.Millisecond {
+		t.Errorf("the killed worker's lock freed %v after the kill, want within one TTL (%v)", freed, testTTL)
+	}
+	var next execution
+	waitFor(t, 20*time.Second, "order kill to run again", func() bool {
+		for _, x := range readExecutions(t, admin) {
+			if x.Order == "kill" && x.Started >= killed.UnixMilli() {
+				next = x
+				return true
+			}
+		}
+		return false
+	})
+	if next.Fence <= fence {
+		t.Fatalf("order kill ran again with fence %d, not above the killed holder's %d", next.Fence, fence)
+	}
+	t.Logf("killed holder's lock freed %v after SIGKILL (TTL %v); order taken again %dms after the kill with fence %d > %d",
+		freed.Round(time.Millisecond), testTTL, next.Started-killed.UnixMilli(), next.Fence, fence)
+
+	// asynq hands a dead worker's task on once its lease (30s, extended
+	// every 5s) has been expired for 30s, from a recoverer that runs at a
+	// server's start and then every minute: start a fresh worker once that
+	// is due, as a restarted replica would.
+	var orphaned time.Time
+	waitFor(t, 45*time.Second, "the killed worker's tasks to be orphaned", func() bool {
+		active, err := insp.ListActiveTasks(jobs.DemoQueue)
+		if err != nil {
+			return false
+		}
+		for _, a := range active {
+			if a.ID == "victim" && a.IsOrphaned {
+				orphaned = time.Now()
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(time.Until(orphaned.Add(31 * time.Second))) // asynq's fixed cutoff; see above
+	startWorker(t, env, "--config", cfg)
+	waitCompleted(t, insp, total, 60*time.Second)
+	t.Logf("all %d jobs completed %v after the kill (asynq recovered the killed worker's tasks)", total, time.Since(killed).Round(time.Second))
+
+	// Every task ran to ok. asynq delivers at least once: a task that the
+	// killed worker finished (and recorded) but had not yet acknowledged runs
+	// again; only such tasks may show a second ok.
+	execs := readExecutions(t, admin)
+	checkExecutions(t, execs)
+	victimID := ":" + strconv.Itoa(victim.cmd.Process.Pid)
+	oks := map[string][]execution{}
+	for _, x := range execs {
+		if x.Outcome == jobs.OutcomeOK {
+			oks[x.Task] = append(oks[x.Task], x)
+		}
+	}
+	if len(oks) != total {
+		t.Errorf("%d tasks ran to ok, want all %d", len(oks), total)
+	}
+	for task, xs := range oks {
+		if len(xs) > 1 && (len(xs) > 2 || !strings.HasSuffix(xs[0].Worker, victimID)) {
+			t.Errorf("task %s ran to ok %d times, first on %s: only a task the killed worker (%s) had finished may run again",
+				task, len(xs), xs[0].Worker, victimID)
+		}
+	}
+}
+
+// Deleting a job's lock key from outside ends that execution as lock_lost
+// within one renewal interval, and the job runs again.
+func TestDeletedLockEndsExecution(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", testYAML))
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+
+	enqueueDemo(t, enq, "d1", "del", 1500)
+	fence := w.started("d1", 10*time.Second)
+	deleted := time.Now()
+	if err := admin.Del(context.Background(), "lockstep:{lock:order:del}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var lost, again execution
+	waitFor(t, 20*time.Second, "the execution to end and run again", func() bool {
+		for _, x := range readExecutions(t, admin) {
+			switch {
+			case x.Fence == fence:
+				lost = x
+			case x.Fence > fence && x.Outcome == jobs.OutcomeOK:
+				again = x
+			}
+		}
+		return lost.Outcome != "" && again.Outcome != ""
+	})
+	if lost.Outcome != jobs.OutcomeLockLost {
+		t.Fatalf("execution with fence %d ended %q, want lock_lost", fence, lost.Outcome)
+	}
+	if d := time.Duration(lost.Finished-deleted.UnixMilli()) * time.Millisecond; d > testRenewInterval+50*time.Millisecond {
+		t.Errorf("execution ended %v after its key was deleted, want within one renewal interval (%v)", d, testRenewInterval)
+	}
+	waitCompleted(t, insp, 1, 10*time.Second)
+	if info, err := insp.GetTaskInfo(jobs.DemoQueue, "d1"); err != nil || info.Retried != 1 {
+		t.Fatalf("task d1: %v, %v; want retried once", info, err)
+	}
+}
+
+// SIGTERM: the worker stops taking tasks, lets a short handler finish,
+// cancels a long one at the shutdown timeout (its task goes back to the
+// queue), releases every lock and exits 0 within the shutdown timeout. The
+// HTTP endpoints answer until then. On the way: Redis with a password read
+// from a file, which appears in no log line and no metric, and --http-addr
+// winning over LOCKSTEP_HTTP_ADDR.
+func TestSIGTERMDrainsAndReleases(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cret-Pa55word"
+	rs := redistest.Start(t)
+	if err := rs.Client().ConfigSet(context.Background(), "requirepass", secret).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pwFile := writeFile(t, "redis-password", secret+"\n")
+	w := startWorker(t, []string{
+		"LOCKSTEP_REDIS_ADDR=" + rs.Addr,
+		"LOCKSTEP_REDIS_PASSWORD_FILE=" + pwFile,
+		"LOCKSTEP_HTTP_ADDR=256.0.0.1:9", // cannot listen: the flag must win
+	}, "--config", writeFile(t, "worker.yaml", testYAML), "--http-addr", "127.0.0.1:0")
+	admin := rs.Client(func(o *redis.Options) { o.Password = secret })
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+
+	addr := w.httpAddr()
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ok", "/metrics": "lockstep_locks_held"} {
+		waitFor(t, 5*time.Second, path, func() bool {
+			body, code := get(t, "http://"+addr+path)
+			return code == http.StatusOK && strings.Contains(body, want)
+		})
+	}
+	if body, _ := get(t, "http://"+addr+"/metrics"); strings.Contains(body, secret) {
+		t.Error("/metrics shows the Redis password")
+	}
+
+	enqueueDemo(t, enq, "short", "short", 800)
+	enqueueDemo(t, enq, "long", "long", 60_000)
+	w.started("short", 10*time.Second)
+	w.started("long", 10*time.Second)
+
+	begin := time.Now()
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	state := w.wait(testShutdownTimeout + 10*time.Second)
+	took := time.Since(begin)
+	if state.ExitCode() != 0 {
+		t.Fatalf("exit %v after SIGTERM, want 0", state)
+	}
+	if took > testShutdownTimeout {
+		t.Errorf("exited %v after SIGTERM, want within the shutdown timeout %v", took, testShutdownTimeout)
+	}
+	if keys := admin.Keys(context.Background(), "lockstep:{*}").Val(); len(keys) != 0 {
+		t.Fatalf("lock keys left after shutdown: %v", keys)
+	}
+	if strings.Contains(w.allLogs(), secret) {
+		t.Error("the logs show the Redis password")
+	}
+	outcomes := map[string]string{}
+	for _, x := range readExecutions(t, admin) {
+		outcomes[x.Order] = x.Outcome
+	}
+	if outcomes["short"] != jobs.OutcomeOK || outcomes["long"] != jobs.OutcomeCanceled {
+		t.Fatalf("outcomes %v, want short ok and long canceled", outcomes)
+	}
+	if info, err := insp.GetTaskInfo(jobs.DemoQueue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
+		t.Fatalf("long task after shutdown: %+v, %v; want pending again, not retried", info, err)
+	}
+}
+
+// A bad configuration exits 2 with one line naming the file, the field and
+// the problem.
+func TestBadConfigExits2(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, yaml string
+		env        []string
+		want       []string
+	}{
+		{"unknown key", "worker:\n  concurency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1"}, []string{"line 2", `unknown field "concurency" in worker`}},
+		{"bad duration", "lock:\n  ttl: 5 sec\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1"}, []string{"line 2", "lock.ttl", `"5 sec"`}},
+		{"missing redis address", "worker:\n  concurrency: 3\n", nil, []string{"redis.addr", "required"}},
+		{"bad env", "worker:\n  concurrency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT=soon"}, []string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT", `"soon"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeFile(t, "worker.yaml", c.yaml)
+			cmd := exec.Command(workerBin, "--config", path)
+			cmd.Env = c.env
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit: %v, want status 2; stderr: %s", err, stderr.String())
+			}
+			out := stderr.String()
+			if strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") {
+				t.Fatalf("stderr is not one line: %q", out)
+			}
+			if c.env == nil || !strings.Contains(c.want[0], "LOCKSTEP") {
+				c.want = append(c.want, path)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("stderr %q does not mention %q", out, w)
+				}
+			}
+		})
+	}
+}
+
+func get(t *testing.T, url string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error(), 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

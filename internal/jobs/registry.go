@@ -1,0 +1,106 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Job describes the task a handler runs.
+type Job struct {
+	ID       string // asynq task id
+	Type     string
+	Queue    string
+	Attempt  int // 1 on the first run; each failed run adds one, contention requeues do not
+	MaxRetry int
+	Resource string // the lock's resource name, "" for a handler without a lock
+	Fence    int64  // the lock's fencing token, 0 without a lock
+}
+
+// Contention is what a handler's task does when its lock is busy.
+type Contention int
+
+const (
+	// Requeue puts the task back in its queue with jittered backoff, to be
+	// woken by the next release, without counting a failure or using its
+	// retry budget (DESIGN.md G6). It is the default.
+	Requeue Contention = iota
+	// Skip completes the task without running the handler: the busy
+	// resource means the same work is running already.
+	Skip
+	// Wait waits in the worker, with the backoff, up to Spec.ContentionWait
+	// for the lock, and requeues the task if it is still busy.
+	Wait
+)
+
+// Spec is one registered task type: how to decode its payload, which lock
+// its handler needs and the handler itself. The public worker package builds
+// Specs from typed handlers; the demo job is one too.
+type Spec struct {
+	Type string
+	// Decode parses and checks a payload. An error archives the task at once:
+	// a payload that cannot be decoded will not decode on a retry either.
+	Decode func(payload []byte) (any, error)
+	// Resource names the lock the handler runs under, from the decoded
+	// payload; nil means no lock. An empty name is an invalid payload.
+	Resource func(payload any) string
+	// TTL of the lock; 0 takes the server's default.
+	TTL time.Duration
+	// Contention says what a busy lock means for this type (default Requeue).
+	Contention Contention
+	// ContentionWait bounds the wait of the Wait policy.
+	ContentionWait time.Duration
+	// Run is the handler. Its context is cancelled, with a cause matching
+	// lock.ErrLockLost, when the lock is lost.
+	Run func(ctx context.Context, job Job, payload any) error
+}
+
+// Registry maps task types to their Specs.
+type Registry struct {
+	specs map[string]*Spec
+}
+
+// NewRegistry checks specs and indexes them by type. Types must be unique
+// and every spec needs Decode and Run.
+func NewRegistry(specs []Spec) (*Registry, error) {
+	r := &Registry{specs: make(map[string]*Spec, len(specs))}
+	var errs []error
+	for i := range specs {
+		s := specs[i]
+		switch {
+		case s.Type == "":
+			errs = append(errs, fmt.Errorf("jobs: handler %d has an empty task type", i))
+			continue
+		case r.specs[s.Type] != nil:
+			errs = append(errs, fmt.Errorf("jobs: task type %q is registered twice", s.Type))
+			continue
+		case s.Decode == nil || s.Run == nil:
+			errs = append(errs, fmt.Errorf("jobs: task type %q: Decode and Run are required", s.Type))
+			continue
+		case s.TTL < 0:
+			errs = append(errs, fmt.Errorf("jobs: task type %q: negative lock TTL %v", s.Type, s.TTL))
+			continue
+		case s.Contention < Requeue || s.Contention > Wait:
+			errs = append(errs, fmt.Errorf("jobs: task type %q: unknown contention policy %d", s.Type, s.Contention))
+			continue
+		case s.Contention == Wait && s.ContentionWait <= 0:
+			errs = append(errs, fmt.Errorf("jobs: task type %q: the wait policy needs a positive bound, got %v", s.Type, s.ContentionWait))
+			continue
+		}
+		r.specs[s.Type] = &s
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return r, nil
+}
+
+// Lookup returns the Spec of a task type.
+func (r *Registry) Lookup(taskType string) (*Spec, bool) {
+	s, ok := r.specs[taskType]
+	return s, ok
+}
+
+// Len returns the number of registered task types.
+func (r *Registry) Len() int { return len(r.specs) }

@@ -1,0 +1,101 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// SkipRetry, returned by a handler (or wrapped), archives the task at once
+// instead of retrying it.
+var SkipRetry = asynq.SkipRetry
+
+// ContendedError is returned to asynq when a task's lock was busy. asynq's
+// IsFailure says it is no failure, so the task's retry count stays as it was,
+// and RetryDelay takes the delay from it.
+type ContendedError struct {
+	Resource string
+	Count    int           // times this task found its lock busy, this one included
+	Delay    time.Duration // backoff before the task is offered again
+}
+
+func (e *ContendedError) Error() string {
+	return fmt.Sprintf("lock %q busy (contended %d times); requeued in %v", e.Resource, e.Count, e.Delay.Round(time.Millisecond))
+}
+
+// lostError is the result of a run during which the lock was lost: whatever
+// the handler returned, the run may have overlapped the next holder's, so it
+// counts as failed and is retried soon. errors.Is(err, lock.ErrLockLost) holds.
+type lostError struct {
+	lost    error // matches lock.ErrLockLost
+	handler error // the handler's own result, if any
+}
+
+func (e *lostError) Error() string {
+	if e.handler != nil {
+		return fmt.Sprintf("%v (handler returned: %v)", e.lost, e.handler)
+	}
+	return e.lost.Error() + " (the handler's result is discarded)"
+}
+
+func (e *lostError) Unwrap() []error {
+	if e.handler == nil {
+		return []error{e.lost}
+	}
+	return []error{e.lost, e.handler}
+}
+
+// soonError marks a failure that is retried with the short contention backoff
+// rather than asynq's minutes-long default: the lock was lost, or Redis
+// failed while taking it.
+type soonError struct{ err error }
+
+func (e *soonError) Error() string { return e.err.Error() }
+func (e *soonError) Unwrap() error { return e.err }
+
+// isFailure is asynq's Config.IsFailure: everything but contention is one.
+func isFailure(err error) bool {
+	var c *ContendedError
+	return !errors.As(err, &c)
+}
+
+// retryDelay is asynq's Config.RetryDelayFunc. n is the task's retry count
+// before this retry.
+func retryDelay(backoff lock.Backoff) asynq.RetryDelayFunc {
+	return func(n int, err error, t *asynq.Task) time.Duration {
+		var c *ContendedError
+		var soon *soonError
+		switch {
+		case errors.As(err, &c):
+			return onSecondBoundary(c.Delay, time.Now())
+		case errors.As(err, &soon), errors.Is(err, lock.ErrLockLost), errors.Is(err, asynq.ErrLeaseExpired):
+			// A crashed worker (lease expired) is a lost lock too: retry soon.
+			return onSecondBoundary(backoff.Nth(n+1), time.Now())
+		}
+		return asynq.DefaultRetryDelayFunc(n, err, t)
+	}
+}
+
+// onSecondBoundary returns a delay d' such that a task asynq schedules at
+// now+d' becomes ready no earlier than now+d.
+//
+// asynq keeps the time of a retry as a score in whole Unix seconds
+// (processAt.Unix(), truncated) and forwards a task once the score is not
+// after the current second. A delay of 300ms may therefore come back at once,
+// which for contention would mean spinning on the busy lock. Rounding the
+// ready time up to the next whole second keeps every delay at least as long
+// as the backoff asked for, at the cost of under one second of extra wait.
+// The 10ms margin keeps asynq's own time.Now(), read a moment later, inside
+// the same second.
+func onSecondBoundary(d time.Duration, now time.Time) time.Duration {
+	ready := now.Add(d)
+	sec := ready.Truncate(time.Second)
+	if sec.Before(ready) {
+		sec = sec.Add(time.Second)
+	}
+	return sec.Sub(now) + 10*time.Millisecond
+}

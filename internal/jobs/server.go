@@ -1,0 +1,428 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+// Label values of lockstep_jobs_processed_total{result}. A requeue because of
+// contention is not a processed job: it counts in lockstep_job_contended_total.
+const (
+	ResultSuccess  = "success"   // the handler returned nil and its lock held throughout
+	ResultFailure  = "failure"   // the handler returned an error or panicked
+	ResultLockLost = "lock_lost" // the lock was lost while the handler ran
+	ResultInvalid  = "invalid"   // the payload did not decode; archived without running
+	ResultSkipped  = "skipped"   // the lock was busy and the contention policy is Skip
+)
+
+// Defaults of Config.
+const (
+	DefaultConcurrency = 10
+	DefaultLockTTL     = 30 * time.Second
+)
+
+// DefaultBackoff is the contention and lost-lock retry backoff by default.
+var DefaultBackoff = lock.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+
+// releaseTimeout bounds the release of a lease after its handler returned.
+const releaseTimeout = 5 * time.Second
+
+// Config configures a Server. Zero values take the defaults.
+type Config struct {
+	Queues          map[string]int // queue name -> priority; default {"default": 1}
+	StrictPriority  bool
+	Concurrency     int           // handlers running at once; default 10
+	ShutdownTimeout time.Duration // all of Stop: handlers finish, leases are released; 0: no grace
+	LockTTL         time.Duration // for specs without a TTL; default 30s
+	// Backoff is the delay before a task whose lock was busy (or lost) is
+	// offered again, unless a release wakes it first: decorrelated jitter
+	// from Min, growing with the task's contentions and the waiters ahead of
+	// it, capped at Max. Default 100ms..10s.
+	Backoff lock.Backoff
+	// PollInterval is how often an idle worker looks for tasks (asynq sleeps
+	// 0.5 to 1.5 of it after finding every queue empty), which is also how
+	// soon a woken task starts, and how often due retries are moved back to
+	// their queues. Default Backoff.Min within [20ms, 1s]; asynq's own
+	// defaults are 1s and 5s.
+	PollInterval time.Duration
+}
+
+// Params are what a Server needs.
+type Params struct {
+	Client   redis.UniversalClient // shared with asynq; set ContextTimeoutEnabled
+	Locker   *lock.Locker
+	Watchdog *watchdog.Watchdog
+	Registry *Registry
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+	Config   Config
+}
+
+// Server runs registered handlers for tasks from asynq, each under its
+// declared lock; see the package documentation for the flow.
+type Server struct {
+	client   redis.UniversalClient
+	locker   *lock.Locker
+	watchdog *watchdog.Watchdog
+	registry *Registry
+	metrics  *metrics.Metrics
+	log      *slog.Logger
+	cfg      Config
+	srv      *asynq.Server
+
+	state    atomic.Int32
+	mu       sync.Mutex
+	holds    map[*watchdog.Hold]struct{}
+	inflight int           // ProcessTask calls running; guarded by mu
+	idle     chan struct{} // closed when inflight drops to 0; guarded by mu
+}
+
+const (
+	stateNew int32 = iota
+	stateRunning
+	stateStopping
+	stateStopped
+)
+
+// NewServer returns a server; it touches Redis only once started.
+func NewServer(p Params) *Server {
+	c := p.Config
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]int{"default": 1}
+	}
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	if c.Backoff.Min <= 0 {
+		c.Backoff = DefaultBackoff
+	}
+	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
+	s := &Server{
+		client:   p.Client,
+		locker:   p.Locker,
+		watchdog: p.Watchdog,
+		registry: p.Registry,
+		metrics:  metrics.OrNop(p.Metrics),
+		log:      cmp.Or(p.Logger, slog.New(slog.DiscardHandler)),
+		cfg:      c,
+		holds:    map[*watchdog.Hold]struct{}{},
+	}
+	s.srv = asynq.NewServerFromRedisClient(p.Client, asynq.Config{
+		Concurrency:              c.Concurrency,
+		Queues:                   c.Queues,
+		StrictPriority:           c.StrictPriority,
+		ShutdownTimeout:          asynqShutdownTimeout(c.ShutdownTimeout),
+		RetryDelayFunc:           retryDelay(c.Backoff),
+		IsFailure:                isFailure,
+		TaskCheckInterval:        c.PollInterval,
+		DelayedTaskCheckInterval: c.PollInterval,
+		Logger:                   asynqLogger{s.log.With("component", "asynq")},
+		LogLevel:                 asynqLevel(s.log),
+	})
+	return s
+}
+
+// asynqShutdownTimeout is the part of the shutdown budget that asynq waits for
+// running handlers; the rest (a fifth, at most a second) is left for handlers
+// that asynq gave up on to return and release their locks.
+func asynqShutdownTimeout(total time.Duration) time.Duration {
+	d := total - min(total/5, time.Second)
+	return max(d, time.Nanosecond) // asynq reads 0 as its 8s default
+}
+
+// Start starts taking tasks; it returns at once.
+func (s *Server) Start(context.Context) error {
+	if !s.state.CompareAndSwap(stateNew, stateRunning) {
+		return errors.New("jobs: server already started")
+	}
+	if err := s.srv.Start(s); err != nil {
+		s.state.Store(stateStopped)
+		return fmt.Errorf("jobs: start: %w", err)
+	}
+	s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
+	return nil
+}
+
+// Stop stops taking tasks and lets running handlers finish within the
+// shutdown timeout. asynq then puts the tasks of handlers still running back
+// in their queues and cancels their contexts; Stop waits for those handlers
+// to return and release their locks, and releases any lock still held. It
+// is safe to call more than once.
+func (s *Server) Stop(ctx context.Context) error {
+	if !s.state.CompareAndSwap(stateRunning, stateStopping) {
+		s.state.CompareAndSwap(stateNew, stateStopped)
+		return nil
+	}
+	defer s.state.Store(stateStopped)
+	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
+	s.log.Info("worker stopping: no new tasks; waiting for running handlers", "timeout", s.cfg.ShutdownTimeout)
+
+	shutdown := make(chan struct{})
+	go func() { s.srv.Shutdown(); close(shutdown) }()
+	select {
+	case <-shutdown:
+	case <-ctx.Done():
+		s.releaseAll()
+		return fmt.Errorf("jobs: stop: %w", ctx.Err())
+	}
+
+	grace := time.NewTimer(max(time.Until(deadline), 0))
+	defer grace.Stop()
+	select {
+	case <-s.whenIdle():
+	case <-grace.C:
+	case <-ctx.Done():
+	}
+	n := s.releaseAll()
+	if n > 0 {
+		s.log.Warn("worker stopped with handlers still running; released their locks", "locks", n)
+	} else {
+		s.log.Info("worker stopped")
+	}
+	return nil
+}
+
+// releaseAll ends every hold still open and releases its lease; it returns
+// how many there were.
+func (s *Server) releaseAll() int {
+	s.mu.Lock()
+	holds := make([]*watchdog.Hold, 0, len(s.holds))
+	for h := range s.holds {
+		holds = append(holds, h)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, h := range holds {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if err := h.Release(ctx); err != nil {
+				s.log.Warn("release at shutdown failed; the lock expires within its TTL",
+					"resource", h.Lease().Key(), "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	return len(holds)
+}
+
+// Ready reports whether the server is taking tasks.
+func (s *Server) Ready(context.Context) error {
+	switch s.state.Load() {
+	case stateRunning:
+		return nil
+	case stateNew:
+		return errors.New("not started")
+	}
+	return errors.New("stopping")
+}
+
+// ProcessTask is the lock middleware around every handler (asynq.Handler).
+func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	s.enter()
+	defer s.leave()
+	if err := ctx.Err(); err != nil {
+		// asynq starts a handler in a goroutine of its own, which may run
+		// only after asynq gave up on the task at shutdown and requeued it.
+		return err
+	}
+
+	spec, ok := s.registry.Lookup(t.Type())
+	if !ok {
+		return fmt.Errorf("jobs: no handler for task type %q on this worker", t.Type())
+	}
+	job := jobOf(ctx, t.Type())
+	payload, err := spec.Decode(t.Payload())
+	if err != nil {
+		return s.invalid(job, err)
+	}
+	if spec.Resource == nil {
+		return s.run(ctx, spec, job, payload, nil)
+	}
+	if job.Resource = spec.Resource(payload); job.Resource == "" {
+		return s.invalid(job, errors.New("the lock's resource name is empty"))
+	}
+	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
+	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
+	switch {
+	case errors.Is(err, lock.ErrNotAcquired):
+		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		if lease, err = s.contended(ctx, t, spec, job, ttl); lease == nil {
+			return err
+		}
+	case err != nil:
+		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	}
+	return s.run(ctx, spec, job, payload, lease)
+}
+
+func (s *Server) invalid(job Job, err error) error {
+	s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultInvalid).Inc()
+	s.log.Warn("invalid payload; task archived", "type", job.Type, "id", job.ID, "err", err)
+	return fmt.Errorf("invalid payload for %s: %v: %w", job.Type, err, SkipRetry)
+}
+
+// contended applies the spec's contention policy to a busy lock. It returns
+// a lease to run with, or the task's result.
+func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration) (*lock.Lease, error) {
+	switch spec.Contention {
+	case Skip:
+		s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()
+		s.log.Info("lock busy; task skipped as a duplicate", "type", job.Type, "id", job.ID, "resource", job.Resource)
+		if w := t.ResultWriter(); w != nil {
+			_, _ = w.Write([]byte(ResultSkipped)) // kept with the task when it has a retention
+		}
+		return nil, nil
+	case Wait:
+		lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff))
+		switch {
+		case err == nil:
+			return lease, nil
+		case !errors.Is(err, lock.ErrNotAcquired) || ctx.Err() != nil:
+			return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		}
+	}
+	// asynq archives a task that fails with no retries left, even when
+	// IsFailure says it did not fail: such a task cannot be requeued and
+	// waits for its lock here instead.
+	if job.Attempt <= job.MaxRetry {
+		return nil, s.requeue(ctx, job)
+	}
+	s.log.Debug("lock busy and no retries left to requeue with; waiting", "type", job.Type, "id", job.ID, "resource", job.Resource)
+	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff))
+	switch {
+	case errors.Is(err, lock.ErrNotAcquired):
+		return nil, fmt.Errorf("jobs: %s: lock %q still busy when the task's context ended (no retries left to requeue with): %w",
+			job.Type, job.Resource, err)
+	case err != nil:
+		return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	}
+	return lease, nil
+}
+
+// run runs the handler, under the watchdog when it holds lease, and turns the
+// outcome into asynq's result.
+func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+	hctx := ctx
+	var hold *watchdog.Hold
+	if lease != nil {
+		hctx, hold = s.watchdog.Hold(ctx, lease)
+		s.track(hold)
+		defer s.untrack(hold)
+		job.Fence = lease.Fence()
+	}
+	start := time.Now()
+	s.log.Debug("job started", "type", job.Type, "id", job.ID, "attempt", job.Attempt, "resource", job.Resource, "fence", job.Fence)
+	err := s.call(hctx, spec, job, payload)
+
+	var lost error
+	if hold != nil {
+		if cause := context.Cause(hctx); errors.Is(cause, lock.ErrLockLost) {
+			lost = cause
+		}
+		// Release (and wake the next waiter) even when ctx ended: shutdown.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		relErr := hold.Release(rctx)
+		switch {
+		case lost != nil:
+		case errors.Is(relErr, lock.ErrLockLost):
+			// Gone before the watchdog saw it: the run may have overlapped
+			// the next holder's.
+			lost = relErr
+		case relErr != nil:
+			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
+		default:
+			s.wake(rctx, job)
+		}
+	}
+
+	result := ResultSuccess
+	switch {
+	case lost != nil:
+		result = ResultLockLost
+		err = &lostError{lost: lost, handler: err}
+		s.log.Warn("lock lost while the handler ran; the task will be retried", "type", job.Type, "id", job.ID,
+			"resource", job.Resource, "fence", job.Fence, "err", err)
+	case err != nil:
+		result = ResultFailure
+	}
+	s.metrics.JobsProcessed.WithLabelValues(job.Type, result).Inc()
+	s.log.Debug("job finished", "type", job.Type, "id", job.ID, "resource", job.Resource, "fence", job.Fence,
+		"result", result, "duration", time.Since(start), "err", err)
+	return err
+}
+
+// call runs the handler, turning a panic into an error so the lock is
+// released on the way out.
+func (s *Server) call(ctx context.Context, spec *Spec, job Job, payload any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("handler panicked", "type", job.Type, "id", job.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("jobs: %s handler panicked: %v", job.Type, r)
+		}
+	}()
+	return spec.Run(ctx, job, payload)
+}
+
+func (s *Server) enter() {
+	s.mu.Lock()
+	s.inflight++
+	s.mu.Unlock()
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	if s.inflight--; s.inflight == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+	s.mu.Unlock()
+}
+
+// whenIdle returns a channel closed once no ProcessTask call runs.
+func (s *Server) whenIdle() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := make(chan struct{})
+	if s.inflight == 0 {
+		close(c)
+	} else {
+		s.idle = c
+	}
+	return c
+}
+
+func (s *Server) track(h *watchdog.Hold) {
+	s.mu.Lock()
+	s.holds[h] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *Server) untrack(h *watchdog.Hold) {
+	s.mu.Lock()
+	delete(s.holds, h)
+	s.mu.Unlock()
+}
+
+// jobOf reads the task's identity from asynq's context.
+func jobOf(ctx context.Context, taskType string) Job {
+	id, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	return Job{ID: id, Type: taskType, Queue: queue, Attempt: retried + 1, MaxRetry: maxRetry}
+}

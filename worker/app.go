@@ -1,0 +1,158 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+// stopSlack is how much longer than the shutdown timeout the whole stop may
+// take (closing the HTTP server and the Redis client) before fx gives up.
+const stopSlack = 10 * time.Second
+
+// appOptions assembles the worker role: Redis, metrics, locks, the watchdog,
+// the handlers and the HTTP endpoints. It is what Run starts and Check
+// validates.
+func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger) fx.Option {
+	groupSpecs := make([]any, 0, len(handlers))
+	for _, s := range handlers {
+		groupSpecs = append(groupSpecs, fx.Annotated{Group: jobs.Group, Target: s})
+	}
+	opts := []fx.Option{
+		fx.WithLogger(func() fxevent.Logger {
+			l := &fxevent.SlogLogger{Logger: log.With("component", "fx")}
+			l.UseLogLevel(slog.LevelDebug) // wiring details only when debugging
+			return l
+		}),
+		fx.StopTimeout(cfg.Worker.ShutdownTimeout + stopSlack),
+		fx.Supply(cfg, log),
+		fx.Supply(groupSpecs...),
+		fx.Provide(
+			newRedisClient,
+			newMetrics,
+			newLocker,
+			newWatchdog,
+			jobsConfig,
+		),
+		// The HTTP module comes first so that its server starts before the
+		// jobs server and stops after it: /metrics and /readyz answer while
+		// handlers drain.
+		fx.Module("http", fx.Invoke(startHTTP)),
+		jobs.Module,
+	}
+	if cfg.Worker.Demo {
+		opts = append(opts, fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
+	}
+	return fx.Options(opts...)
+}
+
+// newRedisClient builds the one client that asynq, the locks, the watchdog
+// and the handlers share.
+func newRedisClient(lc fx.Lifecycle, cfg *config.WorkerConfig) (redis.UniversalClient, error) {
+	opts, err := cfg.Redis.UniversalOptions()
+	if err != nil {
+		return nil, err
+	}
+	// Context deadlines (a renewal round's, a release's) must bound calls;
+	// UniversalOptions says so already, and this must not depend on it.
+	opts.ContextTimeoutEnabled = true
+	if opts.PoolSize == 0 {
+		// Every handler may hold a connection while asynq's loops hold theirs.
+		opts.PoolSize = max(10*runtime.GOMAXPROCS(0), cfg.Worker.Concurrency+10)
+	}
+	c := redis.NewUniversalClient(opts)
+	lc.Append(fx.StopHook(c.Close))
+	return c, nil
+}
+
+func newMetrics() (*metrics.Metrics, prometheus.Gatherer) {
+	reg := metrics.NewRegistry()
+	return metrics.New(reg), reg
+}
+
+// newLocker builds the Locker the lock section describes (the redis
+// deployment, or Redlock on lock.nodes).
+func newLocker(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalClient, m *metrics.Metrics) (*lock.Locker, error) {
+	l, closeNodes, err := cfg.NewLocker(c, lock.WithMetrics(m))
+	if err != nil {
+		return nil, err
+	}
+	lc.Append(fx.StopHook(closeNodes))
+	return l, nil
+}
+
+func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, m *metrics.Metrics, log *slog.Logger) *watchdog.Watchdog {
+	w := watchdog.New(watchdog.Options{
+		Interval:    cfg.Lock.RenewInterval,
+		DriftMargin: cfg.Lock.DriftMargin,
+		Metrics:     m,
+		Logger:      log,
+	})
+	lc.Append(fx.StartStopHook(w.Start, w.Stop))
+	return w
+}
+
+func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
+	w := cfg.Worker
+	return jobs.Config{
+		Queues:          w.Queues,
+		StrictPriority:  w.StrictPriority,
+		Concurrency:     w.Concurrency,
+		ShutdownTimeout: w.ShutdownTimeout,
+		LockTTL:         cfg.Lock.TTL,
+		Backoff:         lock.Backoff{Min: w.ContentionBackoffMin, Max: w.ContentionBackoffMax},
+	}
+}
+
+func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
+	return jobs.Demo(c, cfg.Lock.Prefix, workerID())
+}
+
+// workerID names this process in the demo's records: host and pid.
+func workerID() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+type httpIn struct {
+	fx.In
+	Lifecycle fx.Lifecycle
+	Config    *config.WorkerConfig
+	Gatherer  prometheus.Gatherer
+	Client    redis.UniversalClient
+	Jobs      *jobs.Server
+	Log       *slog.Logger
+}
+
+// startHTTP serves /metrics, /healthz and /readyz (Redis reachable, the
+// worker taking tasks).
+func startHTTP(in httpIn) {
+	srv := metrics.NewServer(in.Config.HTTP.Addr, in.Gatherer, map[string]func(context.Context) error{
+		"redis": func(ctx context.Context) error {
+			if err := in.Client.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("ping %s: %w", in.Config.Redis.Addr, err)
+			}
+			return nil
+		},
+		"worker": in.Jobs.Ready,
+	}, in.Log)
+	in.Lifecycle.Append(fx.StartStopHook(srv.Start, srv.Stop))
+}

@@ -1,0 +1,67 @@
+// Package worker runs job handlers written in Go, each under a resource lock
+// declared from its payload, in your own worker binary.
+//
+//	type Pay struct {
+//		OrderID string `json:"order_id"`
+//	}
+//
+//	func pay(ctx context.Context, job worker.Job, p Pay) error {
+//		// ctx ends if the lock is lost; job.Fence goes with every write.
+//		return charge(ctx, p.OrderID, job.Fence)
+//	}
+//
+//	func main() {
+//		worker.Main(worker.Handle("order:pay", pay).
+//			Lock(func(p Pay) string { return "lock:order:" + p.OrderID }, 30*time.Second))
+//	}
+//
+// Main is the whole binary: flags --config and --http-addr, LOCKSTEP_*
+// environment variables, /metrics, /healthz and /readyz, graceful shutdown
+// on SIGTERM. It behaves exactly like the default cmd/worker, which is
+// Main with no handlers of its own (and the built-in demo:order.pay job,
+// which every worker registers while worker.demo is true in the
+// configuration).
+//
+// Tasks are asynq tasks: a type, a JSON payload, a queue. Enqueue them with
+// an asynq client or let the Lockstep scheduler do it from cron entries.
+//
+// # What a handler can rely on
+//
+//   - While one Redis master is healthy, two handlers holding the same
+//     resource lock never run at the same time, on any number of workers.
+//   - When the lock is lost (the key expired or was taken, or Redis could not
+//     be reached to renew it), the handler's context is cancelled with a
+//     cause matching lockstep.ErrLockLost, before another holder can take
+//     it. Whatever the handler returns then, its run counts as failed and
+//     the task is retried soon: a run that may have overlapped the next
+//     holder's is never a success.
+//   - Job.Fence strictly increases with each acquire of the resource, also
+//     across worker restarts, so a store that checks it refuses a stale
+//     holder's writes.
+//   - A task whose lock is busy is put back in its queue with jittered
+//     backoff, and offered again as soon as the holder releases the lock. It
+//     does not count as a failure and does not use the task's retries (its
+//     Attempt does not grow); no worker waits on a busy lock. One exception:
+//     a task with no retries left (asynq would archive it on any error)
+//     waits for the lock in the worker, until its deadline. This is the
+//     Requeue policy; OnContention selects Skip (a duplicate of running work
+//     completes without running) or Wait (wait a bounded moment in the
+//     worker first) per handler.
+//   - A worker that crashes holding a lock frees it within one lock TTL; the
+//     task is delivered again once asynq sees that the worker's lease on it
+//     has expired (asynq's fixed timing: about a minute to two).
+//   - A payload that does not decode, or whose Validate method fails, is
+//     archived at once with the reason as the task's last error.
+//   - SIGTERM (or the end of Run's context) stops taking tasks, lets running
+//     handlers finish within worker.shutdown_timeout, then cancels the rest
+//     (their tasks go back to the queue, not counted as failures), releases
+//     every lock and returns.
+//
+// # What it does not promise
+//
+// A Redis master failover with asynchronous replication can lose a lock
+// (lock.wait_replicas narrows the window; fencing protects the store). A
+// handler that ignores its context keeps running after its lock is lost;
+// only the fence then protects the store. Retries of failed handlers are at
+// least once: make handlers idempotent, or check the fence.
+package worker

@@ -1,0 +1,47 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/worker"
+)
+
+// PayOrder is the payload of "order:pay" tasks, e.g. {"order_id":"42","amount_cents":1999}.
+type PayOrder struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// Validate rejects a payload that no retry could fix: such a task is archived
+// with this reason instead of being retried.
+func (p PayOrder) Validate() error {
+	if p.OrderID == "" || p.AmountCents <= 0 {
+		return errors.New("order_id and a positive amount_cents are required")
+	}
+	return nil
+}
+
+// payOrder runs with the order's lock held. Its context ends if the lock is
+// lost; job.Fence goes with the write so that the store can refuse a holder
+// whose lock has passed on.
+func payOrder(ctx context.Context, job worker.Job, p PayOrder) error {
+	return ledger.Charge(ctx, p.OrderID, p.AmountCents, job.Fence)
+}
+
+// The main function of your own worker binary: register the handlers and
+// hand over to worker.Main, which reads --config, --http-addr and LOCKSTEP_*
+// variables, serves /metrics, /healthz and /readyz, and shuts down on
+// SIGTERM after releasing every lock.
+func Example() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second),
+	)
+}
+
+// ledger stands for the store the handler writes to.
+var ledger interface {
+	Charge(ctx context.Context, orderID string, cents, fence int64) error
+}

@@ -1,0 +1,185 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+)
+
+// Job describes the task a handler runs.
+type Job struct {
+	ID    string // the task's id, unique in its queue
+	Type  string // the task type the handler was registered for
+	Queue string
+	// Attempt is 1 on the first run and grows by one with each failed run
+	// (an error, a panic, a lost lock, a crashed worker). Requeues because
+	// the lock was busy do not count.
+	Attempt int
+	// MaxRetry is how many failed runs are retried; after the last one the
+	// task is archived.
+	MaxRetry int
+	// Resource is the lock the handler holds, as declared with Lock; "" when
+	// it declared none.
+	Resource string
+	// Fence is the lock's fencing token: it strictly increases with every
+	// acquire of the resource, so a store that keeps the highest fence it
+	// accepted can refuse the write of a holder whose lock passed on. Pass it
+	// to such a store with every write. 0 without a lock.
+	Fence int64
+}
+
+// SkipRetry, returned by a handler (or wrapped in its error), archives the
+// task at once instead of retrying it: use it for work that cannot succeed.
+var SkipRetry = jobs.SkipRetry
+
+// Handler is a task type's handler and its lock, ready for Run or Main.
+// Build one with Handle.
+type Handler interface {
+	spec() (jobs.Spec, error)
+}
+
+// HandlerOf is the Handler that Handle returns for payloads of type T. Its
+// methods return a copy with one more declaration.
+type HandlerOf[T any] struct {
+	taskType   string
+	fn         func(context.Context, Job, T) error
+	resource   func(T) string
+	ttl        time.Duration
+	contention Contention
+}
+
+// Handle returns the handler of taskType. The task's payload is JSON,
+// decoded into a T; when T (or *T) has a method Validate() error, it is
+// called too. A payload that fails either is archived at once, with the
+// reason as the task's last error, and fn never sees it.
+//
+// fn's error retries the task with asynq's backoff, unless it wraps
+// SkipRetry. A panic is an error. fn's context ends when the task's deadline
+// passes, when the worker shuts down and fn outlives the shutdown timeout,
+// and, for a handler with a Lock, when the lock is lost.
+func Handle[T any](taskType string, fn func(ctx context.Context, job Job, payload T) error) HandlerOf[T] {
+	return HandlerOf[T]{taskType: taskType, fn: fn}
+}
+
+// Lock declares the lock fn runs under: resource names it from the payload,
+// e.g. func(p Pay) string { return "lock:order:" + p.OrderID }, and ttl is
+// the lease's time to live (0: lock.ttl from the configuration).
+//
+// The worker tries the lock once before fn runs. If another holder has it,
+// the task goes back to its queue with jittered backoff that grows while the
+// resource stays busy: this is not a failure and does not use the task's
+// retries. While fn runs, a watchdog renews the lease every ttl/3; if the
+// lease is lost, fn's context is cancelled with a cause matching
+// lockstep.ErrLockLost before another holder can take the lock, and the
+// task is retried soon whatever fn returns. The lock is released when fn
+// returns.
+//
+// The ttl bounds how long a crashed worker keeps the resource locked, not how
+// long fn may run.
+func (h HandlerOf[T]) Lock(resource func(payload T) string, ttl time.Duration) HandlerOf[T] {
+	h.resource, h.ttl = resource, ttl
+	return h
+}
+
+// Contention is what a task does when its lock is busy: Requeue (the
+// default), Skip or Wait. Set it with OnContention.
+type Contention struct {
+	policy jobs.Contention
+	wait   time.Duration
+}
+
+// Requeue puts the task back in its queue: the next release of the lock
+// offers it again at once, and jittered backoff (worker.contention_backoff_min
+// to _max, growing with each contention and with the tasks waiting ahead)
+// brings it back if no release does. It is no failure and uses none of the
+// task's retries, and no worker waits meanwhile. It is the default, and the
+// right policy for work that must run and may wait its turn: payments,
+// per-account updates, long critical sections.
+func Requeue() Contention { return Contention{policy: jobs.Requeue} }
+
+// Skip completes the task without running the handler when the lock is busy:
+// the task is a duplicate of the work already running (a cache rebuild, a
+// sync of the same account, a report for the same day). The skip counts in
+// lockstep_jobs_processed_total{result="skipped"} and is the task's result.
+// It never runs two handlers at once and never cuts the running one short.
+// Do not use it for tasks whose payloads differ in what they do: a second
+// payment of the same order is not a duplicate.
+func Skip() Contention { return Contention{policy: jobs.Skip} }
+
+// Wait waits in the worker up to max for the lock, retrying with the
+// contention backoff, and requeues the task if the lock is still busy then.
+// It suits short critical sections, where holding a worker slot for a
+// moment costs less than a requeue's latency (asynq retries with
+// one-second resolution).
+func Wait(max time.Duration) Contention { return Contention{policy: jobs.Wait, wait: max} }
+
+// OnContention sets what the task does when its lock is busy (default
+// Requeue). It matters only with a Lock.
+func (h HandlerOf[T]) OnContention(c Contention) HandlerOf[T] {
+	h.contention = c
+	return h
+}
+
+// validator is what a payload type may implement to check itself.
+type validator interface{ Validate() error }
+
+func (h HandlerOf[T]) spec() (jobs.Spec, error) {
+	switch {
+	case h.fn == nil:
+		return jobs.Spec{}, fmt.Errorf("worker: handler for %q is nil", h.taskType)
+	case h.ttl < 0:
+		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: negative lock ttl %v", h.taskType, h.ttl)
+	case h.contention.policy == jobs.Wait && h.contention.wait <= 0:
+		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Wait needs a positive bound, got %v", h.taskType, h.contention.wait)
+	}
+	s := jobs.Spec{
+		Type:           h.taskType,
+		TTL:            h.ttl,
+		Contention:     h.contention.policy,
+		ContentionWait: h.contention.wait,
+		Decode: func(b []byte) (any, error) {
+			var p T
+			if err := json.Unmarshal(b, &p); err != nil {
+				return nil, err
+			}
+			if v, ok := any(p).(validator); ok {
+				return p, v.Validate()
+			}
+			if v, ok := any(&p).(validator); ok {
+				return p, v.Validate()
+			}
+			return p, nil
+		},
+		Run: func(ctx context.Context, j jobs.Job, p any) error {
+			return h.fn(ctx, Job(j), p.(T))
+		},
+	}
+	if h.resource != nil {
+		resource := h.resource
+		s.Resource = func(p any) string { return resource(p.(T)) }
+	}
+	return s, nil
+}
+
+// specs converts handlers, reporting every problem at once.
+func specs(handlers []Handler) ([]jobs.Spec, error) {
+	out := make([]jobs.Spec, 0, len(handlers))
+	var errs []error
+	for i, h := range handlers {
+		if h == nil {
+			errs = append(errs, fmt.Errorf("worker: handler %d is nil", i))
+			continue
+		}
+		s, err := h.spec()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,247 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type pay struct {
+	OrderID string `json:"order_id"`
+	Cents   int64  `json:"cents"`
+}
+
+func (p *pay) Validate() error {
+	if p.Cents <= 0 {
+		return errors.New("cents must be positive")
+	}
+	return nil
+}
+
+func orderLock(p pay) string { return "lock:order:" + p.OrderID }
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "worker.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestHandleBuildsTypedSpec(t *testing.T) {
+	t.Parallel()
+	var got pay
+	var gotJob Job
+	s, err := Handle("order:pay", func(_ context.Context, job Job, p pay) error {
+		got, gotJob = p, job
+		return nil
+	}).Lock(orderLock, 5*time.Second).spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Type != "order:pay" || s.TTL != 5*time.Second || s.Resource == nil {
+		t.Fatalf("spec %+v", s)
+	}
+	p, err := s.Decode([]byte(`{"order_id":"42","cents":100,"extra":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Resource(p); r != "lock:order:42" {
+		t.Fatalf("resource %q", r)
+	}
+	if err := s.Run(context.Background(), jobs.Job{ID: "t1", Fence: 7}, p); err != nil {
+		t.Fatal(err)
+	}
+	if got != (pay{OrderID: "42", Cents: 100}) || gotJob.ID != "t1" || gotJob.Fence != 7 {
+		t.Fatalf("handler got %+v, %+v", got, gotJob)
+	}
+	for _, bad := range []string{`{"order_id":"42","cents":0}`, `{"order_id":42}`, `[`} {
+		if _, err := s.Decode([]byte(bad)); err == nil {
+			t.Errorf("decode %s: no error", bad)
+		}
+	}
+
+	noLock, err := Handle("report", func(context.Context, Job, struct{}) error { return nil }).spec()
+	if err != nil || noLock.Resource != nil {
+		t.Fatalf("handler without Lock: %+v, %v", noLock, err)
+	}
+	if _, err := Handle[pay]("nil", nil).spec(); err == nil {
+		t.Error("nil handler function accepted")
+	}
+	if _, err := Handle("neg", func(context.Context, Job, pay) error { return nil }).Lock(orderLock, -time.Second).spec(); err == nil {
+		t.Error("negative ttl accepted")
+	}
+
+	noop := Handle("p", func(context.Context, Job, pay) error { return nil }).Lock(orderLock, 0)
+	for _, c := range []struct {
+		c    Contention
+		want jobs.Contention
+		wait time.Duration
+	}{
+		{Requeue(), jobs.Requeue, 0}, {Skip(), jobs.Skip, 0}, {Wait(time.Second), jobs.Wait, time.Second},
+	} {
+		s, err := noop.OnContention(c.c).spec()
+		if err != nil || s.Contention != c.want || s.ContentionWait != c.wait {
+			t.Errorf("OnContention(%+v): %v %v %v", c.c, s.Contention, s.ContentionWait, err)
+		}
+	}
+	if s, _ := noop.spec(); s.Contention != jobs.Requeue {
+		t.Errorf("default contention %v, want Requeue", s.Contention)
+	}
+	if _, err := noop.OnContention(Wait(0)).spec(); err == nil {
+		t.Error("Wait(0) accepted")
+	}
+}
+
+// Run serves a user's handler under its lock with the job's identity and
+// fence, archives a payload that fails validation, and returns nil once its
+// context ends, with no lock left behind.
+func TestRunServesHandlers(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	cfg := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+http: {addr: "127.0.0.1:0"}
+log: {level: error}
+lock: {ttl: 2s}
+worker: {concurrency: 2, shutdown_timeout: 1s, contention_backoff_min: 10ms, contention_backoff_max: 100ms, demo: false}
+`, rs.Addr))
+	admin := rs.Client()
+	type call struct {
+		job  Job
+		p    pay
+		held string
+	}
+	calls := make(chan call, 1)
+	h := Handle("order:pay", func(ctx context.Context, job Job, p pay) error {
+		calls <- call{job, p, admin.Get(ctx, "lockstep:{lock:order:42}").Val()}
+		return nil
+	}).Lock(orderLock, 0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, []string{"--config", cfg}, h) }()
+
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+	if _, err := enq.Enqueue(asynq.NewTask("order:pay", []byte(`{"order_id":"42","cents":5}`)), asynq.TaskID("p1"), asynq.MaxRetry(4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := enq.Enqueue(asynq.NewTask("order:pay", []byte(`{"order_id":"43","cents":0}`)), asynq.TaskID("p2")); err != nil {
+		t.Fatal(err)
+	}
+	var c call
+	select {
+	case c = <-calls:
+	case err := <-done:
+		t.Fatalf("Run returned early: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("handler not called")
+	}
+	want := Job{ID: "p1", Type: "order:pay", Queue: "default", Attempt: 1, MaxRetry: 4, Resource: "lock:order:42", Fence: c.job.Fence}
+	if c.job != want || c.job.Fence <= 0 || c.p != (pay{"42", 5}) || c.held == "" {
+		t.Fatalf("handler saw job %+v payload %+v lock %q; want job %+v with a fence, the lock held", c.job, c.p, c.held, want)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := insp.GetTaskInfo("default", "p2")
+		if err == nil && info.State == asynq.TaskStateArchived {
+			if !strings.Contains(info.LastErr, "cents must be positive") {
+				t.Errorf("archived with %q, want the validation error", info.LastErr)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("invalid payload not archived: %+v %v", info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if keys := admin.Keys(context.Background(), "lockstep:{*}").Val(); len(keys) != 0 {
+		t.Fatalf("lock keys left: %v", keys)
+	}
+}
+
+func TestRunRejectsBadFlagsAndConfig(t *testing.T) {
+	t.Parallel()
+	good := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n")
+	for name, args := range map[string][]string{
+		"unknown flag":     {"--nope"},
+		"extra argument":   {"--config", good, "extra"},
+		"missing file":     {"--config", filepath.Join(t.TempDir(), "none.yaml")},
+		"bad http address": {"--config", good, "--http-addr", "nowhere"},
+		"bad config":       {"--config", writeConfig(t, "worker: {concurrency: -1}\nlock: {ttl: 0s}\n")},
+	} {
+		err := Run(context.Background(), args)
+		if !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: error is more than one line: %q", name, err)
+		}
+	}
+}
+
+func TestDuplicateTaskTypeFails(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n")
+	h := Handle(jobs.DemoType, func(context.Context, Job, pay) error { return nil })
+	err := Check([]string{"--config", cfg}, h) // the demo job is on by default
+	if err == nil || errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "registered twice") {
+		t.Fatalf("Check = %v, want the duplicate type", err)
+	}
+	if err := Check([]string{"--config", cfg}, Handle("other", func(context.Context, Job, pay) error { return nil })); err != nil {
+		t.Fatalf("Check = %v", err)
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	for _, c := range []struct {
+		err  error
+		code int
+	}{
+		{nil, 0},
+		{errHelp, 0},
+		{&configError{errors.Join(errors.New("a.yaml: line 2: x: bad"), errors.New("a.yaml: y: bad"))}, 2},
+		{errors.New("listen tcp: address in use"), 1},
+	} {
+		out.Reset()
+		if got := exitCode(c.err, &out); got != c.code {
+			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.code)
+		}
+		if c.code != 0 && strings.Count(out.String(), "\n") != 1 {
+			t.Errorf("exitCode(%v) wrote %q, want one line", c.err, out.String())
+		}
+	}
+	if want := "a.yaml: line 2: x: bad (and 1 more problems)\n"; exitCode(&configError{errors.Join(errors.New("a.yaml: line 2: x: bad"), errors.New("a.yaml: y: bad"))}, &out) == 2 && !strings.HasSuffix(out.String(), want) {
+		t.Errorf("config error printed %q, want %q", out.String(), want)
+	}
+}
