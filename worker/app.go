@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
@@ -80,8 +81,9 @@ func newRedisClient(lc fx.Lifecycle, cfg *config.WorkerConfig) (redis.UniversalC
 	return c, nil
 }
 
-func newMetrics() (*metrics.Metrics, prometheus.Gatherer) {
+func newMetrics(c redis.UniversalClient, log *slog.Logger) (*metrics.Metrics, prometheus.Gatherer) {
 	reg := metrics.NewRegistry()
+	reg.MustRegister(metrics.NewQueueCollector(asynq.NewInspectorFromRedisClient(c), log))
 	return metrics.New(reg), reg
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -104,3 +106,8 @@ func (r *Registry) Lookup(taskType string) (*Spec, bool) {
 
 // Len returns the number of registered task types.
 func (r *Registry) Len() int { return len(r.specs) }
+
+// Types returns the registered task types.
+func (r *Registry) Types() []string {
+	return slices.Sorted(maps.Keys(r.specs))
+}

@@ -120,6 +120,15 @@ func NewServer(p Params) *Server {
 		cfg:      c,
 		holds:    map[*watchdog.Hold]struct{}{},
 	}
+	// Every series at zero from the start, so the first event shows in rate().
+	if p.Registry != nil {
+		for _, t := range p.Registry.Types() {
+			s.metrics.JobContended.WithLabelValues(t)
+			for _, r := range []string{ResultSuccess, ResultFailure, ResultLockLost, ResultInvalid, ResultSkipped} {
+				s.metrics.JobsProcessed.WithLabelValues(t, r)
+			}
+		}
+	}
 	s.srv = asynq.NewServerFromRedisClient(p.Client, asynq.Config{
 		Concurrency:              c.Concurrency,
 		Queues:                   c.Queues,

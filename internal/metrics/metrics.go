@@ -96,7 +96,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		JobsProcessed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockstep_jobs_processed_total",
-			Help: "Jobs processed by task type and result.",
+			Help: "Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).",
 		}, []string{"type", "result"}),
 		JobContended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockstep_job_contended_total",
