@@ -41,6 +41,26 @@ func Example() {
 	)
 }
 
+// Rebuild is the payload of "cache:rebuild" tasks.
+type Rebuild struct {
+	Cache string `json:"cache"`
+}
+
+func rebuild(ctx context.Context, job worker.Job, p Rebuild) error { return ctx.Err() }
+
+// Each handler says what a busy lock means for its tasks: Requeue (the
+// default) puts the task back without using its retries; Skip completes it as
+// a duplicate of the run in progress; Wait waits in the worker for a while.
+func ExampleHandlerOf_OnContention() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second), // Requeue
+		worker.Handle("cache:rebuild", rebuild).
+			Lock(func(p Rebuild) string { return "lock:cache:" + p.Cache }, time.Minute).
+			OnContention(worker.Skip()),
+	)
+}
+
 // ledger stands for the store the handler writes to.
 var ledger interface {
 	Charge(ctx context.Context, orderID string, cents, fence int64) error

@@ -1,0 +1,86 @@
+package lockstep_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The README's snippets are copied from files that the build checks: every
+// Go block from an example test (which compiles), every YAML block from a
+// config in configs/ (which the config tests load), and every make target it
+// names exists. Each paragraph of a block (lines between blank lines) must
+// appear in its source as it is, up to indentation.
+func TestREADMESnippetsComeFromCheckedFiles(t *testing.T) {
+	t.Parallel()
+	readme := read(t, "README.md")
+	blocks := regexp.MustCompile("(?s)```(go|yaml|sh)\n(.*?)```").FindAllStringSubmatch(readme, -1)
+	sources := map[string][]string{
+		"go":   glob(t, "example_test.go", "*/example_test.go"),
+		"yaml": glob(t, "configs/*.yaml"),
+	}
+	counted := map[string]int{}
+	for _, b := range blocks {
+		lang, body := b[1], b[2]
+		counted[lang]++
+		if lang == "sh" {
+			for _, target := range regexp.MustCompile(`(?m)^make (\w+)`).FindAllStringSubmatch(body, -1) {
+				if !regexp.MustCompile(`(?m)^` + target[1] + `:`).MatchString(read(t, "Makefile")) {
+					t.Errorf("README runs `make %s`, which the Makefile does not define", target[1])
+				}
+			}
+			continue
+		}
+		for _, para := range strings.Split(normalize(body), "\n\n") {
+			if strings.TrimSpace(para) == "" {
+				continue
+			}
+			found := false
+			for _, src := range sources[lang] {
+				if strings.Contains(normalize(read(t, src)), para) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("README %s snippet is in none of %v:\n%s", lang, sources[lang], para)
+			}
+		}
+	}
+	if counted["go"] < 3 || counted["yaml"] < 1 {
+		t.Fatalf("found %v snippets in README.md; the pattern no longer matches them", counted)
+	}
+}
+
+// normalize drops indentation and trailing spaces.
+func normalize(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func glob(t *testing.T, patterns ...string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range patterns {
+		m, err := filepath.Glob(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m...)
+	}
+	return out
+}
