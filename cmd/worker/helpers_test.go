@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // workerBin is the worker binary built once for the package's tests.
@@ -297,17 +298,8 @@ func enqueueDemo(t *testing.T, c *asynq.Client, id, order string, workMS int, op
 	}
 }
 
-// waitFor polls cond every 20ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitFor waits for an observable condition (see redistest.WaitFor).
+var waitFor = redistest.WaitFor
 
 // waitCompleted waits until n tasks of the demo queue completed, failing at
 // once if one is archived.

@@ -153,17 +153,8 @@ func (e *env) processed(typ, result string) float64 {
 	return testutil.ToFloat64(e.metrics.JobsProcessed.WithLabelValues(typ, result))
 }
 
-// waitFor polls cond every 10ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitFor waits for an observable condition (see redistest.WaitFor).
+var waitFor = redistest.WaitFor
 
 // lockedSpec is a handler of typ under lock resource that runs fn.
 func lockedSpec(typ, resource string, fn func(ctx context.Context, job Job) error) Spec {

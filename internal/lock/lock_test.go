@@ -26,18 +26,8 @@ func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, 
 	return lock.New(c, opts...), c, srv
 }
 
-// eventually polls cond (an observable fact in Redis) until it holds or the
-// timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually waits for an observable condition (see redistest.WaitFor).
+var eventually = redistest.WaitFor
 
 func TestContentionNoOverlapAndFencesIncrease(t *testing.T) {
 	t.Parallel()

@@ -489,13 +489,5 @@ func TestStopCancelsOpenHolds(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitFor waits for an observable condition (see redistest.WaitFor).
+var waitFor = redistest.WaitFor

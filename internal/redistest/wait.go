@@ -1,0 +1,20 @@
+package redistest
+
+import (
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond, an observable fact (a key in Redis, a metric, a task
+// state), every 5ms until it holds, and fails the test when timeout passes
+// first. It is how tests wait: on an event, with a bound, never a bare sleep.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
