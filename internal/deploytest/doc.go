@@ -17,7 +17,9 @@
 // metrics.New registers and what asynq's queue collector exports); that
 // promtool accepts and passes the alert rules and their unit tests; and that
 // every query parses and evaluates on a Prometheus scraping an in-process
-// metrics server.
+// metrics server, and again, end to end, on a Prometheus scraping two
+// scheduler and two worker binaries (built by the test) that run demo jobs on
+// a private Redis.
 //
 // When prometheus or promtool is not installed, the tests fail with a message
 // that says how to install them (`make test` does); they never skip.

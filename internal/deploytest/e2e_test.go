@@ -1,0 +1,336 @@
+package deploytest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// e2eScheduler runs three schedules every second: two on order e2e-1, whose
+// jobs are due at the same moment and so contend for its lock, and one on
+// order e2e-2 whose job outlives the lock TTL (the worker's 1s) and so is
+// renewed. Redis comes from LOCKSTEP_REDIS_ADDR.
+const e2eScheduler = `
+http:
+  addr: "127.0.0.1:0"
+log:
+  format: json
+  level: info
+scheduler:
+  max_clock_skew: 500ms
+  tick_lock_ttl: 1s
+  task_retention: 1h
+schedules:
+  - name: e2e-pay-1
+    cron: "* * * * * *"
+    task: demo:order.pay
+    payload: {"order_id": "e2e-1", "work_ms": 400}
+    catch_up: skip
+  - name: e2e-pay-1-again
+    cron: "* * * * * *"
+    task: demo:order.pay
+    payload: {"order_id": "e2e-1", "work_ms": 300}
+    catch_up: skip
+  - name: e2e-pay-2
+    cron: "* * * * * *"
+    task: demo:order.pay
+    payload: {"order_id": "e2e-2", "work_ms": 1200}
+    catch_up: skip
+`
+
+// e2eWorker: a 1s lock TTL renewed every third of it, quick contention
+// backoff, the demo job.
+const e2eWorker = `
+http:
+  addr: "127.0.0.1:0"
+log:
+  format: json
+  level: info
+lock:
+  ttl: 1s
+worker:
+  concurrency: 4
+  shutdown_timeout: 2s
+  contention_backoff_min: 50ms
+  contention_backoff_max: 500ms
+  demo: true
+`
+
+// TestDeployQueriesEndToEnd builds the scheduler and worker binaries, runs two
+// of each against a private Redis with schedules that enqueue demo jobs every
+// second, and lets a real Prometheus scrape them with the alert rules loaded.
+// Once jobs were processed, locks renewed and contended and ticks enqueued,
+// every dashboard query and alert expression must evaluate through the HTTP
+// API, every panel and variable must return data, and every rule group must
+// load with every rule healthy.
+func TestDeployQueriesEndToEnd(t *testing.T) {
+	t.Parallel()
+	begin := time.Now()
+	root := Root(t)
+	srv := redistest.Start(t)
+	bins := buildBinaries(t, root, "scheduler", "worker")
+	built := time.Now()
+
+	dir := t.TempDir()
+	configs := map[string]string{"scheduler": e2eScheduler, "worker": e2eWorker}
+	for role, text := range configs {
+		path := filepath.Join(dir, role+".yaml")
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		configs[role] = path
+	}
+	env := []string{"LOCKSTEP_REDIS_ADDR=" + srv.Addr}
+	var procs []*binProc
+	for _, role := range []string{"scheduler", "scheduler", "worker", "worker"} {
+		procs = append(procs, startBinary(t, bins[role], role, env, "--config", configs[role]))
+	}
+	targets := map[string][]string{}
+	for _, p := range procs {
+		targets[p.role] = append(targets[p.role], p.metricsAddr(t, 15*time.Second))
+	}
+	started := time.Now()
+
+	p := StartPrometheus(t, Options{
+		Scrapes: []Scrape{
+			{Job: "lockstep-scheduler", Targets: targets["scheduler"]},
+			{Job: "lockstep-worker", Targets: targets["worker"]},
+		},
+		RuleFiles: []string{filepath.Join(root, "deploy", "prometheus", "alerts.yml")},
+		Interval:  time.Second,
+	})
+	dump := func() {
+		if t.Failed() {
+			for _, pr := range procs {
+				pr.dumpTail(t, 20)
+			}
+		}
+	}
+	t.Cleanup(dump) // runs before the processes are killed
+
+	// Activity that the panels show, as Prometheus sees it.
+	for _, expr := range []string{
+		`sum(lockstep_scheduler_ticks_total{job="lockstep-scheduler", result="enqueued"}) >= 3`,
+		`sum(lockstep_jobs_processed_total{job="lockstep-worker", type="demo:order.pay", result="success"}) >= 3`,
+		`sum(lockstep_lock_renewals_total{job="lockstep-worker", result="renewed"}) > 0`,
+		`sum(lockstep_job_contended_total{job="lockstep-worker", type="demo:order.pay"}) > 0`,
+		`sum(lockstep_lock_acquire_total{job="lockstep-worker", result="busy"}) > 0`,
+		`max(asynq_queue_size{job="lockstep-worker", queue="default"})`,
+	} {
+		waitQuery(t, p, expr, 30*time.Second)
+	}
+	p.WaitScraped(t, 3)
+	active := time.Now()
+
+	// The demo jobs recorded their executions in Redis too.
+	c := srv.Client()
+	execs, err := c.XRange(context.Background(), jobs.DemoStream("lockstep:"), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]int{}
+	for _, m := range execs {
+		outcomes[fmt.Sprint(m.Values["outcome"])]++
+	}
+	if outcomes[jobs.OutcomeOK] == 0 {
+		t.Errorf("demo executions stream: outcomes %v, want some %q", outcomes, jobs.OutcomeOK)
+	}
+
+	d, rules := loadDeployQueries(t)
+	queries := append(d.Queries(), rules.Queries()...)
+	p.CheckQueries(t, queries)
+	if testing.Verbose() {
+		logResults(t, p, queries)
+	}
+
+	// Every group of alerts.yml is loaded with all its rules, each healthy.
+	loaded := map[string][]string{}
+	for _, r := range p.Rules(t) {
+		loaded[r.Group] = append(loaded[r.Group], r.Name)
+		if r.Health != "ok" {
+			t.Errorf("rule %s in group %s: health %s: %s", r.Name, r.Group, r.Health, r.LastError)
+		}
+	}
+	for _, g := range rules.Groups {
+		var want []string
+		for _, r := range g.Rules {
+			want = append(want, r.Name())
+		}
+		if got := loaded[g.Name]; !slices.Equal(got, want) {
+			t.Errorf("rule group %s: Prometheus loaded %v, want %v", g.Name, got, want)
+		}
+		delete(loaded, g.Name)
+	}
+	for g := range loaded {
+		t.Errorf("Prometheus loaded rule group %s, which alerts.yml lacks", g)
+	}
+
+	t.Logf("timings: build %v, processes up %v, activity seen %v, total %v; %d demo executions %v",
+		built.Sub(begin).Round(time.Millisecond), started.Sub(built).Round(time.Millisecond),
+		active.Sub(started).Round(time.Millisecond), time.Since(begin).Round(time.Millisecond), len(execs), outcomes)
+}
+
+// logResults logs what each query returns, for reading with -v.
+func logResults(t *testing.T, p *Prometheus, qs []Query) {
+	t.Helper()
+	for _, q := range qs {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := p.Query(ctx, q.Expr)
+		cancel()
+		if err != nil {
+			continue // CheckQueries reported it
+		}
+		var vals []string
+		for _, s := range r.Series {
+			vals = append(vals, s.Value)
+		}
+		t.Logf("%s: %d series %v", q.Source, len(r.Series), vals)
+	}
+}
+
+// waitQuery waits until expr returns at least one series.
+func waitQuery(t *testing.T, p *Prometheus, expr string, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last string
+	for {
+		r, err := p.Query(ctx, expr)
+		if err == nil && len(r.Series) > 0 {
+			return
+		}
+		last = fmt.Sprintf("error %v, result %+v", err, r)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no data for %s within %v (last: %s)", expr, timeout, last)
+		case <-time.After(p.interval / 4):
+		}
+	}
+}
+
+// buildBinaries builds ./cmd/<name> for each name into one temporary
+// directory, in one go build (without -race: the binaries are the objects of
+// the test, not its subject), and returns their paths by name.
+func buildBinaries(t *testing.T, root string, names ...string) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	bins := map[string]string{}
+	for _, n := range names {
+		args = append(args, "./cmd/"+n)
+		bins[n] = filepath.Join(dir, n)
+	}
+	cmd := exec.Command(goTool, args...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return bins
+}
+
+// binProc is a running Lockstep binary and the JSON log it writes to stderr.
+type binProc struct {
+	role string
+	cmd  *exec.Cmd
+	addr chan string // the metrics server's address, once logged
+	done chan struct{}
+
+	mu    sync.Mutex
+	lines []string // the last lines of stderr
+}
+
+// startBinary starts bin with args and only the environment env (plus
+// PATH), and kills it when the test ends.
+func startBinary(t *testing.T, bin, role string, env []string, args ...string) *binProc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &binProc{role: role, cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.scan(stderr)
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+func (p *binProc) scan(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	found := false
+	for sc.Scan() {
+		line := sc.Text()
+		p.mu.Lock()
+		p.lines = append(p.lines, line)
+		if len(p.lines) > 200 {
+			p.lines = slices.Delete(p.lines, 0, 100)
+		}
+		p.mu.Unlock()
+		var m struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if !found && json.Unmarshal([]byte(line), &m) == nil && m.Msg == "metrics server listening" && m.Addr != "" {
+			found = true
+			p.addr <- m.Addr
+		}
+	}
+	_, _ = io.Copy(io.Discard, r)
+}
+
+// metricsAddr waits for the address the metrics server listens on.
+func (p *binProc) metricsAddr(t *testing.T, timeout time.Duration) string {
+	t.Helper()
+	select {
+	case a := <-p.addr:
+		return a
+	case <-p.done:
+		p.dumpTail(t, 20)
+		t.Fatalf("%s %d exited (%v) before serving /metrics", p.role, p.cmd.Process.Pid, p.cmd.ProcessState)
+	case <-time.After(timeout):
+		p.dumpTail(t, 20)
+		t.Fatalf("%s %d: no metrics server within %v", p.role, p.cmd.Process.Pid, timeout)
+	}
+	return ""
+}
+
+func (p *binProc) dumpTail(t *testing.T, n int) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Logf("last lines of %s %d:", p.role, p.cmd.Process.Pid)
+	for _, l := range p.lines[max(0, len(p.lines)-n):] {
+		t.Log("  " + l)
+	}
+}
