@@ -2,8 +2,6 @@
 GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?=
-BENCH     ?= .
-BENCHTIME ?= 2s
 
 .PHONY: all build test bench lint deps
 
@@ -21,8 +19,14 @@ test: deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 12m $(TESTFLAGS) $(PKGS)
 
+# bench runs each benchmark next to its baseline in one run, so ratios can be
+# read off one output; counts and times suit a 2-core machine (a few minutes).
 bench: deps
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
+	$(GO) test -run '^$$' -bench 'Cycle' -benchtime 3s -count 3 ./internal/lock
+	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
+	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 5000x -count 3 ./internal/jobs
+	$(GO) test -run '^$$' -bench 'Contention' -benchtime 3x ./internal/jobs
+	$(GO) test -run '^$$' -bench 'TickLateness' -benchtime 20x ./internal/scheduler
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
