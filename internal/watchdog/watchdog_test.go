@@ -285,77 +285,64 @@ func assertDeadline(t *testing.T, r *rig, at time.Time, label string) {
 	}
 }
 
-func TestPausedRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
+// Redis paused (SIGSTOP), killed, or the connection black-holed: the lease
+// is cancelled (unreachable) before the last renewal's send time + ttl, and
+// no renewal is sent after that, also once Redis answers again.
+func TestUnreachableRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
-	ctx, hold := r.hold(t, "r")
-	defer hold.Stop()
-	// Let a few renewals succeed first.
-	waitFor(t, time.Second, "3 renewals", func() bool {
-		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
-	})
-	srv.Pause()
-	paused := time.Now()
-	at, reason := cancelled(t, ctx, 2*ttl)
-	for time.Since(paused) < 2*ttl {
-		time.Sleep(10 * time.Millisecond)
+	for _, tc := range []struct {
+		name    string
+		proxied bool
+		// fault breaks the path to Redis and returns how to heal it (nil: it stays broken).
+		fault func(srv *redistest.Server, proxy *redistest.Proxy) (heal func())
+	}{
+		{"paused", false, func(srv *redistest.Server, _ *redistest.Proxy) func() { srv.Pause(); return srv.Resume }},
+		{"killed", false, func(srv *redistest.Server, _ *redistest.Proxy) func() { srv.Kill(); return nil }},
+		{"black-holed", true, func(_ *redistest.Server, p *redistest.Proxy) func() { p.Blackhole(); return p.Restore }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			addr, proxy := srv.Addr, (*redistest.Proxy)(nil)
+			if tc.proxied {
+				proxy = redistest.StartProxy(t, srv.Addr)
+				addr = proxy.Addr
+			}
+			r := newRig(t, addr, srv, watchdog.Options{})
+			ctx, hold := r.hold(t, "r")
+			defer hold.Stop()
+			waitFor(t, time.Second, "3 renewals", func() bool {
+				return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
+			})
+			faulted := time.Now()
+			heal := tc.fault(srv, proxy)
+			at, reason := cancelled(t, ctx, 2*ttl)
+			if reason != lock.ReasonUnreachable {
+				t.Fatalf("reason %q, want unreachable", reason)
+			}
+			assertDeadline(t, r, at, tc.name)
+			// The failed round ends at its deadline, when the deadline timer
+			// cancels: its error is counted a moment after the cancellation.
+			waitFor(t, time.Second, "renewals_total{result=error} to count the failed renewal", func() bool {
+				return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalError)) >= 1
+			})
+			if heal == nil {
+				return
+			}
+			// Keep the fault for 2 × ttl, then heal it: Redis answers again,
+			// and the lost lease is still never renewed.
+			time.Sleep(time.Until(faulted.Add(2 * ttl)))
+			heal()
+			if err := r.admin.Ping(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			trips := len(r.rec.snapshot())
+			time.Sleep(ttl / 2)
+			if n := len(r.rec.snapshot()) - trips; n != 0 {
+				t.Fatalf("%d round trips after Redis answered again, want none", n)
+			}
+		})
 	}
-	srv.Resume()
-	if reason != lock.ReasonUnreachable {
-		t.Fatalf("reason %q, want unreachable", reason)
-	}
-	assertDeadline(t, r, at, "paused")
-	// After SIGCONT: Redis answers again, and we still never renew the lease.
-	if err := r.admin.Ping(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	trips := len(r.rec.snapshot())
-	time.Sleep(ttl / 2)
-	if n := len(r.rec.snapshot()) - trips; n != 0 {
-		t.Fatalf("%d round trips after the resume, want none", n)
-	}
-}
-
-func TestKilledRedisCancelsUnreachable(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
-	ctx, hold := r.hold(t, "r")
-	defer hold.Stop()
-	waitFor(t, time.Second, "3 renewals", func() bool {
-		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
-	})
-	srv.Kill()
-	at, reason := cancelled(t, ctx, 2*ttl)
-	if reason != lock.ReasonUnreachable {
-		t.Fatalf("reason %q, want unreachable", reason)
-	}
-	assertDeadline(t, r, at, "killed")
-	// The failed round ends at the round's deadline (go-redis keeps redialling
-	// until then), which is when the deadline timer cancels: its error is
-	// counted a moment after the cancellation.
-	waitFor(t, time.Second, "renewals_total{result=error} to count the failed renewal", func() bool {
-		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalError)) >= 1
-	})
-}
-
-func TestBlackholedConnectionCancelsUnreachable(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	proxy := redistest.StartProxy(t, srv.Addr)
-	r := newRig(t, proxy.Addr, srv, watchdog.Options{})
-	ctx, hold := r.hold(t, "r")
-	defer hold.Stop()
-	waitFor(t, time.Second, "3 renewals", func() bool {
-		return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
-	})
-	proxy.Blackhole()
-	at, reason := cancelled(t, ctx, 2*ttl)
-	if reason != lock.ReasonUnreachable {
-		t.Fatalf("reason %q, want unreachable", reason)
-	}
-	assertDeadline(t, r, at, "black-holed")
 }
 
 func TestMaxHoldCancelsAndReleaseFreesTheKey(t *testing.T) {
