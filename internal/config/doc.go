@@ -26,7 +26,8 @@
 // redis.mode says what the redis section reaches: single (redis.addr), a
 // Sentinel-managed master (redis.addrs lists the sentinels, redis.master_name
 // names the master) or a Cluster (redis.addrs lists seed nodes; db 0 only).
-// UniversalOptions and AsynqConnOpt give the matching client kind.
+// UniversalOptions gives the matching go-redis client kind; asynq runs on
+// that client (asynq.NewClientFromRedisClient and friends).
 // lock.backend says where locks live: redis (the redis section's deployment)
 // or redlock (a quorum of lock.nodes, an odd number of independent masters
 // reached with the redis section's credentials, TLS and timeouts).

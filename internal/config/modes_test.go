@@ -34,20 +34,6 @@ func TestModeOptions(t *testing.T) {
 		!u.ContextTimeoutEnabled {
 		t.Errorf("sentinel UniversalOptions = %+v", u)
 	}
-	opt, err := sentinel.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, ok := opt.(asynq.RedisFailoverClientOpt)
-	if !ok {
-		t.Fatalf("sentinel AsynqConnOpt is %T, want asynq.RedisFailoverClientOpt", opt)
-	}
-	if f.MasterName != "mymaster" || !reflect.DeepEqual(f.SentinelAddrs, sentinel.Addrs) || f.SentinelUsername != "sentinel-user" ||
-		f.SentinelPassword != "spw" || f.Username != "app" || f.Password != "pw" || f.DB != 2 || f.PoolSize != 7 ||
-		f.DialTimeout != time.Second || f.ReadTimeout != 2*time.Second || f.WriteTimeout != 3*time.Second {
-		t.Errorf("RedisFailoverClientOpt = %+v", f)
-	}
-
 	cluster := RedisConfig{Mode: RedisCluster, Addrs: []string{"c1:7000"}, Username: "app", Password: "pw", DialTimeout: time.Second}
 	u, err = cluster.UniversalOptions()
 	if err != nil {
@@ -61,14 +47,6 @@ func TestModeOptions(t *testing.T) {
 		t.Errorf("cluster mode with one seed made a %T", c)
 	}
 	_ = c.Close()
-	opt, err = cluster.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if co, ok := opt.(asynq.RedisClusterClientOpt); !ok || !reflect.DeepEqual(co.Addrs, []string{"c1:7000"}) ||
-		co.Username != "app" || co.Password != "pw" || co.DialTimeout != time.Second {
-		t.Errorf("cluster AsynqConnOpt = %#v", opt)
-	}
 }
 
 func TestModeSecretsRedacted(t *testing.T) {
@@ -150,17 +128,10 @@ func TestModesReachRealDeployments(t *testing.T) {
 		if got := fmt.Sprintf("%T", client); got != wantClient {
 			t.Fatalf("client %s, want %s", got, wantClient)
 		}
-		aopt, err := c.Redis.AsynqConnOpt()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ac := aopt.MakeRedisClient().(redis.UniversalClient)
-		defer ac.Close()
-		if err := ac.Set(ctx, "{asynq}:probe", "x", time.Minute).Err(); err != nil {
-			t.Fatalf("asynq's client: %v", err)
-		}
-		if got := client.Get(ctx, "{asynq}:probe").Val(); got != "x" {
-			t.Fatalf("asynq's client and ours see different data: %q", got)
+		// asynq runs on the same client (NewClientFromRedisClient), as in the binaries.
+		enq := asynq.NewClientFromRedisClient(client)
+		if _, err := enq.Enqueue(asynq.NewTask("probe", nil), asynq.Queue("probe")); err != nil {
+			t.Fatalf("asynq on this client: %v", err)
 		}
 		l, closeLocker, err := c.NewLocker(client)
 		if err != nil {

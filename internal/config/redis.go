@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -155,55 +154,6 @@ func (r RedisConfig) NodeOptions(addr string) (*redis.Options, error) {
 		PoolSize:              r.PoolSize,
 		TLSConfig:             t,
 		ContextTimeoutEnabled: true,
-	}, nil
-}
-
-// AsynqConnOpt returns the asynq connection option with the same settings as
-// UniversalOptions: asynq.RedisClientOpt for single,
-// asynq.RedisFailoverClientOpt for sentinel and asynq.RedisClusterClientOpt
-// for cluster (which has no database and no pool size setting).
-func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
-	pw, t, err := r.credentials()
-	if err != nil {
-		return nil, err
-	}
-	switch r.Mode {
-	case RedisSentinel:
-		return asynq.RedisFailoverClientOpt{
-			MasterName:       r.MasterName,
-			SentinelAddrs:    slices.Clone(r.Addrs),
-			SentinelUsername: r.SentinelUsername,
-			SentinelPassword: string(r.SentinelPassword),
-			Username:         r.Username,
-			Password:         pw,
-			DB:               r.DB,
-			DialTimeout:      r.DialTimeout,
-			ReadTimeout:      r.ReadTimeout,
-			WriteTimeout:     r.WriteTimeout,
-			PoolSize:         r.PoolSize,
-			TLSConfig:        t,
-		}, nil
-	case RedisCluster:
-		return asynq.RedisClusterClientOpt{
-			Addrs:        slices.Clone(r.Addrs),
-			Username:     r.Username,
-			Password:     pw,
-			DialTimeout:  r.DialTimeout,
-			ReadTimeout:  r.ReadTimeout,
-			WriteTimeout: r.WriteTimeout,
-			TLSConfig:    t,
-		}, nil
-	}
-	return asynq.RedisClientOpt{
-		Addr:         r.Addr,
-		DB:           r.DB,
-		Username:     r.Username,
-		Password:     pw,
-		DialTimeout:  r.DialTimeout,
-		ReadTimeout:  r.ReadTimeout,
-		WriteTimeout: r.WriteTimeout,
-		PoolSize:     r.PoolSize,
-		TLSConfig:    t,
 	}, nil
 }
 
