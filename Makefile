@@ -17,7 +17,7 @@ deps:
 
 test: deps
 	$(GO) vet $(PKGS)
-	$(GO) test -race -timeout 12m $(TESTFLAGS) $(PKGS)
+	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(PKGS)
 
 # bench runs each benchmark next to its baseline in one run, so ratios can be
 # read off one output; counts and times suit a 2-core machine (a few minutes).
