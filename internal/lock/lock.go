@@ -173,19 +173,16 @@ func (l *Locker) acquireOnce(ctx context.Context, s *Lease) (*Lease, error) {
 	keys := []string{s.keys.lock, s.keys.fence, s.keys.owners}
 	args := []any{s.token, s.ttl.Milliseconds(), l.fenceTTL.Milliseconds(), s.owner}
 	var reply any
+	var err error
 	if l.replicas > 0 {
 		// WAIT counts the writes of its own connection, so it must follow the
 		// script on the same one: a pipeline on a non-cluster client.
-		var err error
 		reply, err = l.acquireAndWait(ctx, keys, args)
-		if err != nil {
-			return nil, err
-		}
 	} else {
-		var err error
-		if reply, err = run(ctx, l.client, scriptAcquire, keys, args...); err != nil {
-			return nil, err
-		}
+		reply, err = run(ctx, l.client, scriptAcquire, keys, args...)
+	}
+	if err != nil {
+		return nil, err
 	}
 	vals, ok := reply.([]any)
 	if !ok || len(vals) == 0 {
