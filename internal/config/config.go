@@ -168,7 +168,7 @@ func DefaultScheduler() *SchedulerConfig {
 		Common: defaultCommon(":9091"),
 		Scheduler: SchedulerSettings{
 			MaxClockSkew:  2 * time.Second,
-			TickLockTTL:   10 * time.Second,
+			TickLockTTL:   5 * time.Second,
 			TaskRetention: 24 * time.Hour,
 			MaxCatchUp:    100,
 		},

@@ -168,7 +168,7 @@ func TestValidateNamesScheduleAndField(t *testing.T) {
 		{"payload", func(c *config.SchedulerConfig) { c.Schedules[0].Payload = []byte(`[1,2]`) },
 			"schedules[0] (settle-orders).payload: must be a JSON object"},
 		{"retention", func(c *config.SchedulerConfig) { c.Scheduler.TaskRetention = 5 * time.Second },
-			"scheduler.task_retention: must be greater than 2 × scheduler.max_clock_skew + scheduler.tick_lock_ttl (14s), got 5s"},
+			"scheduler.task_retention: must be greater than 2 × scheduler.max_clock_skew + scheduler.tick_lock_ttl (9s), got 5s"},
 		{"catch_up", func(c *config.SchedulerConfig) { c.Schedules[0].CatchUp = "sometimes" },
 			`schedules[0] (settle-orders).catch_up: must be skip, once or all, got "sometimes"`},
 	} {
