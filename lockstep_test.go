@@ -14,7 +14,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 func newLocker(t *testing.T) (*lockstep.Locker, *redis.Client) {
 	t.Helper()

@@ -17,7 +17,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 type pay struct {
 	OrderID string `json:"order_id"`

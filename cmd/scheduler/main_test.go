@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 var (
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	_ = os.RemoveAll(binDir)
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}

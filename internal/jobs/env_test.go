@@ -16,7 +16,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 // testConfig is quick: short backoff, short lock TTL, frequent polling.
 func testConfig() Config {

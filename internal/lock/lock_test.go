@@ -17,7 +17,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, *redistest.Server) {
 	t.Helper()

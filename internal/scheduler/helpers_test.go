@@ -20,7 +20,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 // testConfig is a scheduler configuration with short leases for tests.
 func testConfig(skew, lease time.Duration, schedules ...config.Schedule) *config.SchedulerConfig {

@@ -20,7 +20,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
 
 // ttl is short so fault tests run fast: interval 100ms, and a drift margin of
 // 75ms leaves room for a loaded 2-core CI machine to fire the deadline timer.
