@@ -118,6 +118,7 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 		ShutdownTimeout: w.ShutdownTimeout,
 		LockTTL:         cfg.Lock.TTL,
 		Backoff:         lock.Backoff{Min: w.ContentionBackoffMin, Max: w.ContentionBackoffMax},
+		PollInterval:    w.PollInterval,
 	}
 }
 

@@ -101,7 +101,11 @@ type WorkerSettings struct {
 	ShutdownTimeout      time.Duration  `yaml:"shutdown_timeout"`
 	ContentionBackoffMin time.Duration  `yaml:"contention_backoff_min"`
 	ContentionBackoffMax time.Duration  `yaml:"contention_backoff_max"`
-	Demo                 bool           `yaml:"demo"` // register the built-in demo:order.pay job
+	// PollInterval is how often an idle worker looks for tasks, and so how
+	// soon a task woken by a lock's release starts; 0 derives it from
+	// ContentionBackoffMin (within 20ms..1s).
+	PollInterval time.Duration `yaml:"poll_interval"`
+	Demo         bool          `yaml:"demo"` // register the built-in demo:order.pay job
 }
 
 // SchedulerConfig is the configuration of cmd/scheduler (configs/scheduler.yaml).

@@ -154,6 +154,8 @@ func TestErrors(t *testing.T) {
 			want: `FILE: line 4: worker.queues: duplicate key "a"`},
 		{name: "backoff max below min", yaml: ok + "worker:\n  contention_backoff_min: 1s\n  contention_backoff_max: 10ms\n",
 			want: `FILE: line 5: worker.contention_backoff_max: must be at least worker.contention_backoff_min (1s), got 10ms`},
+		{name: "negative poll interval", yaml: ok + "worker:\n  poll_interval: -1s\n",
+			want: `FILE: line 4: worker.poll_interval: must be at least 0s, got -1s`},
 
 		// Environment.
 		{name: "env bad integer", yaml: ok, env: map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": "ten"},

@@ -91,6 +91,7 @@ func (c *WorkerConfig) check(v *validator) {
 	}
 	atLeast(v, p.field("shutdown_timeout"), w.ShutdownTimeout, 0)
 	positive(v, p.field("contention_backoff_min"), w.ContentionBackoffMin)
+	atLeast(v, p.field("poll_interval"), w.PollInterval, 0)
 	if w.ContentionBackoffMax < w.ContentionBackoffMin {
 		v.fail(p.field("contention_backoff_max"), "must be at least worker.contention_backoff_min (%v), got %v",
 			w.ContentionBackoffMin, w.ContentionBackoffMax)
