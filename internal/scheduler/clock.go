@@ -8,9 +8,10 @@ import "time"
 // measured by Redis's own clock (PX, TIME), so they do not depend on it.
 type Clock interface {
 	Now() time.Time
-	// NewTimer returns a timer that fires once d has passed on this clock;
-	// at once when d <= 0.
-	NewTimer(d time.Duration) Timer
+	// TimerAt returns a timer that fires once this clock reaches t; at once
+	// when it has. The deadline is absolute, so a clock that steps (a test's)
+	// between reading Now and arming the timer cannot push it out of reach.
+	TimerAt(t time.Time) Timer
 }
 
 // Timer is a Clock's one-shot timer.
@@ -22,8 +23,8 @@ type Timer interface {
 // SystemClock is the host's clock.
 type SystemClock struct{}
 
-func (SystemClock) Now() time.Time                 { return time.Now() }
-func (SystemClock) NewTimer(d time.Duration) Timer { return sysTimer{time.NewTimer(d)} }
+func (SystemClock) Now() time.Time            { return time.Now() }
+func (SystemClock) TimerAt(t time.Time) Timer { return sysTimer{time.NewTimer(time.Until(t))} }
 
 type sysTimer struct{ t *time.Timer }
 

@@ -30,11 +30,11 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) Timer {
+func (c *fakeClock) TimerAt(at time.Time) Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := &fakeTimer{c: make(chan time.Time, 1), at: c.now.Add(d), clock: c}
-	if d <= 0 {
+	t := &fakeTimer{c: make(chan time.Time, 1), at: at, clock: c}
+	if !at.After(c.now) {
 		t.c <- c.now
 	} else {
 		c.timers[t] = struct{}{}
@@ -71,5 +71,5 @@ func (t *fakeTimer) Stop() bool {
 // clock is wrong. Durations run at the real rate.
 type skewedClock struct{ off time.Duration }
 
-func (c skewedClock) Now() time.Time                 { return time.Now().Add(c.off) }
-func (c skewedClock) NewTimer(d time.Duration) Timer { return SystemClock{}.NewTimer(d) }
+func (c skewedClock) Now() time.Time            { return time.Now().Add(c.off) }
+func (c skewedClock) TimerAt(t time.Time) Timer { return SystemClock{}.TimerAt(t.Add(-c.off)) }

@@ -306,7 +306,7 @@ func (h *health) report(err error) {
 
 // sleepUntil waits until the clock reaches t, or loops ends (false).
 func (s *Scheduler) sleepUntil(loops context.Context, t time.Time) bool {
-	tm := s.clock.NewTimer(t.Sub(s.clock.Now()))
+	tm := s.clock.TimerAt(t)
 	defer tm.Stop()
 	select {
 	case <-tm.C():
