@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 const (
@@ -72,7 +74,7 @@ func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 	}
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; try a few
-		port, err := freePort()
+		port, err := redistest.FreePort()
 		if err != nil {
 			tb.Fatalf("deploytest: free port: %v", err)
 		}
@@ -419,15 +421,6 @@ func binary(tb testing.TB, name string) string {
 			"`apt-get update && apt-get install -y --no-install-recommends prometheus`, or run `make test`, which does.", name, err)
 	}
 	return bin
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // CheckQueries evaluates each query on p and reports, through tb.Errorf, the

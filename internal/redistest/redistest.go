@@ -75,7 +75,7 @@ func launch(tb testing.TB, args func(port int, dir string) []string) *Server {
 	dir := tb.TempDir()
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; try a few
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			tb.Fatalf("redistest: free port: %v", err)
 		}
@@ -252,7 +252,9 @@ func binary(tb testing.TB) string {
 	return bin
 }
 
-func freePort() (int, error) {
+// FreePort returns a loopback port that was free a moment ago. Another
+// process can take it before the caller binds it: callers retry.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
