@@ -25,7 +25,6 @@ package lockstep
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -66,9 +65,16 @@ type Locker struct {
 type Option func(*lockerConfig)
 
 type lockerConfig struct {
-	lock     []lock.Option
-	watchdog watchdog.Options
+	lock      []lock.Option
+	watchdog  watchdog.Options
+	noNotices bool
 }
+
+// WithoutNotices turns off the server notices (Redis client tracking) that
+// let the watchdog see a lost lock within milliseconds; losses are then found
+// at the next renewal (every TTL/3). For servers that refuse CLIENT TRACKING
+// this happens on its own.
+func WithoutNotices() Option { return func(c *lockerConfig) { c.noNotices = true } }
 
 // KeyPrefix sets the prefix of every Redis key (default "lockstep:"); the
 // lock on key K lives at <prefix>{K}.
@@ -95,7 +101,11 @@ func NewLocker(client redis.UniversalClient, opts ...Option) *Locker {
 	for _, o := range opts {
 		o(&c)
 	}
-	return &Locker{locker: lock.New(client, c.lock...), watchdog: watchdog.New(c.watchdog)}
+	locker := lock.New(client, c.lock...)
+	if !c.noNotices {
+		c.watchdog.Notifier = watchdog.Tracking(client, locker.KeyPrefix(), nil)
+	}
+	return &Locker{locker: locker, watchdog: watchdog.New(c.watchdog)}
 }
 
 // Close stops renewing; functions still running under WithLock see their
@@ -133,17 +143,27 @@ func Backoff(min, max time.Duration) LockOption {
 // cancelled (reason max_hold) and the lock is not renewed again.
 func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold = d } }
 
-// releaseTimeout bounds the release after the function returned.
-const releaseTimeout = 5 * time.Second
-
 // WithLock takes the lock on key, runs fn with a context that is cancelled
-// (cause matching ErrLockLost) if the lock is lost, and releases the lock
-// when fn returns or panics; a panic is re-raised after the release.
+// (cause a *LostError, matching ErrLockLost) as soon as the lock is lost, and
+// releases the lock when fn returns or panics; a panic is re-raised after the
+// release.
 //
-// It returns ErrNotAcquired if the lock is busy (after the wait), fn's error,
-// and an error matching ErrLockLost if the lock was lost while fn ran, joined
-// with fn's error when there is one: a function that finished after its lock
-// was lost may have overlapped with the next holder.
+// It returns ErrNotAcquired if the lock is busy (after the wait). Otherwise
+// fn's result decides, as for job handlers (G8 in the README):
+//
+//   - fn returned nil: WithLock returns nil. fn's work is done, even if the
+//     lock turns out lost afterwards (found at release, or while fn ignored
+//     its context): running it again would only repeat it. Such a loss is
+//     counted in lockstep_lock_lost_total, and lease.Lost() reports it after
+//     WithLock returns, for a caller that wants to know.
+//   - fn returned an error and the lock was lost: the error matches both
+//     ErrLockLost (errors.As gives the *LostError with its Reason) and fn's
+//     error, so a caller can tell "failed because the lock was lost" (safe
+//     to retry) from a plain failure.
+//   - fn returned an error otherwise: that error, as is.
+//
+// A release that fails for a transport reason is not an error of fn's: the
+// lock then expires on its own within its TTL.
 func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LockOption) (err error) {
 	c := lockCall{ttl: DefaultTTL, backoff: lock.DefaultBackoff}
 	for _, o := range opts {
@@ -165,25 +185,12 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	hctx, hold := l.watchdog.Hold(ctx, lease, holdOpts...)
 
 	defer func() {
-		lost := context.Cause(hctx)
-		if !errors.Is(lost, ErrLockLost) {
-			lost = nil
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		relErr := hold.Release(rctx)
-		cancel()
+		lost, _ := hold.Finish(ctx)
 		if r := recover(); r != nil {
 			panic(r) // released above; the panic is the caller's to see
 		}
-		switch {
-		case lost != nil:
+		if err != nil && lost != nil && !errors.Is(err, ErrLockLost) {
 			err = errors.Join(err, lost)
-		case errors.Is(relErr, ErrLockLost):
-			// The key was gone or taken when fn returned, before the
-			// watchdog saw it: fn may have overlapped with the next holder.
-			err = errors.Join(err, relErr)
-		case relErr != nil && err == nil:
-			err = fmt.Errorf("lockstep: %w (the lock expires on its own within its TTL)", relErr)
 		}
 	}()
 	return fn(hctx, lease)

@@ -159,12 +159,47 @@ func TestWithLockStolenCancelsFnAndReportsLoss(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			return errors.New("fn's context was not cancelled after the lock was stolen")
 		}
-	}, lockstep.TTL(300*time.Millisecond))
+		// A 30s TTL: the next renewal is 10s away, so only the server's
+		// notice can cancel fn within the 5s above.
+	}, lockstep.TTL(30*time.Second))
 	if !errors.Is(err, lockstep.ErrLockLost) {
 		t.Fatalf("WithLock = %v, want an error matching ErrLockLost", err)
 	}
 	if got := admin.Get(ctx, "lockstep:{job}").Val(); got != "thief" {
 		t.Fatalf("release touched the new holder's lock: key holds %q", got)
+	}
+}
+
+// fn that returns nil is done, even though its lock was lost while it ran
+// (it ignored its context): WithLock returns nil, and the lease says it was
+// lost, for a caller that wants to know. Retrying would repeat fn's work.
+func TestWithLockNilAfterLossIsDone(t *testing.T) {
+	t.Parallel()
+	l, admin := newLocker(t)
+	ctx := context.Background()
+	var held *lockstep.Lease
+	err := l.WithLock(ctx, "paid", func(ctx context.Context, lease *lockstep.Lease) error {
+		held = lease
+		return admin.Set(ctx, "lockstep:{paid}", "thief", time.Minute).Err()
+	})
+	if err != nil {
+		t.Fatalf("WithLock = %v, want nil: fn finished", err)
+	}
+	if lost := held.Lost(); lost == nil || lost.Reason != "stolen" {
+		t.Fatalf("lease.Lost() = %v, want the stolen loss", lost)
+	}
+	// An error after a loss matches both ErrLockLost and fn's error.
+	failed := errors.New("provider down")
+	err = l.WithLock(ctx, "paid2", func(ctx context.Context, lease *lockstep.Lease) error {
+		_ = admin.Del(ctx, "lockstep:{paid2}").Err()
+		return failed
+	})
+	if !errors.Is(err, lockstep.ErrLockLost) || !errors.Is(err, failed) {
+		t.Fatalf("WithLock = %v, want an error matching ErrLockLost and fn's error", err)
+	}
+	// A clean run reports no loss.
+	if err := l.WithLock(ctx, "clean", func(ctx context.Context, lease *lockstep.Lease) error { held = lease; return nil }); err != nil || held.Lost() != nil {
+		t.Fatalf("clean run: %v, lost %v", err, held.Lost())
 	}
 }
 

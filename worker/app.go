@@ -16,6 +16,7 @@ import (
 	"go.uber.org/fx/fxevent"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
@@ -98,13 +99,19 @@ func newLocker(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalClien
 	return l, nil
 }
 
-func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, m *metrics.Metrics, log *slog.Logger) *watchdog.Watchdog {
-	w := watchdog.New(watchdog.Options{
+func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalClient, l *lock.Locker, m *metrics.Metrics, log *slog.Logger) *watchdog.Watchdog {
+	opts := watchdog.Options{
 		Interval:    cfg.Lock.RenewInterval,
 		DriftMargin: cfg.Lock.DriftMargin,
 		Metrics:     m,
 		Logger:      log,
-	})
+	}
+	if len(cfg.Lock.Nodes) == 0 {
+		// Redlock's nodes are renewed on a quorum; a notice from one node
+		// proves nothing, so Redlock relies on renewals.
+		opts.Notifier = watchdog.Tracking(c, l.KeyPrefix(), log)
+	}
+	w := watchdog.New(opts)
 	lc.Append(fx.StartStopHook(w.Start, w.Stop))
 	return w
 }
@@ -123,7 +130,7 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 }
 
 func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
-	return jobs.Demo(c, cfg.Lock.Prefix, workerID())
+	return demo.Spec(c, cfg.Lock.Prefix, workerID())
 }
 
 // workerID names this process in the demo's records: host and pid.

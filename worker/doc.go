@@ -29,12 +29,18 @@
 //
 //   - While one Redis master is healthy, two handlers holding the same
 //     resource lock never run at the same time, on any number of workers.
-//   - When the lock is lost (the key expired or was taken, or Redis could not
-//     be reached to renew it), the handler's context is cancelled with a
-//     cause matching lockstep.ErrLockLost, before another holder can take
-//     it. Whatever the handler returns then, its run counts as failed and
-//     the task is retried soon: a run that may have overlapped the next
-//     holder's is never a success.
+//   - When the lock is lost (the key expired, was deleted or taken, or Redis
+//     could not be reached to renew it), the handler's context is cancelled
+//     with a cause matching lockstep.ErrLockLost, before another holder can
+//     take it: within milliseconds of a change to the key (a server notice),
+//     at the local deadline when Redis is unreachable, and at the first
+//     check after the process itself was paused past that deadline.
+//   - The handler's return value decides the outcome: nil is done, and the
+//     task is never run again by Lockstep, even if its lock turns out lost
+//     afterwards (that loss is counted in lockstep_lock_lost_total and
+//     logged with the task id); an error is retried, soon and recorded
+//     lock_lost when the lock was lost too. Retrying work that returned nil
+//     cannot undo its side effects, only repeat them.
 //   - Job.Fence strictly increases with each acquire of the resource, also
 //     across worker restarts, so a store that checks it refuses a stale
 //     holder's writes.

@@ -74,9 +74,15 @@ func Handle[T any](taskType string, fn func(ctx context.Context, job Job, payloa
 // resource stays busy: this is not a failure and does not use the task's
 // retries. While fn runs, a watchdog renews the lease every ttl/3; if the
 // lease is lost, fn's context is cancelled with a cause matching
-// lockstep.ErrLockLost before another holder can take the lock, and the
-// task is retried soon whatever fn returns. The lock is released when fn
-// returns.
+// lockstep.ErrLockLost before another holder can take the lock: within
+// milliseconds when the key is deleted, overwritten or expires (a server
+// notice), at the local deadline when Redis cannot be reached. The lock is
+// released when fn returns.
+//
+// fn's return value decides the task's outcome: nil is done, and the task is
+// never run again by Lockstep, even if its lock turns out lost afterwards (the
+// loss is counted in lockstep_lock_lost_total and logged with the task id);
+// an error is retried, soon and recorded lock_lost when the lock was lost.
 //
 // The ttl bounds how long a crashed worker keeps the resource locked, not how
 // long fn may run.

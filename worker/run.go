@@ -17,6 +17,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 )
 
@@ -132,7 +133,7 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	}
 	all := hs
 	if cfg.Worker.Demo {
-		all = append(all[:len(all):len(all)], jobs.Demo(nil, cfg.Lock.Prefix, ""))
+		all = append(all[:len(all):len(all)], demo.Spec(nil, cfg.Lock.Prefix, ""))
 	}
 	if _, err := jobs.NewRegistry(all); err != nil {
 		return nil, err

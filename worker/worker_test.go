@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -211,7 +212,7 @@ func TestRunRejectsBadFlagsAndConfig(t *testing.T) {
 func TestDuplicateTaskTypeFails(t *testing.T) {
 	t.Parallel()
 	cfg := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n")
-	h := Handle(jobs.DemoType, func(context.Context, Job, pay) error { return nil })
+	h := Handle(demo.Type, func(context.Context, Job, pay) error { return nil })
 	err := Check([]string{"--config", cfg}, h) // the demo job is on by default
 	if err == nil || errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "registered twice") {
 		t.Fatalf("Check = %v, want the duplicate type", err)

@@ -20,7 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
-	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -87,7 +87,7 @@ func readRedis(t *testing.T, ctx context.Context, c redis.UniversalClient, res r
 	ids := map[string]bool{}
 	for state, list := range lists {
 		for page := 1; ; page++ {
-			tasks, err := list(jobs.DemoQueue, asynq.PageSize(500), asynq.Page(page))
+			tasks, err := list(demo.Queue, asynq.PageSize(500), asynq.Page(page))
 			if err != nil {
 				t.Fatalf("list %s tasks: %v", state, err)
 			}
@@ -181,7 +181,7 @@ func TestRunEmbedded(t *testing.T) {
 	// only the completed ones did.
 	ok := map[string]int{}
 	for _, r := range got.records {
-		if r["outcome"] != jobs.OutcomeOK {
+		if r["outcome"] != demo.OutcomeOK {
 			t.Logf("execution not ok (possible on a very slow machine): %v", r)
 			continue
 		}

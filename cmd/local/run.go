@@ -21,7 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
-	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 	"github.com/lockstep-dev/lockstep/worker"
 )
@@ -203,7 +203,7 @@ func (l *localRun) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot reach Redis at %s: %w", scfg.Redis, err)
 	}
-	l.execs = newExecutions(l.client, jobs.DemoStream(wcfg.Lock.Prefix), from)
+	l.execs = newExecutions(l.client, demo.Stream(wcfg.Lock.Prefix), from)
 
 	defer l.stopRoles(wcfg.Worker.ShutdownTimeout) // after a failed start; a no-op after a clean stop
 	if err := l.startRoles(ctx, scfg, workerPath); err != nil {
@@ -433,11 +433,11 @@ func (l *localRun) finish(elapsed time.Duration, last snapshot) result {
 	fmt.Fprintf(&b, "stopped after %v: ticks %d enqueued (%s), %d missed, %d duplicate | executions recorded: %d ok",
 		elapsed.Round(100*time.Millisecond), total(final.enqueued), counts(final.enqueued), final.missed, final.duplicate,
 		l.execs.ok())
-	for _, o := range []string{jobs.OutcomeLockLost, jobs.OutcomeFenceRejected, jobs.OutcomeCanceled} {
+	for _, o := range []string{demo.OutcomeLockLost, demo.OutcomeFenceRejected, demo.OutcomeCanceled} {
 		fmt.Fprintf(&b, ", %d %s", l.execs.outcomes[o], o)
 	}
 	// Tasks not run yet stay for the next run (a real Redis) or go (embedded).
-	if q, err := asynq.NewInspectorFromRedisClient(l.client).GetQueueInfo(jobs.DemoQueue); err == nil {
+	if q, err := asynq.NewInspectorFromRedisClient(l.client).GetQueueInfo(demo.Queue); err == nil {
 		fmt.Fprintf(&b, " | left in the queue: %d", q.Pending+q.Active+q.Scheduled+q.Retry)
 	}
 	fmt.Fprintln(l.out, b.String())

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
@@ -186,7 +187,7 @@ func collect(ctx context.Context, schedulers, workers []source) snapshot {
 		if q, ok := m["asynq_tasks_enqueued_total"]; ok && !queueRead {
 			queueRead = true
 			for _, state := range []string{"pending", "active", "retry", "scheduled"} {
-				s.queue[state] = int(q.sum("queue", jobs.DemoQueue, "state", state))
+				s.queue[state] = int(q.sum("queue", demo.Queue, "state", state))
 			}
 		}
 	}
@@ -255,12 +256,12 @@ func (x *executions) add(msg redis.XMessage) {
 	finished, _ := strconv.ParseInt(field("finished_ms"), 10, 64)
 	fence, _ := strconv.ParseInt(field("fence"), 10, 64)
 	x.outcomes[outcome]++
-	if outcome == jobs.OutcomeOK {
+	if outcome == demo.OutcomeOK {
 		if x.okTasks[task]++; x.okTasks[task] == 2 {
 			x.violations = append(x.violations, fmt.Sprintf("task %s ran to success twice", task))
 		}
 	}
-	if outcome == jobs.OutcomeLockLost {
+	if outcome == demo.OutcomeLockLost {
 		return
 	}
 	if end, ok := x.lastEnd[order]; ok && started < end {
@@ -275,7 +276,7 @@ func (x *executions) add(msg redis.XMessage) {
 	x.lastFence[order] = max(x.lastFence[order], fence)
 }
 
-func (x *executions) ok() int { return x.outcomes[jobs.OutcomeOK] }
+func (x *executions) ok() int { return x.outcomes[demo.OutcomeOK] }
 
 // line is one summary line.
 func line(elapsed time.Duration, s snapshot, x *executions) string {
@@ -298,7 +299,7 @@ func line(elapsed time.Duration, s snapshot, x *executions) string {
 		}
 		fmt.Fprintf(&b, " (%s)", strings.Join(rs, ", "))
 	}
-	fmt.Fprintf(&b, " | fence rejections %d", x.outcomes[jobs.OutcomeFenceRejected])
+	fmt.Fprintf(&b, " | fence rejections %d", x.outcomes[demo.OutcomeFenceRejected])
 	if len(s.queue) > 0 {
 		fmt.Fprintf(&b, " | queue %d pending, %d running, %d waiting to retry",
 			s.queue["pending"], s.queue["active"], s.queue["retry"]+s.queue["scheduled"])

@@ -22,7 +22,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -98,7 +98,13 @@ type proc struct {
 // given (plus PATH), killing it at the end of the test if still running.
 func startWorker(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(workerBin, args...)
+	return startBinary(t, workerBin, env, args...)
+}
+
+// startBinary is startWorker for another worker binary.
+func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	// A race-enabled binary sleeps a second at exit unless told not to.
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0"}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -243,7 +249,7 @@ type execution struct {
 
 func readExecutions(t *testing.T, c *redis.Client) []execution {
 	t.Helper()
-	msgs, err := c.XRange(context.Background(), jobs.DemoStream("lockstep:"), "-", "+").Result()
+	msgs, err := c.XRange(context.Background(), demo.Stream("lockstep:"), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,8 +297,8 @@ func checkExecutions(t *testing.T, execs []execution) map[string][]execution {
 func enqueueDemo(t *testing.T, c *asynq.Client, id, order string, workMS int, opts ...asynq.Option) {
 	t.Helper()
 	payload := fmt.Sprintf(`{"order_id":%q,"work_ms":%d}`, order, workMS)
-	opts = append([]asynq.Option{asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour), asynq.Queue(jobs.DemoQueue)}, opts...)
-	_, err := c.Enqueue(asynq.NewTask(jobs.DemoType, []byte(payload)), opts...)
+	opts = append([]asynq.Option{asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour), asynq.Queue(demo.Queue)}, opts...)
+	_, err := c.Enqueue(asynq.NewTask(demo.Type, []byte(payload)), opts...)
 	if err != nil {
 		t.Fatalf("enqueue %s: %v", id, err)
 	}
@@ -308,11 +314,11 @@ func waitCompleted(t *testing.T, insp *asynq.Inspector, n int, timeout time.Dura
 	var q *asynq.QueueInfo
 	waitFor(t, timeout, fmt.Sprintf("%d completed tasks", n), func() bool {
 		var err error
-		if q, err = insp.GetQueueInfo(jobs.DemoQueue); err != nil {
+		if q, err = insp.GetQueueInfo(demo.Queue); err != nil {
 			return false
 		}
 		if q.Archived > 0 {
-			archived, _ := insp.ListArchivedTasks(jobs.DemoQueue)
+			archived, _ := insp.ListArchivedTasks(demo.Queue)
 			for _, a := range archived {
 				t.Errorf("archived %s: %s", a.ID, a.LastErr)
 			}

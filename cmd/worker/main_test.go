@@ -20,7 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/worker"
 )
@@ -87,7 +87,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	byOrder := checkExecutions(t, execs)
 	okByTask := map[string]int{}
 	for _, x := range execs {
-		if x.Outcome == jobs.OutcomeOK {
+		if x.Outcome == demo.OutcomeOK {
 			okByTask[x.Task]++
 		}
 	}
@@ -100,7 +100,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	for order, xs := range byOrder {
 		ok := 0
 		for _, x := range xs {
-			if x.Outcome == jobs.OutcomeOK {
+			if x.Outcome == demo.OutcomeOK {
 				ok++
 			} else {
 				failedRuns[order]++
@@ -115,7 +115,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	// match the jobs per order: together, every job ran ok exactly once.
 	// Retries: only real failures (an execution that did not end ok) may
 	// have grown a task's retry count, never contention.
-	tasks, err := insp.ListCompletedTasks(jobs.DemoQueue, asynq.PageSize(jobsN+1))
+	tasks, err := insp.ListCompletedTasks(demo.Queue, asynq.PageSize(jobsN+1))
 	if err != nil || len(tasks) != jobsN {
 		t.Fatalf("completed tasks: %d, %v", len(tasks), err)
 	}
@@ -123,7 +123,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	contended, maxContended := 0, 0
 	count := regexp.MustCompile(`contended (\d+) times`)
 	for _, task := range tasks {
-		var p jobs.DemoPayload
+		var p demo.Payload
 		_ = json.Unmarshal(task.Payload, &p)
 		retried[p.OrderID] += task.Retried
 		if m := count.FindStringSubmatch(task.LastErr); m != nil {
@@ -222,7 +222,7 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	// is due, as a restarted replica would.
 	var orphaned time.Time
 	waitFor(t, 45*time.Second, "the killed worker's tasks to be orphaned", func() bool {
-		active, err := insp.ListActiveTasks(jobs.DemoQueue)
+		active, err := insp.ListActiveTasks(demo.Queue)
 		if err != nil {
 			return false
 		}
@@ -247,7 +247,7 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	victimID := ":" + strconv.Itoa(victim.cmd.Process.Pid)
 	oks := map[string][]execution{}
 	for _, x := range execs {
-		if x.Outcome == jobs.OutcomeOK {
+		if x.Outcome == demo.OutcomeOK {
 			oks[x.Task] = append(oks[x.Task], x)
 		}
 	}
@@ -286,20 +286,20 @@ func TestDeletedLockEndsExecution(t *testing.T) {
 			switch {
 			case x.Fence == fence:
 				lost = x
-			case x.Fence > fence && x.Outcome == jobs.OutcomeOK:
+			case x.Fence > fence && x.Outcome == demo.OutcomeOK:
 				again = x
 			}
 		}
 		return lost.Outcome != "" && again.Outcome != ""
 	})
-	if lost.Outcome != jobs.OutcomeLockLost {
+	if lost.Outcome != demo.OutcomeLockLost {
 		t.Fatalf("execution with fence %d ended %q, want lock_lost", fence, lost.Outcome)
 	}
 	if d := time.Duration(lost.Finished-deleted.UnixMilli()) * time.Millisecond; d > testRenewInterval+50*time.Millisecond {
 		t.Errorf("execution ended %v after its key was deleted, want within one renewal interval (%v)", d, testRenewInterval)
 	}
 	waitCompleted(t, insp, 1, 10*time.Second)
-	if info, err := insp.GetTaskInfo(jobs.DemoQueue, "d1"); err != nil || info.Retried != 1 {
+	if info, err := insp.GetTaskInfo(demo.Queue, "d1"); err != nil || info.Retried != 1 {
 		t.Fatalf("task d1: %v, %v; want retried once", info, err)
 	}
 }
@@ -367,10 +367,10 @@ func TestSIGTERMDrainsAndReleases(t *testing.T) {
 	for _, x := range readExecutions(t, admin) {
 		outcomes[x.Order] = x.Outcome
 	}
-	if outcomes["short"] != jobs.OutcomeOK || outcomes["long"] != jobs.OutcomeCanceled {
+	if outcomes["short"] != demo.OutcomeOK || outcomes["long"] != demo.OutcomeCanceled {
 		t.Fatalf("outcomes %v, want short ok and long canceled", outcomes)
 	}
-	if info, err := insp.GetTaskInfo(jobs.DemoQueue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
+	if info, err := insp.GetTaskInfo(demo.Queue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
 		t.Fatalf("long task after shutdown: %+v, %v; want pending again, not retried", info, err)
 	}
 }

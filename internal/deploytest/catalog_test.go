@@ -38,6 +38,8 @@ var asynqQueueMetrics = []family{
 	{name: "asynq_tasks_failed_total", typ: dto.MetricType_COUNTER, labels: []string{"queue"},
 		help: "Number of tasks failed; broken down by queue"},
 	{name: "asynq_queue_paused_total", typ: dto.MetricType_GAUGE, labels: []string{"queue"}, help: "Number of queues paused"},
+	{name: "lockstep_queue_metrics_age_seconds", typ: dto.MetricType_GAUGE,
+		help: "Age of the asynq queue figures exported (they are refreshed in the background, so a scrape never waits on Redis); +Inf before the first refresh completed."},
 }
 
 // asynqStates are the values of asynq_tasks_enqueued_total{state}.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -139,7 +139,7 @@ func TestDeployQueriesEndToEnd(t *testing.T) {
 
 	// The demo jobs recorded their executions in Redis too.
 	c := srv.Client()
-	execs, err := c.XRange(context.Background(), jobs.DemoStream("lockstep:"), "-", "+").Result()
+	execs, err := c.XRange(context.Background(), demo.Stream("lockstep:"), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,8 +147,8 @@ func TestDeployQueriesEndToEnd(t *testing.T) {
 	for _, m := range execs {
 		outcomes[fmt.Sprint(m.Values["outcome"])]++
 	}
-	if outcomes[jobs.OutcomeOK] == 0 {
-		t.Errorf("demo executions stream: outcomes %v, want some %q", outcomes, jobs.OutcomeOK)
+	if outcomes[demo.OutcomeOK] == 0 {
+		t.Errorf("demo executions stream: outcomes %v, want some %q", outcomes, demo.OutcomeOK)
 	}
 
 	d, rules := loadDeployQueries(t)

@@ -92,6 +92,10 @@ func (queueCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			continue
 		}
+		if len(f.labels) == 0 {
+			ch <- prometheus.MustNewConstMetric(desc, vt, 1)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(desc, vt, 1, "default")
 	}
 }

@@ -52,14 +52,18 @@
 // the lock's hash tag: P{R}:waiters, a zset of waiting tasks (JSON
 // ["queue","id"] -> first contention, Unix ms), and P{R}:contended:<queue>:<id>,
 // a task's contention count. Both expire on their own (3 × Backoff.Max, at
-// least a minute, after the last contention). The demo job writes
-// Pdemo:order:<order_id> and the stream Pdemo:executions.
+// least a minute, after the last contention). The demo job (internal/demo)
+// writes Pdemo:order:<order_id>, the stream Pdemo:executions and the log
+// Pdemo:writes.
 //
 // # Failure handling
 //
 //   - Lock lost while the handler ran (the watchdog cancelled its context,
-//     or the release found the key gone or taken): whatever the handler
-//     returned, the run fails (lockstep_jobs_processed_total{result=
+//     or the release found the key gone or taken): the handler's return
+//     value decides (DESIGN.md G8). nil is done: the task completes and is
+//     never run again by Lockstep; the loss is counted
+//     (lockstep_lock_lost_total) and logged with the task id. An error fails
+//     the run as lock_lost (lockstep_jobs_processed_total{result=
 //     "lock_lost"}) and is retried with the short backoff, not asynq's
 //     default of 15 seconds and more. A crashed worker's task
 //     (asynq.ErrLeaseExpired) gets the same short backoff.

@@ -2,6 +2,8 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -47,11 +49,30 @@ func newEnv(t *testing.T, cfg Config, specs ...Spec) *env {
 	return newEnvWith(t, cfg, func(*redis.Client) []Spec { return specs })
 }
 
-// newDemoEnv runs the demo job, as worker "test-worker".
-func newDemoEnv(t *testing.T, cfg Config) *env {
-	t.Helper()
-	return newEnvWith(t, cfg, func(c *redis.Client) []Spec { return []Spec{Demo(c, "lockstep:", "test-worker")} })
+// orderSpec is a job like the demo's: a JSON payload naming an order, whose
+// lock it takes; it does nothing. The demo itself (internal/demo) is tested
+// in its own package.
+func orderSpec() Spec {
+	return Spec{
+		Type: orderType,
+		Decode: func(b []byte) (any, error) {
+			var p struct {
+				OrderID string `json:"order_id"`
+			}
+			if err := json.Unmarshal(b, &p); err != nil {
+				return nil, err
+			}
+			if p.OrderID == "" {
+				return nil, errors.New("order_id is required")
+			}
+			return p.OrderID, nil
+		},
+		Resource: func(p any) string { return "lock:order:" + p.(string) },
+		Run:      func(context.Context, Job, any) error { return nil },
+	}
 }
+
+const orderType = "test:order"
 
 // newEnvWith runs the specs that build returns for the server's client.
 func newEnvWith(t *testing.T, cfg Config, build func(*redis.Client) []Spec) *env {
@@ -90,7 +111,7 @@ func (e *env) startServer(c *redis.Client, l *lock.Locker, cfg Config, specs []S
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	wd := watchdog.New(watchdog.Options{Metrics: e.metrics})
+	wd := watchdog.New(watchdog.Options{Metrics: e.metrics, Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
 	srv := NewServer(Params{Client: c, Locker: l, Watchdog: wd, Registry: reg, Metrics: e.metrics, Config: cfg})
 	if err := wd.Start(context.Background()); err != nil {
 		e.t.Fatal(err)

@@ -27,27 +27,19 @@ func (e *ContendedError) Error() string {
 	return fmt.Sprintf("lock %q busy (contended %d times); requeued in %v", e.Resource, e.Count, e.Delay.Round(time.Millisecond))
 }
 
-// lostError is the result of a run during which the lock was lost: whatever
-// the handler returned, the run may have overlapped the next holder's, so it
-// counts as failed and is retried soon. errors.Is(err, lock.ErrLockLost) holds.
+// lostError is the result of a failed run during which the lock was lost:
+// it is retried soon. errors.Is(err, lock.ErrLockLost) holds. (A run that
+// returned nil is done, lock or no lock: see Server.run.)
 type lostError struct {
 	lost    error // matches lock.ErrLockLost
-	handler error // the handler's own result, if any
+	handler error // the handler's own error
 }
 
 func (e *lostError) Error() string {
-	if e.handler != nil {
-		return fmt.Sprintf("%v (handler returned: %v)", e.lost, e.handler)
-	}
-	return e.lost.Error() + " (the handler's result is discarded)"
+	return fmt.Sprintf("%v (handler returned: %v)", e.lost, e.handler)
 }
 
-func (e *lostError) Unwrap() []error {
-	if e.handler == nil {
-		return []error{e.lost}
-	}
-	return []error{e.lost, e.handler}
-}
+func (e *lostError) Unwrap() []error { return []error{e.lost, e.handler} }
 
 // soonError marks a failure that is retried with the short contention backoff
 // rather than asynq's minutes-long default: the lock was lost, or Redis

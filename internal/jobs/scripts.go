@@ -14,13 +14,10 @@ var (
 	nextWaiterLua string
 	//go:embed lua/wake.lua
 	wakeLua string
-	//go:embed lua/fenced_write.lua
-	fencedWriteLua string
 
-	scriptContended   = redis.NewScript(contendedLua)
-	scriptNextWaiter  = redis.NewScript(nextWaiterLua)
-	scriptWake        = redis.NewScript(wakeLua)
-	scriptFencedWrite = redis.NewScript(fencedWriteLua)
+	scriptContended  = redis.NewScript(contendedLua)
+	scriptNextWaiter = redis.NewScript(nextWaiterLua)
+	scriptWake       = redis.NewScript(wakeLua)
 )
 
 // run is the one way this package calls a script: EVALSHA, falling back to

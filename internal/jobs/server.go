@@ -22,9 +22,9 @@ import (
 // Label values of lockstep_jobs_processed_total{result}. A requeue because of
 // contention is not a processed job: it counts in lockstep_job_contended_total.
 const (
-	ResultSuccess  = "success"   // the handler returned nil and its lock held throughout
+	ResultSuccess  = "success"   // the handler returned nil (done, even if its lock was lost meanwhile)
 	ResultFailure  = "failure"   // the handler returned an error or panicked
-	ResultLockLost = "lock_lost" // the lock was lost while the handler ran
+	ResultLockLost = "lock_lost" // the handler failed and its lock was lost while it ran
 	ResultInvalid  = "invalid"   // the payload did not decode; archived without running
 	ResultSkipped  = "skipped"   // the lock was busy and the contention policy is Skip
 )
@@ -37,9 +37,6 @@ const (
 
 // DefaultBackoff is the contention and lost-lock retry backoff by default.
 var DefaultBackoff = lock.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
-
-// releaseTimeout bounds the release of a lease after its handler returned.
-const releaseTimeout = 5 * time.Second
 
 // Config configures a Server. Zero values take the defaults.
 type Config struct {
@@ -323,12 +320,15 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 }
 
 // run runs the handler, under the watchdog when it holds lease, and turns the
-// outcome into asynq's result.
+// outcome into asynq's result. The handler's return value decides
+// (DESIGN.md G8): nil is done, even when the lock turns out lost afterwards
+// (counted and logged, never a reason to run the work again); an error is
+// retried, soon and recorded lock_lost when the lock was lost.
 func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
 	hctx := ctx
 	var hold *watchdog.Hold
 	if lease != nil {
-		hctx, hold = s.watchdog.Hold(ctx, lease)
+		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
 		s.track(hold)
 		defer s.untrack(hold)
 		job.Fence = lease.Fence()
@@ -337,34 +337,30 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	s.log.Debug("job started", "type", job.Type, "id", job.ID, "attempt", job.Attempt, "resource", job.Resource, "fence", job.Fence)
 	err := s.call(hctx, spec, job, payload)
 
-	var lost error
+	var lost *lock.LostError
 	if hold != nil {
-		if cause := context.Cause(hctx); errors.Is(cause, lock.ErrLockLost) {
-			lost = cause
-		}
 		// Release (and wake the next waiter) even when ctx ended: shutdown.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		relErr := hold.Release(rctx)
+		var relErr error
+		lost, relErr = hold.Finish(ctx)
 		switch {
-		case lost != nil:
-		case errors.Is(relErr, lock.ErrLockLost):
-			// Gone before the watchdog saw it: the run may have overlapped
-			// the next holder's.
-			lost = relErr
 		case relErr != nil:
 			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
-		default:
-			s.wake(rctx, job)
+		case lost == nil:
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), watchdog.DefaultReleaseTimeout)
+			s.wake(wctx, job)
+			cancel()
 		}
 	}
 
 	result := ResultSuccess
 	switch {
-	case lost != nil:
+	case err == nil && lost != nil:
+		s.log.Warn("handler returned nil after its lock was lost; the task is done and is not run again",
+			"type", job.Type, "id", job.ID, "resource", job.Resource, "fence", job.Fence, "reason", string(lost.Reason))
+	case err != nil && lost != nil:
 		result = ResultLockLost
 		err = &lostError{lost: lost, handler: err}
-		s.log.Warn("lock lost while the handler ran; the task will be retried", "type", job.Type, "id", job.ID,
+		s.log.Warn("lock lost and the handler failed; the task will be retried", "type", job.Type, "id", job.ID,
 			"resource", job.Resource, "fence", job.Fence, "err", err)
 	case err != nil:
 		result = ResultFailure

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -136,17 +137,46 @@ func TestLockLostCancelsAndRetriesSoon(t *testing.T) {
 	}
 }
 
-// A handler that returns nil after its lock was lost, before the watchdog
-// noticed, is not a success: release finds the key gone, and the task is
-// retried.
-func TestReturnAfterLossIsNotSuccess(t *testing.T) {
+// A handler that returns nil after its lock was lost (it ignored its
+// context, or returned before anyone noticed) is done (G8): the task
+// completes after one run, and the loss is counted. Retrying it would only
+// repeat its side effects.
+func TestReturnAfterLossIsDone(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var admin atomic.Pointer[redis.Client]
+	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(ctx context.Context, job Job) error {
+		runs.Add(1)
+		// The lock is taken by someone else, and the handler does not notice.
+		return admin.Load().Set(context.WithoutCancel(ctx), "lockstep:{res}", "another-holder", time.Minute).Err()
+	}))
+	admin.Store(e.admin)
+	e.enqueue("t:locked", "r1", nil, asynq.MaxRetry(3))
+	info := e.waitState("r1", asynq.TaskStateCompleted, 10*time.Second)
+	if info.Retried != 0 || runs.Load() != 1 {
+		t.Fatalf("retried %d after %d runs, want 0 and 1", info.Retried, runs.Load())
+	}
+	if got := e.processed("t:locked", ResultSuccess); got != 1 {
+		t.Fatalf("processed{success} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.LockLost.WithLabelValues("stolen")); got != 1 {
+		t.Fatalf("lock_lost_total{stolen} = %v, want 1: the loss must still be counted", got)
+	}
+	if v := e.admin.Get(context.Background(), "lockstep:{res}").Val(); v != "another-holder" {
+		t.Fatalf("the release touched the next holder's lock: %q", v)
+	}
+}
+
+// A handler that fails after its lock was lost is retried soon and recorded
+// lock_lost.
+func TestFailureAfterLossIsRetriedAsLockLost(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
 	var admin atomic.Pointer[redis.Client]
 	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(ctx context.Context, job Job) error {
 		if runs.Add(1) == 1 {
-			// The lock vanishes (expired, deleted) and the handler does not notice.
-			return admin.Load().Del(context.WithoutCancel(ctx), "lockstep:{res}").Err()
+			_ = admin.Load().Del(context.WithoutCancel(ctx), "lockstep:{res}").Err()
+			return errors.New("payment provider timed out")
 		}
 		return nil
 	}))
@@ -156,27 +186,30 @@ func TestReturnAfterLossIsNotSuccess(t *testing.T) {
 	if info.Retried != 1 || runs.Load() != 2 {
 		t.Fatalf("retried %d after %d runs, want 1 and 2", info.Retried, runs.Load())
 	}
-	if !strings.Contains(info.LastErr, "lock lost") {
-		t.Fatalf("last error %q does not say the lock was lost", info.LastErr)
+	if !strings.Contains(info.LastErr, "lock lost") || !strings.Contains(info.LastErr, "payment provider timed out") {
+		t.Fatalf("last error %q does not say the lock was lost and what the handler returned", info.LastErr)
+	}
+	if got := e.processed("t:locked", ResultLockLost); got != 1 {
+		t.Fatalf("processed{lock_lost} = %v, want 1", got)
 	}
 }
 
 // A payload that does not decode is archived at once with the reason.
 func TestInvalidPayloadIsArchived(t *testing.T) {
 	t.Parallel()
-	e := newDemoEnv(t, testConfig())
-	e.enqueue(DemoType, "bad-json", []byte(`{"order_id":`), asynq.MaxRetry(5))
-	e.enqueue(DemoType, "no-order", []byte(`{"work_ms":1}`), asynq.MaxRetry(5))
+	e := newEnv(t, testConfig(), orderSpec())
+	e.enqueue(orderType, "bad-json", []byte(`{"order_id":`), asynq.MaxRetry(5))
+	e.enqueue(orderType, "no-order", []byte(`{"work_ms":1}`), asynq.MaxRetry(5))
 	for id, want := range map[string]string{"bad-json": "unexpected end of JSON input", "no-order": "order_id is required"} {
 		info := e.waitState(id, asynq.TaskStateArchived, 10*time.Second)
-		if !strings.Contains(info.LastErr, "invalid payload for "+DemoType) || !strings.Contains(info.LastErr, want) {
+		if !strings.Contains(info.LastErr, "invalid payload for "+orderType) || !strings.Contains(info.LastErr, want) {
 			t.Errorf("%s: last error %q, want the invalid payload and %q", id, info.LastErr, want)
 		}
 		if info.Retried != 0 {
 			t.Errorf("%s: retried %d, want 0", id, info.Retried)
 		}
 	}
-	if got := e.processed(DemoType, ResultInvalid); got != 2 {
+	if got := e.processed(orderType, ResultInvalid); got != 2 {
 		t.Fatalf("processed{invalid} = %v, want 2", got)
 	}
 }

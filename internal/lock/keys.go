@@ -14,6 +14,10 @@ func (l *Locker) keysFor(resource string) keys {
 	return keys{lock: base, fence: base + ":fence", owners: base + ":owners"}
 }
 
+// KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):
+// the prefix a server-notice subscription (client tracking) watches.
+func (l *Locker) KeyPrefix() string { return l.prefix + "{" }
+
 // Key returns the Redis key that holds the lock on resource.
 func (l *Locker) Key(resource string) string { return l.keysFor(resource).lock }
 

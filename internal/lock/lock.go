@@ -388,6 +388,17 @@ func (s *Lease) MarkLost(reason Reason) error {
 	return s.state.set(&LostError{Key: s.resource, Reason: reason})
 }
 
+// Lost returns the loss that ended the lease (found by a renewal, a release,
+// or concluded locally), or nil if it was not lost. After a release it tells
+// whether the lock had been lost before it.
+func (s *Lease) Lost() *LostError {
+	var lost *LostError
+	if errors.As(s.state.err(), &lost) {
+		return lost
+	}
+	return nil
+}
+
 // Err returns nil while the lease is believed held, errReleased after a
 // release, or the *LostError that ended it.
 func (s *Lease) Err() error { return s.state.err() }

@@ -47,6 +47,7 @@ type Metrics struct {
 	LocksHeld           prometheus.Gauge
 	LockLost            *prometheus.CounterVec // reason
 	LockHeld            prometheus.Histogram
+	LockNotices         prometheus.Counter
 
 	JobsProcessed *prometheus.CounterVec // type, result
 	JobContended  *prometheus.CounterVec // type
@@ -94,6 +95,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "How long leases were held, from acquire to release or loss.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}),
+		LockNotices: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lockstep_lock_notices_total",
+			Help: "Server notices (client tracking) on held keys that no write of this process explained; each makes the watchdog renew those leases at once.",
+		}),
 		JobsProcessed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockstep_jobs_processed_total",
 			Help: "Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).",
@@ -132,7 +137,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(
 			m.LockAcquire, m.LockAcquireDuration, m.Renewals, m.RenewalDuration,
-			m.LocksHeld, m.LockLost, m.LockHeld, m.JobsProcessed, m.JobContended,
+			m.LocksHeld, m.LockLost, m.LockHeld, m.LockNotices, m.JobsProcessed, m.JobContended,
 			m.SchedulerTicks, m.SchedulerTickLateness, m.SchedulerTicksMissed,
 			m.SchedulerLeaderChanges,
 		)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -29,6 +30,12 @@ type Options struct {
 	RetryInterval time.Duration
 	// MaxHold bounds how long any lease is kept; 0 means no bound.
 	MaxHold time.Duration
+	// Notifier, when set, tells the watchdog at once when a held key changes
+	// on the server (deleted, overwritten, expired), so a loss is found in
+	// milliseconds instead of at the next renewal. Nil: renewals alone.
+	Notifier Notifier
+	// ReleaseTimeout bounds the release in Hold.Finish; default 5s.
+	ReleaseTimeout time.Duration
 
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
@@ -39,6 +46,12 @@ type HoldOption func(*holdConfig)
 
 type holdConfig struct {
 	interval, drift, retry, maxHold time.Duration
+	logAttrs                        []any
+}
+
+// LogWith adds attributes (e.g. "task_id", id) to every log line about one hold.
+func LogWith(attrs ...any) HoldOption {
+	return func(c *holdConfig) { c.logAttrs = append(c.logAttrs, attrs...) }
 }
 
 // Interval sets the renewal interval of one hold.
@@ -60,7 +73,12 @@ type Watchdog struct {
 
 	mu      sync.Mutex
 	holds   map[*Hold]struct{}
+	byKey   map[string]map[*Hold]struct{} // Redis key -> holds on it
+	notices noticeBook                    // expected and recent notices
 	stopped bool
+
+	stopNotices context.CancelFunc
+	noticesDone chan struct{}
 
 	wake     chan struct{} // a hold was added or is due earlier
 	quit     chan struct{}
@@ -80,6 +98,8 @@ func New(opts Options) *Watchdog {
 		metrics: metrics.OrNop(opts.Metrics),
 		log:     cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
 		holds:   map[*Hold]struct{}{},
+		byKey:   map[string]map[*Hold]struct{}{},
+		notices: newNoticeBook(),
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -88,7 +108,17 @@ func New(opts Options) *Watchdog {
 
 // Start starts the renewal loop; it returns at once and is safe to repeat.
 func (w *Watchdog) Start(context.Context) error {
-	w.start.Do(func() { go w.loop() })
+	w.start.Do(func() {
+		go w.loop()
+		if w.opts.Notifier != nil {
+			ctx, cancel := context.WithCancel(context.Background())
+			w.stopNotices, w.noticesDone = cancel, make(chan struct{})
+			go func() {
+				defer close(w.noticesDone)
+				w.opts.Notifier.Run(ctx, w.onNotice)
+			}()
+		}
+	})
 	return nil
 }
 
@@ -106,16 +136,26 @@ func (w *Watchdog) Stop(ctx context.Context) error {
 		}
 		w.mu.Unlock()
 		close(w.quit)
+		if w.stopNotices != nil {
+			w.stopNotices()
+		}
 		for _, h := range holds {
 			h.end(ErrStopped)
 		}
 	})
 	select {
 	case <-w.done:
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if w.noticesDone != nil {
+		select {
+		case <-w.noticesDone:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // Held returns the number of leases being renewed.
@@ -149,17 +189,20 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 	c.drift = cmp.Or(c.drift, max(ttl/10, 2*time.Millisecond))
 	c.retry = cmp.Or(c.retry, max(c.interval/5, 5*time.Millisecond))
 
-	hctx, cancel := context.WithCancelCause(ctx)
+	cctx, cancel := context.WithCancelCause(ctx)
 	h := &Hold{
 		w:        w,
 		lease:    lease,
 		cancel:   cancel,
 		cfg:      c,
+		log:      w.log.With(c.logAttrs...),
 		sent:     lease.AcquiredAt(),
 		next:     lease.AcquiredAt().Add(c.interval),
 		deadline: lease.AcquiredAt().Add(ttl - c.drift),
 		heldFrom: time.Now(),
 	}
+	h.setDeadline(h.deadline)
+	hctx := &leaseContext{Context: cctx, h: h}
 	w.mu.Lock()
 	if w.stopped {
 		h.ended = true
@@ -168,6 +211,21 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 		return hctx, h
 	}
 	w.holds[h] = struct{}{}
+	key := lease.RedisKey()
+	if w.byKey[key] == nil {
+		w.byKey[key] = map[*Hold]struct{}{}
+	}
+	w.byKey[key][h] = struct{}{}
+	if !lease.Reentrant() && w.opts.Notifier != nil {
+		// The acquire wrote the key, which the server announces; that notice
+		// is ours unless more than one arrived since the acquire was sent.
+		switch n := w.notices.seenSince(key, lease.AcquiredAt()); {
+		case n == 0:
+			w.notices.expect(key, time.Now().Add(noticeGrace))
+		case n > 1:
+			h.next = time.Now() // something else changed it too: check now
+		}
+	}
 	// Timers start under the lock so that end, which takes it, sees them.
 	h.timer = time.AfterFunc(time.Until(h.deadline), h.onDeadline)
 	if c.maxHold > 0 {
@@ -292,14 +350,17 @@ func (w *Watchdog) renew(l *lock.Locker, holds []*Hold) {
 	sent := time.Now()
 	timeout := time.Duration(1<<63 - 1)
 	leases := make([]*lock.Lease, len(holds))
+	expected := make([]*expectation, len(holds))
 	for i, h := range holds {
 		leases[i] = h.lease
 		timeout = min(timeout, h.deadlineIn(sent))
+		expected[i] = w.expectRenewal(h)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
 	defer cancel()
 	results := l.RenewAll(ctx, leases)
 	w.metrics.RenewalDuration.Observe(time.Since(sent).Seconds())
+	w.settleExpectations(leases, expected, results)
 	for i, h := range holds {
 		w.guard(h, func() { h.settle(sent, results[i]) })
 	}
@@ -310,8 +371,12 @@ type Hold struct {
 	w        *Watchdog
 	lease    *lock.Lease
 	cfg      holdConfig
+	log      *slog.Logger
 	cancel   context.CancelCauseFunc
 	heldFrom time.Time
+
+	deadlineNs atomic.Int64                   // deadline as nanoseconds since epoch (monotonic), for checks at use
+	lost       atomic.Pointer[lock.LostError] // the loss the watchdog found, if any
 
 	// guarded by w.mu
 	timer    *time.Timer // fires at deadline
@@ -362,6 +427,7 @@ func (h *Hold) settle(sent time.Time, err error) {
 		}
 		h.sent = sent
 		h.deadline = sent.Add(h.lease.TTL() - h.cfg.drift)
+		h.setDeadline(h.deadline)
 		h.next = sent.Add(h.cfg.interval)
 		h.timer.Reset(time.Until(h.deadline))
 		h.w.mu.Unlock()
@@ -370,7 +436,7 @@ func (h *Hold) settle(sent time.Time, err error) {
 		h.lose(lost.Reason)
 	default:
 		m.Renewals.WithLabelValues(metrics.RenewalError).Inc()
-		h.w.log.Warn("watchdog: renewal failed; retrying until the local deadline",
+		h.log.Warn("watchdog: renewal failed; retrying until the local deadline",
 			"key", h.lease.Key(), "error", err)
 		h.retryAt(time.Now())
 	}
@@ -379,10 +445,7 @@ func (h *Hold) settle(sent time.Time, err error) {
 // onDeadline runs from the deadline timer. A renewal that succeeded while
 // the timer was firing has moved the deadline; then this is a stale firing.
 func (h *Hold) onDeadline() {
-	h.w.mu.Lock()
-	stale := time.Now().Before(h.deadline)
-	h.w.mu.Unlock()
-	if !stale {
+	if int64(time.Since(epoch)) >= h.deadlineNs.Load() {
 		h.lose(lock.ReasonUnreachable)
 	}
 }
@@ -395,9 +458,10 @@ func (h *Hold) lose(reason lock.Reason) {
 		h.end(nil) // released meanwhile: not a loss
 		return
 	}
+	h.lost.CompareAndSwap(nil, lost)
 	if h.end(cause) {
 		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
-		h.w.log.Warn("watchdog: lock lost; handler context cancelled",
+		h.log.Warn("watchdog: lock lost; handler context cancelled",
 			"key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
 	}
 }
@@ -413,6 +477,14 @@ func (h *Hold) end(cause error) bool {
 	h.ended = true
 	_, held := h.w.holds[h]
 	delete(h.w.holds, h)
+	key := h.lease.RedisKey()
+	if on := h.w.byKey[key]; on != nil {
+		delete(on, h)
+		if len(on) == 0 {
+			delete(h.w.byKey, key)
+			h.w.notices.forget(key)
+		}
+	}
 	h.timer.Stop()
 	if h.maxTimer != nil {
 		h.maxTimer.Stop()

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// defaultTTLYAML keeps the default 30s lock TTL: the next renewal is 10s
+// away, so a loss seen within a second was seen through a server notice.
+const defaultTTLYAML = `
+http:
+  addr: "127.0.0.1:0"
+log:
+  format: json
+  level: debug
+worker:
+  concurrency: 4
+  shutdown_timeout: 2s
+  contention_backoff_min: 10ms
+  contention_backoff_max: 200ms
+`
+
+// A lock deleted or overwritten mid-job, at a random offset, with the
+// default 30s TTL: the run ends lock_lost within 1s of the change, and the
+// task then ends ok exactly once.
+func TestLostLockNoticedWithinASecond(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+	bg := context.Background()
+
+	for i, change := range []struct {
+		name string
+		do   func(key string) error
+	}{
+		{"deleted", func(key string) error { return admin.Del(bg, key).Err() }},
+		{"overwritten", func(key string) error { return admin.Set(bg, key, "operator", 1500*time.Millisecond).Err() }},
+	} {
+		id, order := "loss-"+change.name, "loss-"+change.name
+		enqueueDemo(t, enq, id, order, 8000)
+		fence := w.started(id, 10*time.Second)
+		time.Sleep(time.Duration(100+rand.IntN(500)) * time.Millisecond)
+		changed := time.Now()
+		if err := change.do("lockstep:{lock:order:" + order + "}"); err != nil {
+			t.Fatal(err)
+		}
+		var lost execution
+		waitFor(t, 5*time.Second, "the execution to end", func() bool {
+			for _, x := range readExecutions(t, admin) {
+				if x.Fence == fence {
+					lost = x
+				}
+			}
+			return lost.Outcome != ""
+		})
+		if lost.Outcome != demo.OutcomeLockLost {
+			t.Fatalf("%s: execution ended %q, want lock_lost", change.name, lost.Outcome)
+		}
+		took := time.Duration(lost.Finished-changed.UnixMilli()) * time.Millisecond
+		t.Logf("%s: the run ended %v after the change (next renewal was 10s away)", change.name, took)
+		if took > time.Second {
+			t.Errorf("%s: the run ended %v after the change, want within 1s", change.name, took)
+		}
+		waitCompleted(t, insp, i+1, 20*time.Second)
+	}
+	for id, n := range demo.CompletedTwice(toDemo(readExecutions(t, admin))) {
+		t.Errorf("task %s ended ok %d times", id, n)
+	}
+	oks := map[string]int{}
+	for _, x := range readExecutions(t, admin) {
+		if x.Outcome == demo.OutcomeOK {
+			oks[x.Task]++
+		}
+	}
+	if oks["loss-deleted"] != 1 || oks["loss-overwritten"] != 1 {
+		t.Fatalf("ok executions per task: %v, want one each", oks)
+	}
+}
+
+// A handler that returns nil after its lock was lost (it ignores its
+// context) is done: it is not run again, the task completes without a retry,
+// and the loss is counted and logged with the task id.
+func TestNilAfterLossIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "ignorer")
+	args := []string{"build", "-o", bin}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	if out, err := exec.Command("go", append(args, "./testdata/ignorer")...).CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	rs := redistest.Start(t)
+	w := startBinary(t, bin, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+	bg := context.Background()
+
+	if _, err := enq.Enqueue(asynq.NewTask("test:ignore", []byte(`{"key":"k","work_ms":1500}`)),
+		asynq.TaskID("ign"), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	w.started("ign", 10*time.Second)
+	if err := admin.Del(bg, "lockstep:{lock:ignore:k}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var info *asynq.TaskInfo
+	waitFor(t, 15*time.Second, "the task to complete", func() bool {
+		var err error
+		info, err = insp.GetTaskInfo("default", "ign")
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	if info.Retried != 0 {
+		t.Fatalf("retried %d times, want 0: a handler that returned nil is done", info.Retried)
+	}
+	// Long enough for a wrongly scheduled retry (short backoff) to run.
+	time.Sleep(1500 * time.Millisecond)
+	if n := admin.XLen(bg, "test:ignorer:runs").Val(); n != 1 {
+		t.Fatalf("the handler ran %d times, want once", n)
+	}
+	w.waitLog(5*time.Second, "the loss logged with the task id", func(m map[string]any) bool {
+		return strings.Contains(fmt.Sprint(m["msg"]), "lock") && m["task_id"] == "ign" && m["reason"] == "expired"
+	})
+	body := scrape(t, w.httpAddr(), 5*time.Second)
+	if !strings.Contains(body, `lockstep_lock_lost_total{reason="expired"} 1`) {
+		t.Fatalf("lock_lost_total{expired} is not 1:\n%s", grepLines(body, "lockstep_lock_lost_total"))
+	}
+	if !strings.Contains(body, `lockstep_jobs_processed_total{result="success",type="test:ignore"} 1`) {
+		t.Fatalf("the run is not counted a success:\n%s", grepLines(body, "lockstep_jobs_processed_total"))
+	}
+}
+
+// A holder frozen (SIGSTOP) mid-job past its TTL while a second worker takes
+// the lock for the same order, then resumed (SIGCONT) at a random point of
+// the second holder's run: the frozen holder's run never commits after the
+// next holder began, and every job ends ok exactly once.
+func TestPausedHolderCannotWriteAfterTheNextBegan(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	env := []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}
+	cfg := writeFile(t, "worker.yaml", testYAML)
+	workers := []*proc{startWorker(t, env, "--config", cfg), startWorker(t, env, "--config", cfg)}
+	admin := rs.Client()
+	enq := asynq.NewClientFromRedisClient(admin)
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	defer enq.Close()
+	defer insp.Close()
+
+	const trials = 5
+	for i := range trials {
+		order := fmt.Sprint("pause-", i)
+		first, second := order+"-a", order+"-b"
+		enqueueDemo(t, enq, first, order, 2000)
+		frozen, other := whoStarted(t, workers, first)
+		// Anywhere in the first renewal intervals, often just after one.
+		time.Sleep(time.Duration(rand.IntN(int(2 * testRenewInterval))))
+		frozen.signal(syscall.SIGSTOP)
+		enqueueDemo(t, enq, second, order, 1500)
+		other.started(second, 10*time.Second)
+		time.Sleep(time.Duration(100+rand.IntN(1000)) * time.Millisecond)
+		frozen.signal(syscall.SIGCONT)
+		waitCompleted(t, insp, 2*(i+1), 30*time.Second)
+	}
+
+	execs := toDemo(readExecutions(t, admin))
+	writes, err := demo.ReadWrites(context.Background(), admin, "lockstep:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range demo.StaleWrites(writes) {
+		t.Error("stale write accepted:", err)
+	}
+	var oks []demo.Execution
+	perTask := map[string]int{}
+	for _, x := range execs {
+		if x.Outcome == demo.OutcomeOK {
+			oks = append(oks, x)
+			perTask[x.TaskID]++
+		}
+	}
+	for _, err := range demo.Overlaps(oks) {
+		t.Error(err)
+	}
+	if len(perTask) != 2*trials {
+		t.Errorf("%d tasks ended ok, want %d: %v", len(perTask), 2*trials, perTask)
+	}
+	for id, n := range perTask {
+		if n != 1 {
+			t.Errorf("task %s ended ok %d times", id, n)
+		}
+	}
+	lost := 0
+	for _, x := range execs {
+		if x.Outcome == demo.OutcomeLockLost || x.Outcome == demo.OutcomeFenceRejected {
+			lost++
+		}
+	}
+	t.Logf("%d trials: %d executions, %d ended lock_lost or fence_rejected, %d accepted writes", trials, len(execs), lost, len(writes))
+}
+
+// /metrics answers within 1s while Redis is frozen (SIGSTOP).
+func TestMetricsAnswerWhileRedisHangs(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", testYAML))
+	addr := w.httpAddr()
+	scrape(t, addr, 5*time.Second) // a first refresh with Redis up
+	rs.Pause()
+	defer rs.Resume()
+	for range 3 {
+		start := time.Now()
+		body := scrape(t, addr, time.Second)
+		if !strings.Contains(body, "lockstep_queue_metrics_age_seconds") || !strings.Contains(body, "lockstep_lock_lost_total") {
+			t.Fatalf("scrape lacks lockstep's series:\n%s", body)
+		}
+		t.Logf("scrape with Redis frozen took %v", time.Since(start))
+	}
+}
+
+// whoStarted waits until one of workers starts task id and returns it and
+// another one.
+func whoStarted(t *testing.T, workers []*proc, id string) (*proc, *proc) {
+	t.Helper()
+	var got *proc
+	waitFor(t, 10*time.Second, "task "+id+" to start", func() bool {
+		for _, w := range workers {
+			if w.findLog(func(m map[string]any) bool { return m["msg"] == "job started" && m["id"] == id }) != nil {
+				got = w
+				return true
+			}
+		}
+		return false
+	})
+	for _, w := range workers {
+		if w != got {
+			return got, w
+		}
+	}
+	t.Fatal("one worker only")
+	return nil, nil
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// scrape GETs /metrics with a client timeout and returns the body.
+func scrape(t *testing.T, addr string, timeout time.Duration) string {
+	t.Helper()
+	c := &http.Client{Timeout: timeout}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d, %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// toDemo turns the test's executions into the demo package's records.
+func toDemo(xs []execution) []demo.Execution {
+	out := make([]demo.Execution, len(xs))
+	for i, x := range xs {
+		out[i] = demo.Execution{ID: x.ID, OrderID: x.Order, Fence: x.Fence, Worker: x.Worker, TaskID: x.Task,
+			StartedMS: x.Started, FinishedMS: x.Finished, Outcome: x.Outcome}
+	}
+	return out
+}

@@ -1,0 +1,286 @@
+// Package demo is Lockstep's demo job, demo:order.pay: it pays an order by
+// working for work_ms under the order's lock, with its writes fenced, and
+// records every execution. The demo, the tests, the benchmarks and the chaos
+// checker enqueue it and read what it records; its names are contracts
+// (DESIGN.md section 11).
+//
+// A run fences its store at both ends, the pattern the README teaches for
+// one's own store:
+//
+//  1. begin: the run's fence is recorded in the order's hash before any work,
+//     refused if a run with a higher (or equal) fence has begun;
+//  2. work, honouring the context (cancelled at once if the lock is lost);
+//  3. commit: accepted only if no other run began since.
+//
+// A holder whose lock passed on (paused past its TTL, cut off) is so refused
+// as soon as the next holder has begun, not only once it has finished.
+// Every accepted begin and commit is also appended, in the same script, to
+// the accepted-writes log, so a checker can replay the store's history.
+package demo
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/script"
+)
+
+// Names of the demo job.
+const (
+	Type  = "demo:order.pay"
+	Queue = "default"
+)
+
+// Outcomes of a demo execution, the stream's outcome field.
+const (
+	OutcomeOK            = "ok"             // worked, and the fenced commit was accepted
+	OutcomeLockLost      = "lock_lost"      // the lock was lost while working
+	OutcomeFenceRejected = "fence_rejected" // the store had seen a higher fence begin
+	OutcomeCanceled      = "canceled"       // the context ended for another reason (shutdown, deadline)
+)
+
+// maxWork bounds work_ms, so a typo cannot hold a lock for days.
+const maxWork = time.Hour
+
+// Caps (approximate) of the executions stream and of the accepted-writes log.
+const (
+	streamLen = 100_000
+	writesLen = 200_000
+)
+
+// Payload is the demo job's payload, e.g. {"order_id":"42","work_ms":300}.
+type Payload struct {
+	OrderID string `json:"order_id"`
+	WorkMS  int64  `json:"work_ms"`
+}
+
+// Resource is the lock the demo job takes for an order.
+func Resource(orderID string) string { return "lock:order:" + orderID }
+
+// Stream is the stream of demo executions under prefix.
+func Stream(prefix string) string { return prefix + "demo:executions" }
+
+// Store is the fenced record of an order under prefix.
+func Store(prefix, orderID string) string { return prefix + "demo:order:" + orderID }
+
+// Writes is the log of accepted begins and commits under prefix. It is kept
+// on single servers and Sentinel-managed masters; on Redis Cluster it would
+// span slots with the orders' records, so it is not written there.
+func Writes(prefix string) string { return prefix + "demo:writes" }
+
+var (
+	//go:embed lua/begin.lua
+	beginLua string
+	//go:embed lua/commit.lua
+	commitLua string
+
+	scriptBegin  = redis.NewScript(beginLua)
+	scriptCommit = redis.NewScript(commitLua)
+)
+
+// Spec returns the demo job for a worker: its records name workerID.
+func Spec(client redis.UniversalClient, prefix, workerID string) jobs.Spec {
+	_, cluster := client.(*redis.ClusterClient)
+	d := &job{client: client, prefix: prefix, worker: workerID, log: !cluster}
+	return jobs.Spec{
+		Type:     Type,
+		Decode:   Decode,
+		Resource: func(p any) string { return Resource(p.(Payload).OrderID) },
+		Run:      d.run,
+	}
+}
+
+// Decode reads and checks a payload.
+func Decode(b []byte) (any, error) {
+	var p Payload
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.OrderID == "":
+		return nil, errors.New("order_id is required")
+	case strings.ContainsAny(p.OrderID, "{}"):
+		return nil, fmt.Errorf("order_id %q must not contain '{' or '}'", p.OrderID)
+	case p.WorkMS < 0 || time.Duration(p.WorkMS)*time.Millisecond > maxWork:
+		return nil, fmt.Errorf("work_ms %d is outside [0, %d]", p.WorkMS, maxWork.Milliseconds())
+	}
+	return p, nil
+}
+
+type job struct {
+	client redis.UniversalClient
+	prefix string
+	worker string
+	log    bool // keep the accepted-writes log
+}
+
+func (d *job) run(ctx context.Context, j jobs.Job, payload any) error {
+	p := payload.(Payload)
+	started := time.Now()
+	outcome, err := d.pay(ctx, j, p)
+	if outcome == "" { // Redis failed: nothing to record that we know to be true
+		return err
+	}
+	// Record even when the context ended: that is when the record matters.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if recErr := d.client.XAdd(rctx, &redis.XAddArgs{
+		Stream: Stream(d.prefix),
+		MaxLen: streamLen,
+		Approx: true,
+		Values: Execution{
+			OrderID: p.OrderID, Fence: j.Fence, Worker: d.worker, TaskID: j.ID,
+			StartedMS: started.UnixMilli(), FinishedMS: time.Now().UnixMilli(), Outcome: outcome,
+		}.values(),
+	}).Err(); recErr != nil {
+		err = errors.Join(err, fmt.Errorf("demo: record execution: %w", recErr))
+	}
+	return err
+}
+
+// pay begins, works (honouring ctx), then commits; it returns the outcome,
+// or "" when Redis failed.
+func (d *job) pay(ctx context.Context, j jobs.Job, p Payload) (string, error) {
+	if ok, other, err := d.fenced(ctx, scriptBegin, "begin", j, p); err != nil || !ok {
+		return d.refused(ctx, "begin", j, p, other, err)
+	}
+	work := time.NewTimer(time.Duration(p.WorkMS) * time.Millisecond)
+	defer work.Stop()
+	select {
+	case <-ctx.Done():
+		return ended(ctx)
+	case <-work.C:
+	}
+	if ctx.Err() != nil {
+		return ended(ctx)
+	}
+	ok, other, err := d.fenced(ctx, scriptCommit, "commit", j, p)
+	if err != nil || !ok {
+		return d.refused(ctx, "commit", j, p, other, err)
+	}
+	return OutcomeOK, nil
+}
+
+// fenced runs begin or commit; ok reports acceptance, other the fence that
+// stood in the way.
+func (d *job) fenced(ctx context.Context, s *redis.Script, op string, j jobs.Job, p Payload) (ok bool, other int64, err error) {
+	keys := []string{Store(d.prefix, p.OrderID)}
+	if d.log {
+		keys = append(keys, Writes(d.prefix))
+	}
+	reply, err := script.Run(ctx, d.client, s, "demo "+op, keys,
+		j.Fence, j.ID, d.worker, writesLen, p.OrderID)
+	if err != nil {
+		return false, 0, err
+	}
+	vals, _ := reply.([]any)
+	if len(vals) != 2 {
+		return false, 0, fmt.Errorf("demo %s: unexpected reply %v", op, reply)
+	}
+	other, _ = vals[1].(int64)
+	return vals[0] == int64(1), other, nil
+}
+
+func (d *job) refused(ctx context.Context, op string, j jobs.Job, p Payload, other int64, err error) (string, error) {
+	if err != nil {
+		if ctx.Err() != nil {
+			return ended(ctx)
+		}
+		return "", err
+	}
+	return OutcomeFenceRejected, fmt.Errorf("demo: order %s: %s with fence %d refused: fence %d began since",
+		p.OrderID, op, j.Fence, other)
+}
+
+// ended is the outcome of a run whose context ended.
+func ended(ctx context.Context) (string, error) {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, lock.ErrLockLost) {
+		return OutcomeLockLost, cause
+	}
+	return OutcomeCanceled, cause
+}
+
+// Execution is one entry of the executions stream.
+type Execution struct {
+	ID         string // the stream entry's id
+	OrderID    string
+	Fence      int64
+	Worker     string
+	TaskID     string // the asynq task id (a redelivered task shows twice)
+	StartedMS  int64
+	FinishedMS int64
+	Outcome    string
+}
+
+func (e Execution) values() []any {
+	return []any{
+		"order_id", e.OrderID,
+		"fence", strconv.FormatInt(e.Fence, 10),
+		"worker", e.Worker,
+		"started_ms", strconv.FormatInt(e.StartedMS, 10),
+		"finished_ms", strconv.FormatInt(e.FinishedMS, 10),
+		"outcome", e.Outcome,
+		// Not in the contract's field list; added so that readers can tell a
+		// redelivered task (asynq delivers at least once) apart.
+		"task_id", e.TaskID,
+	}
+}
+
+// Write is one entry of the accepted-writes log.
+type Write struct {
+	ID      string // the stream entry's id: the log's order is the store's
+	OrderID string
+	Fence   int64
+	TaskID  string
+	Worker  string
+	Op      string // "begin" or "commit"
+	AtMS    int64  // Redis server time
+}
+
+// ReadExecutions returns every entry of the executions stream, oldest first.
+func ReadExecutions(ctx context.Context, c redis.UniversalClient, prefix string) ([]Execution, error) {
+	msgs, err := c.XRange(ctx, Stream(prefix), "-", "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("demo: read %s: %w", Stream(prefix), err)
+	}
+	out := make([]Execution, 0, len(msgs))
+	for _, m := range msgs {
+		f := fields(m.Values)
+		out = append(out, Execution{
+			ID: m.ID, OrderID: f.s("order_id"), Fence: f.n("fence"), Worker: f.s("worker"), TaskID: f.s("task_id"),
+			StartedMS: f.n("started_ms"), FinishedMS: f.n("finished_ms"), Outcome: f.s("outcome"),
+		})
+	}
+	return out, nil
+}
+
+// ReadWrites returns every entry of the accepted-writes log, oldest first.
+func ReadWrites(ctx context.Context, c redis.UniversalClient, prefix string) ([]Write, error) {
+	msgs, err := c.XRange(ctx, Writes(prefix), "-", "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("demo: read %s: %w", Writes(prefix), err)
+	}
+	out := make([]Write, 0, len(msgs))
+	for _, m := range msgs {
+		f := fields(m.Values)
+		out = append(out, Write{ID: m.ID, OrderID: f.s("order_id"), Fence: f.n("fence"), TaskID: f.s("task_id"),
+			Worker: f.s("worker"), Op: f.s("op"), AtMS: f.n("at_ms")})
+	}
+	return out, nil
+}
+
+type fields map[string]any
+
+func (f fields) s(k string) string { v, _ := f[k].(string); return v }
+func (f fields) n(k string) int64  { v, _ := strconv.ParseInt(f.s(k), 10, 64); return v }

@@ -1,0 +1,48 @@
+package watchdog
+
+import (
+	"cmp"
+	"context"
+	"errors"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// DefaultReleaseTimeout bounds the release in Finish.
+const DefaultReleaseTimeout = 5_000_000_000 // 5s, as a time.Duration
+
+// Finish ends a hold once its holder's work returned: it stops renewal,
+// releases the lease (even when ctx has ended, bounded by the release
+// timeout) and reports how the hold ended. It is the one end-of-hold path,
+// used by the job server and by lockstep.WithLock alike.
+//
+// lost is the loss, if the lease was lost at any point: found by the
+// watchdog while the work ran, or by the release itself (the key was gone or
+// held another token when the work returned, before a renewal or notice
+// could tell). A loss found at release is counted in
+// lockstep_lock_lost_total{reason} and logged here. err is a release that
+// failed for another reason (the lock then expires within its TTL).
+//
+// What the caller does with a loss is the outcome rule (DESIGN.md G8): work
+// that returned nil is done whatever lost says; only work that failed is
+// retried.
+func (h *Hold) Finish(ctx context.Context) (lost *lock.LostError, err error) {
+	h.Stop()
+	timeout := cmp.Or(h.w.opts.ReleaseTimeout, DefaultReleaseTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	relErr := h.lease.Release(rctx)
+	if found := h.lost.Load(); found != nil {
+		// The watchdog counted and logged it; a release that also failed
+		// for transport reasons adds nothing the caller can act on.
+		return found, nil
+	}
+	var atRelease *lock.LostError
+	if errors.As(relErr, &atRelease) {
+		h.w.metrics.LockLost.WithLabelValues(string(atRelease.Reason)).Inc()
+		h.log.Warn("lock found lost at release: the work may have overlapped the next holder's",
+			"key", h.lease.Key(), "reason", string(atRelease.Reason), "fence", h.lease.Fence())
+		return atRelease, nil
+	}
+	return nil, relErr
+}
