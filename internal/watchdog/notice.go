@@ -72,12 +72,15 @@ func (t *tracking) Run(ctx context.Context, notify func(keys []string, all bool)
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var mu sync.Mutex // ForEachMaster calls back concurrently
 	running := map[string]bool{}
 	ticker := time.NewTicker(nodeRescan)
 	defer ticker.Stop()
 	for {
-		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		_ = cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
 			opts := c.Options()
+			mu.Lock()
+			defer mu.Unlock()
 			if !running[opts.Addr] {
 				running[opts.Addr] = true
 				wg.Go(func() { t.node(ctx, opts, notify) })
