@@ -363,6 +363,7 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	result := ResultSuccess
 	switch {
 	case lost != nil:
+		s.recordLoss(ctx, job, hold.Lease(), lost)
 		result = ResultLockLost
 		err = &lostError{lost: lost, handler: err}
 		s.log.Warn("lock lost while the handler ran; the task will be retried", "type", job.Type, "id", job.ID,
