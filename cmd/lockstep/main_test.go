@@ -58,11 +58,18 @@ type result struct {
 // cli runs the lockstep binary against the Redis at addr.
 func cli(t *testing.T, addr string, stdin string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(bins["lockstep"], args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	var env []string
 	if addr != "" {
-		cmd.Env = append(cmd.Env, "LOCKSTEP_REDIS_ADDR="+addr)
+		env = append(env, "LOCKSTEP_REDIS_ADDR="+addr)
 	}
+	return cliEnv(t, env, stdin, args...)
+}
+
+// cliEnv runs the lockstep binary with only the environment env (and PATH).
+func cliEnv(t *testing.T, env []string, stdin string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bins["lockstep"], args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
