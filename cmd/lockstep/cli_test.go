@@ -174,6 +174,13 @@ func TestUsageAndConfigErrors(t *testing.T) {
 			t.Errorf("lockstep %v: exit %d, stderr %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
+	redlock := []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_BACKEND=redlock",
+		"LOCKSTEP_LOCK_NODES=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"}
+	for _, args := range [][]string{{"locks"}, {"unlock", "r", "--force", "--yes"}} {
+		if r := cliEnv(t, redlock, "", args...); r.code != 2 || !strings.Contains(r.stderr, "redlock") {
+			t.Errorf("lockstep %v with lock.backend redlock: exit %d, stderr %q; want 2 naming redlock", args, r.code, r.stderr)
+		}
+	}
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		args []string

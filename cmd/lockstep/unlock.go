@@ -32,6 +32,10 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 	if !*force {
 		return usageError(a, fs, "refusing to break a lock without --force")
 	}
+	if redlock(a) {
+		fmt.Fprintln(a.stderr, "lockstep unlock:", errRedlock)
+		return exitUsage
+	}
 	resource := pos[0]
 	key := a.keys().Key(resource)
 	val, err := a.client.Get(ctx, key).Result()
