@@ -41,5 +41,5 @@ lint:
 .PHONY: run
 RUNFLAGS ?=
 run:
-	$(GO) build -o bin/local ./cmd/local
+	$(GO) build -o bin/ ./cmd/local ./cmd/lockstep
 	bin/local $(RUNFLAGS)

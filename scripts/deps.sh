@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the programs the tests start, from Debian's packages, when missing:
-# redis-server (internal/redistest) and prometheus with promtool
-# (internal/deploytest checks the alert rules and runs the dashboard queries).
+# redis-server (internal/redistest), prometheus with promtool
+# (internal/deploytest checks the alert rules and runs the dashboard queries)
+# and chromium (cmd/lockstep opens the operator's page in headless Chromium).
 set -euo pipefail
 
 need=()
@@ -10,6 +11,7 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
 	need+=(prometheus)
 fi
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ ${#need[@]} -gt 0 ]; then
 	sudo=""
@@ -28,3 +30,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 redis-server --version
 promtool --version 2>&1 | head -n 1
+chromium --version 2>/dev/null || true

@@ -5,6 +5,7 @@
 //
 //	local [--duration 0] [--every 3s] [--schedulers 2] [--workers 3] [--http-port 0]
 //	      [--scheduler-config configs/local-scheduler.yaml] [--worker-config configs/local-worker.yaml]
+//	      [--page-addr 127.0.0.1:8089]
 //
 // Redis is embedded (miniredis, in memory, gone at exit) unless
 // LOCKSTEP_REDIS_ADDR names a real one. The roles are the real ones: the
@@ -12,6 +13,10 @@
 // metrics registry and /metrics server; the workers run worker.Run, each with
 // its own --http-addr. Their logs (level warn by default, see the config
 // files) go to stderr, the summary to stdout.
+//
+// When a lockstep binary lies next to this one (make run builds both), the
+// run also serves the operator's page, `lockstep ui` as a child process on
+// the run's Redis, at --page-addr ("" for none), and prints its URL first.
 //
 // --duration (or LOCKSTEP_LOCAL_DURATION) ends the run after that long; 0
 // runs until SIGINT or SIGTERM. Either way the schedulers stop, the workers

@@ -48,6 +48,7 @@ type options struct {
 	httpPort        int // first port of the roles' HTTP servers; 0: free ports
 	schedulerConfig string
 	workerConfig    string
+	pageAddr        string // where `lockstep ui` serves the operator's page; "" for none
 }
 
 // hooks let tests look at a run.
@@ -98,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.httpPort, "http-port", 0, "first port of the roles' /metrics servers on 127.0.0.1, one per role, schedulers first (0: free ports)")
 	fs.StringVar(&o.schedulerConfig, "scheduler-config", "configs/local-scheduler.yaml", "the scheduler replicas' configuration")
 	fs.StringVar(&o.workerConfig, "worker-config", "configs/local-worker.yaml", "the workers' configuration")
+	fs.StringVar(&o.pageAddr, "page-addr", "127.0.0.1:8089", "where the operator's page (lockstep ui, from the lockstep binary next to this one) listens; \"\" for none")
 	if v, ok := os.LookupEnv(envDuration); ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
@@ -205,6 +207,16 @@ func (l *localRun) run(ctx context.Context) error {
 	}
 	l.execs = newExecutions(l.client, demo.Stream(wcfg.Lock.Prefix), from)
 
+	if l.opts.pageAddr != "" {
+		p, url, err := startPage(ctx, l.opts.pageAddr, addr, wcfg.Lock.Prefix, l.stderr)
+		if err != nil {
+			return err
+		}
+		defer p.stop()
+		if url != "" {
+			fmt.Fprintf(l.out, "Lockstep page: %s\n", url)
+		}
+	}
 	defer l.stopRoles(wcfg.Worker.ShutdownTimeout) // after a failed start; a no-op after a clean stop
 	if err := l.startRoles(ctx, scfg, workerPath); err != nil {
 		return err

@@ -262,6 +262,7 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
+	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
 	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
 	switch {
 	case errors.Is(err, lock.ErrNotAcquired):
@@ -352,6 +353,9 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		}
 	}
 
+	if lost != nil {
+		s.recordLoss(ctx, job, hold.Lease(), lost)
+	}
 	result := ResultSuccess
 	switch {
 	case err == nil && lost != nil:

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -134,6 +135,11 @@ func TestLockLostCancelsAndRetriesSoon(t *testing.T) {
 	}
 	if got := e.processed("t:locked", ResultLockLost); got != 1 {
 		t.Fatalf("processed{lock_lost} = %v, want 1", got)
+	}
+	losses := e.admin.XRange(ctx, LossesStream("lockstep:"), "-", "+").Val()
+	if len(losses) != 1 || losses[0].Values["resource"] != "res" || losses[0].Values["reason"] != "expired" ||
+		losses[0].Values["task_id"] != "l1" || losses[0].Values["fence"] != strconv.FormatInt(job.Fence, 10) {
+		t.Fatalf("losses stream = %v, want one entry for res, reason expired, task l1, fence %d", losses, job.Fence)
 	}
 }
 

@@ -116,7 +116,8 @@ func (s *Lease) Key() string { return s.resource }
 // RedisKey returns the Redis key that holds the lock.
 func (s *Lease) RedisKey() string { return s.keys.lock }
 
-// Token returns the random token that identifies this holder in Redis.
+// Token returns the token that identifies this holder in Redis: random, with
+// the holder information ParseToken reads.
 func (s *Lease) Token() string { return s.token }
 
 // Fence returns the fencing token: it strictly increases with every fresh
@@ -143,15 +144,16 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("lock: acquire %q: ttl %v is below 1ms", resource, ttl)
 	}
+	now := time.Now()
 	lease := &Lease{
 		locker:   l,
 		keys:     l.keysFor(resource),
 		resource: resource,
-		token:    newToken(),
+		token:    tokenFor(ctx, now),
 		ttl:      ttl,
 		owner:    OwnerFrom(ctx),
+		sent:     now,
 	}
-	lease.sent = time.Now()
 	res, err := l.acquireOnce(ctx, lease)
 	l.metrics.LockAcquireDuration.Observe(time.Since(lease.sent).Seconds())
 	switch {

@@ -3,7 +3,7 @@
 -- KEYS[1]  lock key            lockstep:{R}
 -- KEYS[2]  fencing counter     lockstep:{R}:fence
 -- KEYS[3]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
--- ARGV[1]  token (random, 128 bits, hex)
+-- ARGV[1]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
 -- ARGV[2]  lock ttl in milliseconds
 -- ARGV[3]  fencing counter ttl in milliseconds
 -- ARGV[4]  owner id for a reentrant acquire, or "" for a plain one

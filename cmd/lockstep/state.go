@@ -1,0 +1,275 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// This file reads Lockstep's state from Redis for the CLI and the page; the
+// layouts it reads are those of internal/lock (a lock's value and fence
+// counter) and internal/jobs (a resource's waiters).
+
+// lockView is one held lock, as `lockstep locks --json` prints it.
+type lockView struct {
+	Resource string `json:"resource"`
+	Holder   string `json:"holder"`  // host:pid of the holding process
+	TaskID   string `json:"task_id"` // "" unless a job holds it
+	Type     string `json:"type"`    // "" unless a job holds it
+	Fence    int64  `json:"fence"`
+	TTLMs    int64  `json:"ttl_ms"`  // time left until it expires unless renewed
+	HeldMs   *int64 `json:"held_ms"` // since the acquire; null when the value does not say
+	Waiters  int64  `json:"waiters"`
+}
+
+// keys builds the Redis keys: the lock package's key builder, with the prefix.
+func (a *app) keys() *lock.Locker { return lock.New(a.client, lock.WithPrefix(a.prefix)) }
+
+// waitersKey is internal/jobs' zset of a resource's waiting tasks.
+func (a *app) waitersKey(resource string) string { return a.keys().Key(resource) + ":waiters" }
+
+// scanBatch is how many keys one SCAN step returns and one pipeline reads.
+const scanBatch = 500
+
+// errRedlock: with lock.backend redlock the locks live on lock.nodes, which
+// these views do not read yet.
+var errRedlock = errors.New("lock.backend is redlock: its locks live on lock.nodes, which lockstep does not read yet")
+
+func redlock(a *app) bool { return a.config != nil && a.config.Lock.Backend == config.BackendRedlock }
+
+// listLocks returns every held lock, longest held first.
+func listLocks(ctx context.Context, a *app) ([]lockView, error) {
+	if redlock(a) {
+		return nil, errRedlock
+	}
+	now, err := serverTime(ctx, a.client)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var out []lockView
+	err = forEachMaster(ctx, a.client, func(ctx context.Context, node redis.Cmdable) error {
+		pattern := globEscape(a.prefix) + "{*}"
+		iter := node.Scan(ctx, 0, pattern, scanBatch).Iterator()
+		var batch []string
+		flush := func() error {
+			views, err := readLocks(ctx, a, batch, now)
+			mu.Lock()
+			out = append(out, views...)
+			mu.Unlock()
+			batch = batch[:0]
+			return err
+		}
+		for iter.Next(ctx) {
+			if r, ok := resourceOf(a.prefix, iter.Val()); ok {
+				batch = append(batch, r)
+			}
+			if len(batch) == scanBatch {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		return flush()
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(x, y lockView) int {
+		hx, hy := int64(-1), int64(-1)
+		if x.HeldMs != nil {
+			hx = *x.HeldMs
+		}
+		if y.HeldMs != nil {
+			hy = *y.HeldMs
+		}
+		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource))
+	})
+	if out == nil {
+		out = []lockView{}
+	}
+	return out, nil
+}
+
+// resourceOf returns R for a lock key prefix{R}; the other keys of a
+// resource (fence counter, waiters, ...) end after the brace.
+func resourceOf(prefix, key string) (string, bool) {
+	r, ok := strings.CutPrefix(key, prefix+"{")
+	if !ok {
+		return "", false
+	}
+	r, ok = strings.CutSuffix(r, "}")
+	return r, ok && r != "" && !strings.ContainsAny(r, "{}")
+}
+
+// readLocks reads the locks on resources in one pipeline: value, TTL, fence
+// counter and waiter count. A key that is gone or not a lock is left out.
+func readLocks(ctx context.Context, a *app, resources []string, now time.Time) ([]lockView, error) {
+	if len(resources) == 0 {
+		return nil, nil
+	}
+	k := a.keys()
+	type cmds struct {
+		val     *redis.StringCmd
+		ttl     *redis.DurationCmd
+		fence   *redis.StringCmd
+		waiters *redis.IntCmd
+	}
+	cs := make([]cmds, len(resources))
+	_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range resources {
+			cs[i] = cmds{
+				val:     p.Get(ctx, k.Key(r)),
+				ttl:     p.PTTL(ctx, k.Key(r)),
+				fence:   p.Get(ctx, k.FenceKey(r)),
+				waiters: p.ZCard(ctx, a.waitersKey(r)),
+			}
+		}
+		return nil
+	})
+	var out []lockView
+	for i, r := range resources {
+		c := cs[i]
+		switch err := c.val.Err(); {
+		case errors.Is(err, redis.Nil), isWrongType(err): // gone since the scan, or not a lock
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		info := lock.ParseToken(c.val.Val())
+		v := lockView{Resource: r, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type}
+		v.Fence, _ = c.fence.Int64()
+		if d := c.ttl.Val(); d > 0 {
+			v.TTLMs = d.Milliseconds()
+		} else {
+			v.TTLMs = -1 // no expiry: not written by Lockstep
+		}
+		if !info.Acquired.IsZero() {
+			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
+			v.HeldMs = &held
+		}
+		v.Waiters = c.waiters.Val()
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func isWrongType(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") }
+
+// serverTime is Redis's clock: held_ms is measured against it, not against
+// the operator's machine.
+func serverTime(ctx context.Context, c redis.UniversalClient) (time.Time, error) {
+	t, err := c.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis: %w", err)
+	}
+	return t, nil
+}
+
+// forEachMaster runs fn on every master of a Cluster, or once on the client.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, fn func(context.Context, redis.Cmdable) error) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
+	}
+	return fn(ctx, c)
+}
+
+// globEscape escapes the glob characters of a SCAN pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// waiterView is one task waiting for a lock, as `lockstep waiters --json`
+// prints it.
+type waiterView struct {
+	Position int    `json:"position"` // 1 is served first
+	Queue    string `json:"queue"`
+	TaskID   string `json:"task_id"`
+	Type     string `json:"type"`      // "" when asynq no longer has the task
+	State    string `json:"state"`     // asynq's state: retry (waiting), pending (woken), active, ...
+	SinceMs  int64  `json:"since_ms"`  // first contention, Unix ms
+	WaitedMs int64  `json:"waited_ms"` // since then
+}
+
+// waitQueue reads the resource's waiters in the order they will be served.
+// Today's order is internal/jobs' contention zset: a task joins with its
+// first contention time (NX keeps its place when it contends again), and a
+// release wakes the lowest score first (next_waiter.lua, ZPOPMIN). A new
+// wait-queue layout changes this one function.
+func waitQueue(ctx context.Context, a *app, resource string) ([]waiterView, error) {
+	zs, err := a.client.ZRangeWithScores(ctx, a.waitersKey(resource), 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	out := make([]waiterView, 0, len(zs))
+	for i, z := range zs {
+		member, _ := z.Member.(string)
+		var w [2]string // ["<queue>", "<task id>"], internal/jobs' waiter
+		if json.Unmarshal([]byte(member), &w) != nil {
+			continue
+		}
+		out = append(out, waiterView{Position: i + 1, Queue: w[0], TaskID: w[1], SinceMs: int64(z.Score)})
+	}
+	return out, nil
+}
+
+// listWaiters returns the waiters of resource with their asynq state and type.
+func listWaiters(ctx context.Context, a *app, resource string) ([]waiterView, error) {
+	ws, err := waitQueue(ctx, a, resource)
+	if err != nil {
+		return nil, err
+	}
+	now, err := serverTime(ctx, a.client)
+	if err != nil {
+		return nil, err
+	}
+	insp := asynq.NewInspectorFromRedisClient(a.client)
+	for i := range ws {
+		w := &ws[i]
+		w.WaitedMs = max(now.UnixMilli()-w.SinceMs, 0)
+		if info, err := insp.GetTaskInfo(w.Queue, w.TaskID); err == nil {
+			w.Type, w.State = info.Type, info.State.String()
+		} else {
+			w.State = "gone"
+		}
+	}
+	return ws, nil
+}
+
+// findTask looks a task id up in every asynq queue.
+func findTask(a *app, id string) (*asynq.TaskInfo, error) {
+	insp := asynq.NewInspectorFromRedisClient(a.client)
+	queues, err := insp.Queues()
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(queues)
+	for _, q := range queues {
+		if info, err := insp.GetTaskInfo(q, id); err == nil {
+			return info, nil
+		}
+	}
+	return nil, asynq.ErrTaskNotFound
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/term"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+func cmdUnlock(ctx context.Context, a *app, args []string) int {
+	fs := a.flags("unlock", "unlock RESOURCE --force [--yes]",
+		"Breaks the lock on RESOURCE by deleting its key. The holder's watchdog notices at once\n"+
+			"and cancels its handler (reason expired); the next holder gets a higher fence, so a\n"+
+			"store that checks fences refuses the old holder's late writes. Asks for confirmation\n"+
+			"on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.")
+	force := fs.Bool("force", false, "required: breaking a lock is never the default")
+	yes := fs.Bool("yes", false, "do not ask for confirmation")
+	pos, code, done := parse(fs, args)
+	if done {
+		return code
+	}
+	if len(pos) != 1 {
+		return usageError(a, fs, "want one RESOURCE, got %d arguments", len(pos))
+	}
+	if !*force {
+		return usageError(a, fs, "refusing to break a lock without --force")
+	}
+	if redlock(a) {
+		fmt.Fprintln(a.stderr, "lockstep unlock:", errRedlock)
+		return exitUsage
+	}
+	resource := pos[0]
+	key := a.keys().Key(resource)
+	val, err := a.client.Get(ctx, key).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		fmt.Fprintf(a.stderr, "lockstep unlock: %s is not locked (no key %s)\n", resource, key)
+		return exitNotFound
+	case err != nil:
+		fmt.Fprintln(a.stderr, "lockstep unlock: redis:", err)
+		return exitUsage
+	}
+	fence, _ := a.client.Get(ctx, a.keys().FenceKey(resource)).Int64()
+	who := describeHolder(val, fence)
+	if !*yes {
+		if !isTerminal(a.stdin) {
+			return usageError(a, fs, "not a terminal: pass --yes to break the lock on %s (%s)", resource, who)
+		}
+		fmt.Fprintf(a.stderr, "Break the lock on %s (%s)? The holder's handler is cancelled. [y/N] ", resource, who)
+		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		if s := strings.ToLower(strings.TrimSpace(answer)); s != "y" && s != "yes" {
+			fmt.Fprintln(a.stderr, "not unlocked")
+			return exitNotFound
+		}
+	}
+	deleted, err := deleteIfHeldBy(ctx, a.client, key, val)
+	switch {
+	case err != nil:
+		fmt.Fprintln(a.stderr, "lockstep unlock: redis:", err)
+		return exitUsage
+	case !deleted:
+		fmt.Fprintf(a.stderr, "lockstep unlock: %s changed hands meanwhile; nothing deleted (run lockstep locks)\n", resource)
+		return exitNotFound
+	}
+	fmt.Fprintf(a.stdout, "unlocked %s: deleted %s (%s); its watchdog cancels the holder, the next holder gets a fence above %d\n",
+		resource, key, who, fence)
+	return exitOK
+}
+
+// describeHolder says who holds a lock, from its value.
+func describeHolder(val string, fence int64) string {
+	info := lock.ParseToken(val)
+	parts := []string{"holder " + orDash(info.Holder)}
+	if info.TaskID != "" {
+		parts = append(parts, "task "+info.TaskID, "type "+info.Type)
+	}
+	return strings.Join(append(parts, fmt.Sprintf("fence %d", fence)), ", ")
+}
+
+// deleteIfHeldBy deletes key if it still holds val, so that a lock that
+// passed to another holder since it was shown is left alone.
+func deleteIfHeldBy(ctx context.Context, c redis.UniversalClient, key, val string) (bool, error) {
+	deleted := false
+	err := c.Watch(ctx, func(tx *redis.Tx) error {
+		cur, err := tx.Get(ctx, key).Result()
+		if errors.Is(err, redis.Nil) || (err == nil && cur != val) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, key)
+			return nil
+		})
+		deleted = err == nil
+		return err
+	}, key)
+	if errors.Is(err, redis.TxFailedErr) { // changed between GET and EXEC
+		return false, nil
+	}
+	return deleted, err
+}
+
+func isTerminal(r any) bool {
+	f, ok := r.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
