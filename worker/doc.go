@@ -18,9 +18,9 @@
 // Main is the whole binary: flags --config and --http-addr, LOCKSTEP_*
 // environment variables, /metrics, /healthz and /readyz, graceful shutdown
 // on SIGTERM. It behaves exactly like the default cmd/worker, which is
-// Main with no handlers of its own (and the built-in demo:order.pay job,
-// which every worker registers while worker.demo is true in the
-// configuration).
+// Main(DemoJob()): the built-in demo:order.pay job and no handlers of its
+// own. A worker of yours registers the demo job only when asked (DemoJob, or
+// worker.demo: true in the configuration).
 //
 // Tasks are asynq tasks: a type, a JSON payload, a queue. Enqueue them with
 // an asynq client or let the Lockstep scheduler do it from cron entries.

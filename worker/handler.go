@@ -133,6 +133,19 @@ func (h HandlerOf[T]) OnContention(c Contention) HandlerOf[T] {
 // validator is what a payload type may implement to check itself.
 type validator interface{ Validate() error }
 
+// DemoJob registers Lockstep's built-in demo job, demo:order.pay (see the
+// README): it pays an order under the order's lock with a fenced store and
+// records every execution. The cmd/worker binary and `make run` register it;
+// a worker of your own registers it only with DemoJob or with worker.demo:
+// true in its configuration.
+func DemoJob() Handler { return demoJob{} }
+
+// demoJob is DemoJob's marker: the demo's spec needs the worker's Redis
+// client and id, so the app builds it.
+type demoJob struct{}
+
+func (demoJob) spec() (jobs.Spec, error) { return jobs.Spec{}, errors.New("worker: the demo job is built by the app") }
+
 func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 	switch {
 	case h.fn == nil:

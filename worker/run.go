@@ -70,9 +70,9 @@ func exitCode(err error, stderr io.Writer) int {
 // Run runs a worker with handlers until ctx ends, then shuts it down: it
 // stops taking tasks, lets running handlers finish within
 // worker.shutdown_timeout, releases every lock and returns nil. args are the
-// command-line flags without the program name (see Main). When
-// worker.demo is true in the configuration (the default), the built-in
-// demo:order.pay job is registered too.
+// command-line flags without the program name (see Main). The built-in
+// demo:order.pay job is registered only when asked: DemoJob among handlers,
+// or worker.demo: true in the configuration.
 //
 // Run returns an error matching ErrConfig when the flags or the
 // configuration are invalid, and another error when the worker cannot start
@@ -127,7 +127,15 @@ func Check(args []string, handlers ...Handler) error {
 // checkSpecs converts handlers and checks that, with the demo job when the
 // configuration asks for it, their task types are distinct.
 func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, error) {
-	hs, err := specs(handlers)
+	var own []Handler
+	for _, h := range handlers {
+		if _, ok := h.(demoJob); ok {
+			cfg.Worker.Demo = true
+			continue
+		}
+		own = append(own, h)
+	}
+	hs, err := specs(own)
 	if err != nil {
 		return nil, err
 	}

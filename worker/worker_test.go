@@ -213,9 +213,17 @@ func TestDuplicateTaskTypeFails(t *testing.T) {
 	t.Parallel()
 	cfg := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n")
 	h := Handle(demo.Type, func(context.Context, Job, pay) error { return nil })
-	err := Check([]string{"--config", cfg}, h) // the demo job is on by default
+	// The demo job is registered only when asked.
+	if err := Check([]string{"--config", cfg}, h); err != nil {
+		t.Fatalf("Check without the demo job = %v", err)
+	}
+	err := Check([]string{"--config", cfg}, h, DemoJob())
 	if err == nil || errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "registered twice") {
 		t.Fatalf("Check = %v, want the duplicate type", err)
+	}
+	demoOn := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\nworker: {demo: true}\n")
+	if err := Check([]string{"--config", demoOn}, h); err == nil || !strings.Contains(err.Error(), "registered twice") {
+		t.Fatalf("Check with worker.demo: true = %v, want the duplicate type", err)
 	}
 	if err := Check([]string{"--config", cfg}, Handle("other", func(context.Context, Job, pay) error { return nil })); err != nil {
 		t.Fatalf("Check = %v", err)

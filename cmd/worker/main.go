@@ -1,5 +1,5 @@
 // Command worker is Lockstep's default worker: it runs the built-in demo job
-// (demo:order.pay, when worker.demo is true) under its lock, with the
+// (demo:order.pay, registered with worker.DemoJob) under its lock, with the
 // configuration from --config (default configs/worker.yaml) and LOCKSTEP_*
 // variables, and serves /metrics, /healthz and /readyz.
 //
@@ -9,4 +9,4 @@ package main
 
 import "github.com/lockstep-dev/lockstep/worker"
 
-func main() { worker.Main() }
+func main() { worker.Main(worker.DemoJob()) }

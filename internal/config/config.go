@@ -105,7 +105,7 @@ type WorkerSettings struct {
 	// soon a task woken by a lock's release starts; 0 derives it from
 	// ContentionBackoffMin (within 20ms..1s).
 	PollInterval time.Duration `yaml:"poll_interval"`
-	Demo         bool          `yaml:"demo"` // register the built-in demo:order.pay job
+	Demo         bool          `yaml:"demo"` // register the built-in demo:order.pay job (default false; cmd/worker registers it with worker.DemoJob)
 }
 
 // SchedulerConfig is the configuration of cmd/scheduler (configs/scheduler.yaml).
@@ -160,7 +160,6 @@ func DefaultWorker() *WorkerConfig {
 			ShutdownTimeout:      30 * time.Second,
 			ContentionBackoffMin: 100 * time.Millisecond,
 			ContentionBackoffMax: 10 * time.Second,
-			Demo:                 true,
 		},
 	}
 }

@@ -80,7 +80,7 @@ func TestExampleConfigsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo {
+	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo { // the example asks for the demo
 		t.Errorf("worker: %+v", w)
 	}
 	s, err := LoadScheduler("../../configs/scheduler.yaml", nil)
@@ -175,7 +175,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"string", map[string]string{"LOCKSTEP_REDIS_ADDR": "10.0.0.1:7000"}, func(c *WorkerConfig) bool { return c.Redis.Addr == "10.0.0.1:7000" }},
 		{"http addr", map[string]string{"LOCKSTEP_HTTP_ADDR": ":1234"}, func(c *WorkerConfig) bool { return c.HTTP.Addr == ":1234" }},
 		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
-		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "false"}, func(c *WorkerConfig) bool { return !c.Worker.Demo }},
+		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "true"}, func(c *WorkerConfig) bool { return c.Worker.Demo }},
 		{"duration", map[string]string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT": "45s"}, func(c *WorkerConfig) bool { return c.Worker.ShutdownTimeout == 45*time.Second }},
 		{"nested", map[string]string{"LOCKSTEP_REDIS_TLS_SERVER_NAME": "r", "LOCKSTEP_REDIS_TLS_ENABLED": "true"}, func(c *WorkerConfig) bool { return c.Redis.TLS.ServerName == "r" }},
 		{"secret", map[string]string{"LOCKSTEP_REDIS_PASSWORD": "pw"}, func(c *WorkerConfig) bool { return c.Redis.Password == "pw" }},
