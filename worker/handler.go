@@ -144,7 +144,9 @@ func DemoJob() Handler { return demoJob{} }
 // client and id, so the app builds it.
 type demoJob struct{}
 
-func (demoJob) spec() (jobs.Spec, error) { return jobs.Spec{}, errors.New("worker: the demo job is built by the app") }
+func (demoJob) spec() (jobs.Spec, error) {
+	return jobs.Spec{}, errors.New("worker: the demo job is built by the app")
+}
 
 func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 	switch {
