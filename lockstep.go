@@ -33,12 +33,47 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
-// Lease is a held lock: Key, Token and Fence identify it.
-type Lease = lock.Lease
+// Lease is the lock a WithLock function holds. Renewal and release are the
+// Locker's business, not the holder's: a Lease only says which hold this is.
+type Lease struct{ l *lock.Lease }
 
-// LostError says which lock was lost and why (Reason: stolen, expired,
-// unreachable, max_hold, quorum_lost). errors.Is(err, ErrLockLost) holds.
+// Key returns the name the lock was taken on, e.g. "report:daily".
+func (s *Lease) Key() string { return s.l.Key() }
+
+// Fence returns the fencing token: it strictly increases with every fresh
+// acquire of the same key (also across expiry, restarts and failovers), so a
+// store that remembers the highest fence that began can refuse a holder
+// whose lock has passed on. See "Fencing your own store" in the README.
+func (s *Lease) Fence() int64 { return s.l.Fence() }
+
+// Token returns the random value that identifies this holder in Redis.
+func (s *Lease) Token() string { return s.l.Token() }
+
+// TTL returns the lease's time to live; the watchdog renews it every TTL/3.
+func (s *Lease) TTL() time.Duration { return s.l.TTL() }
+
+// Lost returns the loss that ended the lease, or nil. After WithLock
+// returned nil it tells whether the lock had been lost meanwhile (fn's work
+// is done either way).
+func (s *Lease) Lost() *LostError { return s.l.Lost() }
+
+// LostError says which lock was lost and why; errors.Is(err, ErrLockLost)
+// holds for it. Its fields are Key (the lock's name) and Reason, one of the
+// Reason constants below.
 type LostError = lock.LostError
+
+// Reason says why a lock was lost: the label values of
+// lockstep_lock_lost_total{reason}.
+type Reason = lock.Reason
+
+// The reasons a lock is lost.
+const (
+	ReasonStolen      = lock.ReasonStolen      // the key holds another holder's token
+	ReasonExpired     = lock.ReasonExpired     // the key is gone (deleted, expired, evicted)
+	ReasonUnreachable = lock.ReasonUnreachable // Redis did not answer before the local deadline
+	ReasonMaxHold     = lock.ReasonMaxHold     // held as long as MaxHold allows
+	ReasonQuorumLost  = lock.ReasonQuorumLost  // Redlock: fewer than a quorum of nodes kept it
+)
 
 var (
 	// ErrNotAcquired means the lock is held by someone else (after the wait,
@@ -169,7 +204,7 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	for _, o := range opts {
 		o(&c)
 	}
-	var lease *Lease
+	var lease *lock.Lease
 	if c.wait > 0 {
 		lease, err = l.locker.Acquire(ctx, key, c.ttl, lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff))
 	} else {
@@ -193,5 +228,5 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 			err = errors.Join(err, lost)
 		}
 	}()
-	return fn(hctx, lease)
+	return fn(hctx, &Lease{l: lease})
 }
