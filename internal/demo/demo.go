@@ -2,7 +2,7 @@
 // working for work_ms under the order's lock, with its writes fenced, and
 // records every execution. The demo, the tests, the benchmarks and the chaos
 // checker enqueue it and read what it records; its names are contracts
-// (DESIGN.md section 11).
+// (docs/design.md section 11).
 //
 // A run fences its store at both ends, the pattern the README teaches for
 // one's own store:

@@ -2,7 +2,7 @@
 // HTTP server that exposes them with /healthz and /readyz.
 //
 // All parts of a process share one *Metrics, so one registry holds every
-// series. The names are contracts (DESIGN.md section 9): dashboards and alert
+// series. The names are contracts (docs/design.md section 9): dashboards and alert
 // rules in deploy/ use exactly these.
 package metrics
 

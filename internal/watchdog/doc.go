@@ -1,5 +1,5 @@
 // Package watchdog renews held leases and cancels their holders the moment a
-// lease is lost (DESIGN.md G4).
+// lease is lost (docs/design.md G4).
 //
 // One Watchdog per process renews every lease handed to it with Hold. Hold
 // returns a context derived from the caller's that is cancelled, with a cause

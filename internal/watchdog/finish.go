@@ -23,7 +23,7 @@ const DefaultReleaseTimeout = 5_000_000_000 // 5s, as a time.Duration
 // lockstep_lock_lost_total{reason} and logged here. err is a release that
 // failed for another reason (the lock then expires within its TTL).
 //
-// What the caller does with a loss is the outcome rule (DESIGN.md G8): work
+// What the caller does with a loss is the outcome rule (docs/design.md G8): work
 // that returned nil is done whatever lost says; only work that failed is
 // retried.
 func (h *Hold) Finish(ctx context.Context) (lost *lock.LostError, err error) {
