@@ -104,15 +104,15 @@ type Fault struct {
 
 // Fault kinds.
 const (
-	FaultWorkerKill        = "worker_kill"         // SIGKILL mid-work, restart
-	FaultWorkerKillDrain   = "worker_kill_drain"   // SIGTERM, SIGKILL during the drain, restart
-	FaultSchedulerKill     = "scheduler_kill"      // SIGKILL at a random offset inside a tick, restart
-	FaultWorkerPauseShort  = "worker_pause_short"  // SIGSTOP for less than the lock TTL
-	FaultWorkerPauseLong   = "worker_pause_long"   // SIGSTOP for more than the lock TTL
-	FaultRedisPauseShort   = "redis_pause_short"   // SIGSTOP Redis for less than the lock TTL
-	FaultRedisPauseLong    = "redis_pause_long"    // SIGSTOP Redis for more than the lock TTL
-	FaultRedisKill         = "redis_kill_aof"      // SIGKILL Redis, restart from its AOF
-	FaultWorkerPartition   = "worker_blackhole"    // a worker's link to Redis black-holed, then healed
+	FaultWorkerKill       = "worker_kill"        // SIGKILL mid-work, restart
+	FaultWorkerKillDrain  = "worker_kill_drain"  // SIGTERM, SIGKILL during the drain, restart
+	FaultSchedulerKill    = "scheduler_kill"     // SIGKILL at a random offset inside a tick, restart
+	FaultWorkerPauseShort = "worker_pause_short" // SIGSTOP for less than the lock TTL
+	FaultWorkerPauseLong  = "worker_pause_long"  // SIGSTOP for more than the lock TTL
+	FaultRedisPauseShort  = "redis_pause_short"  // SIGSTOP Redis for less than the lock TTL
+	FaultRedisPauseLong   = "redis_pause_long"   // SIGSTOP Redis for more than the lock TTL
+	FaultRedisKill        = "redis_kill_aof"     // SIGKILL Redis, restart from its AOF
+	FaultWorkerPartition  = "worker_blackhole"   // a worker's link to Redis black-holed, then healed
 )
 
 // AllFaults lists every fault kind in a fixed order.
