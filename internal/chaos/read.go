@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"strconv"
 	"time"
@@ -44,15 +45,20 @@ func readStream(ctx context.Context, c redis.UniversalClient, key string) (out [
 
 func isNoSuchKey(err error) bool { return err != nil && err.Error() == "ERR no such key" }
 
-// readReplicaLog adds a scheduler replica's "tick claimed" and "tick
-// enqueued" log lines to h.
+// readReplicaLog adds the tick lines of a scheduler replica's log file to h.
 func readReplicaLog(path string, h *History) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return ReadReplicaLog(f, h)
+}
+
+// ReadReplicaLog adds a scheduler replica's "tick claimed" and "tick
+// enqueued" log lines (JSON, at level debug) to h's Claims and Enqueues.
+func ReadReplicaLog(r io.Reader, h *History) error {
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var rec struct {
