@@ -364,7 +364,7 @@ func (r *run) draw(kind string) plan {
 	}
 	drain := ms(50, 2500)
 	w, s := r.workers[wi], r.schedulers[si]
-	restartBudget := readyTimeout + time.Second
+	restartBudget := 3 * time.Second // a restart is usually ready in 1s; a slower one eats into the quiet tail
 	switch kind {
 	case FaultWorkerKill:
 		return plan{down + restartBudget, func() Fault {
