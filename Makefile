@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?=
 
-.PHONY: all build test bench lint deps
+.PHONY: all build test bench lint deps chaos
 
 all: build
 
@@ -15,6 +15,8 @@ build:
 deps:
 	@scripts/deps.sh
 
+# test includes the 90-second chaos run with a fixed seed (internal/chaos
+# TestChaos at its default flags): the harness and the checker run on every change.
 test: deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $(PKGS)
@@ -43,3 +45,19 @@ RUNFLAGS ?=
 run:
 	$(GO) build -o bin/ ./cmd/local ./cmd/lockstep
 	bin/local $(RUNFLAGS)
+
+# chaos runs the real binaries (3 scheduler replicas, 3 workers, an AOF Redis)
+# under a fault schedule drawn from SEED (empty: a new one, printed) for
+# DURATION (FAULTS: a comma-separated subset of the fault kinds; empty: all), prints a live line, checks the recorded history and writes
+# OUT/chaos-report.md and OUT/chaos-report.json (and OUT/logs). It exits 1
+# when the checker finds a violation. The run bounds each of its own phases,
+# so the test binary runs without a global timeout.
+.PHONY: chaos
+DURATION ?= 10m
+SEED     ?=
+OUT      ?= chaos-out
+FAULTS   ?=
+chaos: deps
+	$(GO) test -c -o bin/chaos.test ./internal/chaos
+	bin/chaos.test -test.run '^TestChaos$$' -test.v -test.timeout 0 \
+		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)'

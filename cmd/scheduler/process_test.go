@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/chaos"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
@@ -29,47 +31,207 @@ schedules:
 `
 
 // Three replicas, a schedule every second, about 30 s; a random replica is
-// SIGKILLed every few ticks and restarted. Every tick in the window has
-// exactly one task with its task id: no gap, no duplicate.
+// SIGKILLed every few ticks at a random offset inside a tick (often within
+// the first milliseconds, between a claim and its enqueue) and restarted.
+// What each replica claimed (its own log lines, not asynq's task ids, which
+// would collapse two winners into one task) shows every tick claimed once,
+// apart from takeovers of a dead leader's tick, and every tick has its task.
 func TestKillReplicasEveryTickOnce(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	cfg := writeConfig(t, srv.Addr, chaosSchedule)
-	insp := asynq.NewInspectorFromRedisClient(srv.Client())
-	start := func() *proc {
-		p := startProc(t, nil, "--config", cfg, "--http-addr", "127.0.0.1:0")
-		p.waitStatus("/readyz", 200, 10*time.Second)
-		return p
-	}
-	procs := []*proc{start(), start(), start()}
-
-	seed := time.Now().UnixNano()
-	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	t.Logf("seed %d", seed)
-
+	run := startReplicas(t, srv, chaosSchedule)
+	rng, _ := seeded(t)
 	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
 	begin := time.Now()
 	kills := 0
-	for i := 0; i < 20 && time.Since(begin) < 30*time.Second; i++ {
-		// Let 2 to 4 ticks be enqueued, then kill one replica at a random moment within a tick.
-		waitTask(t, insp, "chaos", spec.Next(time.Now()).Add(time.Duration(1+rng.IntN(3))*time.Second), 10*time.Second)
-		k := rng.IntN(len(procs))
-		procs[k].kill()
+	for i := 0; i < 12 && time.Since(begin) < 30*time.Second; i++ {
+		// Let 1 to 3 ticks pass, then kill one replica at a random moment within a tick.
+		waitTask(t, run.insp, "chaos", spec.Next(time.Now()).Add(time.Duration(rng.IntN(3))*time.Second), 10*time.Second)
+		sleepIntoTick(rng)
+		run.restart(rng.IntN(len(run.live)))
 		kills++
-		procs[k] = start()
 	}
 	last := spec.Next(time.Now()).Add(2 * time.Second)
 	for n := first; !n.After(last); n = spec.Next(n) {
-		waitTask(t, insp, "chaos", n, 10*time.Second)
+		waitTask(t, run.insp, "chaos", n, 10*time.Second)
 	}
-	for i, p := range procs {
-		if code := p.term(10 * time.Second); code != 0 {
-			t.Errorf("replica %d: exit code %d after SIGTERM; output:\n%s", i, code, p.output())
-		}
-	}
+	run.stop()
 	t.Logf("%d kills, ticks %v .. %v", kills, first, last)
 	assertExactlyOnce(t, srv.Client(), "chaos", spec, first, last)
+	run.assertClaims("chaos", spec, first, last)
+}
+
+// Redis is SIGKILLed at a random offset inside a tick and restarted from its
+// append-only file (appendfsync always), three times: the replicas' watermarks
+// and pending ticks survive, so no tick is claimed twice and none is lost
+// (catch_up: all enqueues the ticks due while Redis was down).
+func TestRedisKillAOFRestartEveryTickOnce(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartAOF(t)
+	run := startReplicas(t, srv, chaosSchedule)
+	rng, _ := seeded(t)
+	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
+	first := spec.Next(time.Now())
+	for range 3 {
+		waitTask(t, run.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
+		sleepIntoTick(rng)
+		srv.Kill()
+		time.Sleep(time.Duration(200+rng.IntN(1500)) * time.Millisecond) // Redis down across ticks
+		srv.Restart()
+	}
+	last := spec.Next(time.Now()).Add(2 * time.Second)
+	for n := first; !n.After(last); n = spec.Next(n) {
+		waitTask(t, run.insp, "chaos", n, 15*time.Second)
+	}
+	run.stop()
+	assertExactlyOnce(t, srv.Client(), "chaos", spec, first, last)
+	run.assertClaims("chaos", spec, first, last)
+}
+
+// Redis is paused (SIGSTOP) for longer than tick_lock_ttl while every replica
+// is claiming: with catch_up: all, each tick due meanwhile is enqueued once
+// Redis answers again. (Found by make chaos, seed 1: an on-time claim that
+// waited out the pause moved the watermark past an earlier tick nobody had
+// claimed, and the catch-up, reading the watermark after it, skipped that
+// tick.) It fails about every second run until the scheduler is fixed; set
+// LOCKSTEP_TEST_KNOWN_DEFECTS=1 to run it.
+func TestRedisPausedPastTickLockTTLCatchesUpEveryTick(t *testing.T) {
+	if os.Getenv("LOCKSTEP_TEST_KNOWN_DEFECTS") == "" {
+		t.Skip("known defect (G2): after a Redis stall an on-time claim moves the watermark past an unclaimed tick " +
+			"and catch_up: all skips it; LOCKSTEP_TEST_KNOWN_DEFECTS=1 runs this test")
+	}
+	t.Parallel()
+	srv := redistest.Start(t)
+	names := []string{"chaos", "chaos-b", "chaos-c"}
+	body := chaosSchedule
+	for _, n := range names[1:] {
+		body += strings.ReplaceAll(chaosSchedule[strings.Index(chaosSchedule, "  - name: chaos"):], "name: chaos", "name: "+n)
+	}
+	run := startReplicas(t, srv, body, "LOCKSTEP_REDIS_READ_TIMEOUT=1s", "LOCKSTEP_REDIS_WRITE_TIMEOUT=1s", "LOCKSTEP_REDIS_DIAL_TIMEOUT=1s")
+	rng, _ := seeded(t)
+	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
+	first := spec.Next(time.Now())
+	for range 3 {
+		waitTask(t, run.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
+		sleepIntoTick(rng)
+		srv.Pause()
+		time.Sleep(time.Duration(2500+rng.IntN(2500)) * time.Millisecond) // past tick_lock_ttl (1s) and the claim deadline
+		srv.Resume()
+	}
+	last := spec.Next(time.Now()).Add(2 * time.Second)
+	for _, name := range names {
+		for n := first; !n.After(last); n = spec.Next(n) {
+			waitTask(t, run.insp, name, n, 15*time.Second)
+		}
+	}
+	run.stop()
+	for _, name := range names {
+		assertExactlyOnce(t, srv.Client(), name, spec, first, last)
+		run.assertClaims(name, spec, first, last)
+	}
+}
+
+// replicaRun is three scheduler replicas and every process that held a slot.
+type replicaRun struct {
+	t    *testing.T
+	cfg  string
+	env  []string
+	insp *asynq.Inspector
+	live []*proc
+	all  []*proc
+}
+
+func startReplicas(t *testing.T, srv *redistest.Server, body string, env ...string) *replicaRun {
+	t.Helper()
+	r := &replicaRun{t: t, cfg: writeConfig(t, srv.Addr, body), env: env, insp: asynq.NewInspectorFromRedisClient(srv.Client())}
+	for range 3 {
+		r.live = append(r.live, r.start())
+	}
+	return r
+}
+
+// start starts a replica that logs its claims (debug level).
+func (r *replicaRun) start() *proc {
+	p := startProc(r.t, append([]string{"LOCKSTEP_LOG_LEVEL=debug"}, r.env...), "--config", r.cfg, "--http-addr", "127.0.0.1:0")
+	p.waitStatus("/readyz", 200, 10*time.Second)
+	r.all = append(r.all, p)
+	return p
+}
+
+// restart SIGKILLs replica k and starts another in its place.
+func (r *replicaRun) restart(k int) {
+	r.live[k].kill()
+	r.live[k] = r.start()
+}
+
+// stop sends SIGTERM to every live replica: each exits 0.
+func (r *replicaRun) stop() {
+	for i, p := range r.live {
+		if code := p.term(10 * time.Second); code != 0 {
+			r.t.Errorf("replica %d: exit code %d after SIGTERM; output:\n%s", i, code, p.output())
+		}
+	}
+}
+
+// assertClaims reads every replica's own record of the ticks it claimed and
+// enqueued, and checks with the chaos checker that no tick in [from, to] was
+// claimed (other than by a takeover of an unfinished tick) or enqueued afresh
+// twice, and that every tick was claimed by somebody.
+func (r *replicaRun) assertClaims(schedule string, spec scheduler.Spec, from, to time.Time) {
+	r.t.Helper()
+	h := chaos.History{ReplicaLogsComplete: true, ExecutionsComplete: true, WritesAvailable: true, WritesComplete: true}
+	for _, p := range r.all {
+		if err := chaos.ReadReplicaLog(strings.NewReader(p.output()), &h); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	claimed := map[int64]bool{}
+	for _, c := range h.Claims {
+		if c.Schedule == schedule {
+			claimed[c.Tick] = true
+		}
+	}
+	replicas := map[string]bool{}
+	for _, c := range h.Claims {
+		replicas[c.Replica] = true
+	}
+	n := 0
+	for tick := spec.Next(from.Add(-time.Second)); !tick.After(to); tick = spec.Next(tick) {
+		n++
+		if !claimed[tick.Unix()] {
+			r.t.Errorf("tick %v: no replica logged a claim", tick)
+		}
+	}
+	rep := chaos.Check(h)
+	if rep.TicksClaimedTwice != 0 || rep.TicksEnqueuedTwice != 0 {
+		for _, v := range rep.Evidence {
+			r.t.Errorf("%s: %s", v.Check, v.Detail)
+		}
+	}
+	if len(replicas) < 2 {
+		r.t.Errorf("claims came from %d replicas; the test needs the ticks spread over several", len(replicas))
+	}
+	r.t.Logf("%d ticks, %d claims (%d takeovers) and %d enqueues from %d replica processes",
+		n, len(h.Claims), rep.TicksTakenOver, len(h.Enqueues), len(replicas))
+}
+
+// seeded returns a random source whose seed the test logs.
+func seeded(t *testing.T) (*rand.Rand, int64) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(uint64(seed), 0)), seed
+}
+
+// sleepIntoTick sleeps to a random offset inside the next second: half of
+// the time within its first 40ms, when replicas claim and enqueue.
+func sleepIntoTick(rng *rand.Rand) {
+	offset := time.Duration(rng.IntN(1000)) * time.Millisecond
+	if rng.IntN(2) == 0 {
+		offset = time.Duration(rng.IntN(40)) * time.Millisecond
+	}
+	next := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(next.Add(offset))) // the offset is the point of the test
 }
 
 // waitTask waits until the task of schedule's tick exists.
@@ -105,7 +267,9 @@ func assertExactlyOnce(t *testing.T, c redis.UniversalClient, schedule string, s
 			t.Fatal(err)
 		}
 		for _, ti := range tasks {
-			count[ti.ID]++
+			if strings.HasPrefix(ti.ID, schedule+":") {
+				count[ti.ID]++
+			}
 		}
 		if len(tasks) < 1000 {
 			break
@@ -123,7 +287,7 @@ func assertExactlyOnce(t *testing.T, c redis.UniversalClient, schedule string, s
 	}
 	for id := range count {
 		var u int64
-		if _, err := fmt.Sscanf(strings.TrimPrefix(id, schedule+":"), "%d", &u); err != nil || !strings.HasPrefix(id, schedule+":") {
+		if _, err := fmt.Sscanf(strings.TrimPrefix(id, schedule+":"), "%d", &u); err != nil {
 			t.Errorf("unexpected task id %q", id)
 			continue
 		}

@@ -1,9 +1,10 @@
 // Package redistest starts private redis-server processes for tests.
 //
-// Every server listens on a free loopback port, keeps no data on disk and is
-// killed in t.Cleanup, so tests that use it can run in parallel. A Server can be
-// killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) and restarted on the same
-// port, which is what fault tests need. Nothing here mocks Redis.
+// Every server listens on a free loopback port, keeps no data on disk (unless
+// started with StartAOF) and is killed in t.Cleanup, so tests that use it can
+// run in parallel. A Server can be killed (SIGKILL), paused (SIGSTOP), resumed
+// (SIGCONT) and restarted on the same port, which is what fault tests need.
+// Nothing here mocks Redis.
 //
 // Besides single servers: StartN (independent masters, e.g. Redlock nodes),
 // StartWithReplica, StartCluster (a Redis Cluster of masters) and
@@ -99,6 +100,15 @@ func logFile(dir string, port int) string {
 	return filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
 }
 
+// StartAOF starts a private redis-server that persists every write to its
+// append-only file before replying (appendonly yes, appendfsync always), so
+// that Kill followed by Restart loses no acknowledged write: the restarted
+// server loads the AOF from the same directory.
+func StartAOF(tb testing.TB, directives ...string) *Server {
+	tb.Helper()
+	return Start(tb, append([]string{"appendonly", "yes", "appendfsync", "always"}, directives...)...)
+}
+
 // StartN starts n independent servers.
 func StartN(tb testing.TB, n int) []*Server {
 	tb.Helper()
@@ -156,7 +166,7 @@ func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
 // Restart kills the server (if running) and starts it again on the same port,
-// with no data.
+// with no data, or with what its AOF holds for a server from StartAOF.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.mu.Lock()

@@ -41,6 +41,30 @@ func TestServerLifecycle(t *testing.T) {
 	}
 }
 
+// A server from StartAOF keeps every acknowledged write across SIGKILL and
+// Restart (appendfsync always), including the TTL of a key.
+func TestAOFSurvivesKill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := StartAOF(t)
+	c := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	for i := range 100 {
+		if err := c.Set(ctx, fmt.Sprintf("k%d", i), i, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Kill()
+	s.Restart()
+	for i := range 100 {
+		if got, err := c.Get(ctx, fmt.Sprintf("k%d", i)).Int(); err != nil || got != i {
+			t.Fatalf("after kill and restart: k%d = %d, %v; want %d", i, got, err, i)
+		}
+	}
+	if ttl, err := c.PTTL(ctx, "k0").Result(); err != nil || ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("after kill and restart: PTTL k0 = %v, %v", ttl, err)
+	}
+}
+
 func TestStartNIndependent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

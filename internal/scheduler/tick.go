@@ -129,6 +129,9 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		return fmt.Errorf("scheduler: claim %s: unknown reply code %d", e.name, r.code)
 	}
 
+	// The claim and enqueue lines are each replica's own record of its ticks
+	// (the chaos checker reads them; DESIGN.md G1).
+	s.log.Debug("tick claimed", "schedule", e.name, "tick", tick, "kind", k.String())
 	if h := s.hooks.afterClaim; h != nil && h(e.name, t) {
 		s.crash()
 		return nil
@@ -137,6 +140,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	if !ok {
 		return nil
 	}
+	s.log.Debug("tick enqueued", "schedule", e.name, "tick", tick, "kind", k.String(), "result", result)
 	if h := s.hooks.afterEnqueue; h != nil && h(e.name, t) {
 		s.crash()
 		return nil

@@ -1,0 +1,412 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// NotAvailable is the value of a count whose check could not be made (its
+// history source is missing); it is never reported as 0.
+const NotAvailable = -1
+
+// redisGrace is how long after Redis is healthy again an overlap is still
+// put down to the Redis fault: a holder whose write was queued in the paused
+// server learns of its result only after the server resumes.
+const redisGrace = 2 * time.Second
+
+// attribution is how long after a fault healed a violation is put down to it
+// in the per-fault table.
+const attribution = 10 * time.Second
+
+// maxEvidence caps the violations listed one by one in a report.
+const maxEvidence = 50
+
+// Report is what Check finds. The first integer fields are DESIGN.md section
+// 11's contract; a count is NotAvailable (-1) when its check could not be made.
+type Report struct {
+	Seed                          uint64         `json:"seed"`
+	Overlaps                      int            `json:"overlaps"`
+	StaleWritesAccepted           int            `json:"stale_writes_accepted"`
+	JobsLost                      int            `json:"jobs_lost"`
+	JobsCompletedTwiceUnexplained int            `json:"jobs_completed_twice_unexplained"`
+	TicksClaimedTwice             int            `json:"ticks_claimed_twice"`
+	TicksMissing                  int            `json:"ticks_missing"`
+	Faults                        map[string]int `json:"faults"`
+
+	// Counts the README explains, and the sizes of what was checked.
+	OverlapsRedisUnhealthy      int            `json:"overlaps_redis_unhealthy"`
+	JobsCompletedTwiceExplained int            `json:"jobs_completed_twice_explained"`
+	JobsEnqueued                int            `json:"jobs_enqueued"`
+	JobsUnacked                 int            `json:"jobs_unacked"`
+	JobsCompleted               int            `json:"jobs_completed"`
+	JobsArchived                int            `json:"jobs_archived"`
+	JobsUnfinished              int            `json:"jobs_unfinished"`
+	Executions                  map[string]int `json:"executions"`
+	WritesChecked               int            `json:"writes_checked"`
+	TicksChecked                int            `json:"ticks_checked"`
+	TicksEnqueuedTwice          int            `json:"ticks_enqueued_twice"`
+	TicksTakenOver              int            `json:"ticks_taken_over"`
+	DurationSeconds             float64        `json:"duration_seconds"`
+
+	// PerFault is, for each fault kind, what followed it.
+	PerFault map[string]*FaultStats `json:"per_fault"`
+	// NotChecked names each check that could not be made, or was made on an
+	// incomplete history, and why.
+	NotChecked []string `json:"not_checked"`
+	// Evidence lists violations one by one (at most 50).
+	Evidence []Violation `json:"evidence"`
+}
+
+// FaultStats is what followed the faults of one kind.
+type FaultStats struct {
+	Count int `json:"count"`
+	// Violations within 10s of one of these faults healing.
+	Violations int `json:"violations"`
+	// Time from the fault healing to the next ok execution and the next
+	// tick enqueued, in milliseconds; -1 when none followed.
+	JobsResumedMaxMS  int64 `json:"jobs_resumed_max_ms"`
+	JobsResumedP50MS  int64 `json:"jobs_resumed_p50_ms"`
+	TicksResumedMaxMS int64 `json:"ticks_resumed_max_ms"`
+	TicksResumedP50MS int64 `json:"ticks_resumed_p50_ms"`
+	// Unrecovered counts faults after which no job or no tick followed.
+	Unrecovered int `json:"unrecovered"`
+}
+
+// Violation is one finding, with what it is about.
+type Violation struct {
+	Check  string    `json:"check"`
+	At     time.Time `json:"at"`
+	Detail string    `json:"detail"`
+}
+
+// Violations is the sum of the contract counts that are available.
+func (r *Report) Violations() int {
+	n := 0
+	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice} {
+		if v > 0 {
+			n += v
+		}
+	}
+	return n
+}
+
+// Check runs every check over h.
+func Check(h History) *Report {
+	r := &Report{
+		Seed:            h.Seed,
+		Faults:          map[string]int{},
+		Executions:      map[string]int{},
+		PerFault:        map[string]*FaultStats{},
+		DurationSeconds: h.End.Sub(h.Start).Seconds(),
+		NotChecked:      []string{},
+		Evidence:        []Violation{},
+	}
+	var found []Violation
+	add := func(v Violation) { found = append(found, v) }
+
+	for _, e := range h.Executions {
+		r.Executions[e.Outcome]++
+	}
+	if !h.ExecutionsComplete {
+		r.NotChecked = append(r.NotChecked, "overlaps, jobs_completed_twice: the executions stream is incomplete (trimmed or unreadable)")
+	}
+	r.Overlaps, r.OverlapsRedisUnhealthy = checkOverlaps(h, add)
+	r.StaleWritesAccepted = checkWrites(h, r, add)
+	checkJobs(h, r, add)
+	checkTicks(h, r, add)
+	perFault(h, r, found)
+
+	slices.SortFunc(found, func(a, b Violation) int { return a.At.Compare(b.At) })
+	r.Evidence = append(r.Evidence, found[:min(len(found), maxEvidence)]...)
+	return r
+}
+
+// checkOverlaps counts ok executions of one order that started before an
+// earlier ok execution of that order had finished (G3), apart from those
+// that touch a time when Redis was paused or down.
+func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
+	var sick [][2]time.Time
+	for _, f := range h.Faults {
+		if redisFault(f.Kind) {
+			sick = append(sick, [2]time.Time{f.Start, f.End.Add(redisGrace)})
+		}
+	}
+	touches := func(a, b time.Time) bool {
+		for _, w := range sick {
+			if a.Before(w[1]) && b.After(w[0]) {
+				return true
+			}
+		}
+		return false
+	}
+	byOrder := map[string][]Execution{}
+	for _, e := range h.Executions {
+		if e.Outcome == "ok" {
+			byOrder[e.OrderID] = append(byOrder[e.OrderID], e)
+		}
+	}
+	for _, order := range sortedKeys(byOrder) {
+		runs := byOrder[order]
+		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
+		var last Execution // the run that finishes last so far
+		for i, e := range runs {
+			if i > 0 && e.Started.Before(last.Finished) {
+				if touches(e.Started, last.Finished) {
+					unhealthy++
+				} else {
+					overlaps++
+					add(Violation{Check: "overlaps", At: e.Started, Detail: fmt.Sprintf(
+						"order %s: task %s (fence %d, %s) started %v before task %s (fence %d, %s) finished",
+						order, e.TaskID, e.Fence, e.Worker, last.Finished.Sub(e.Started).Round(time.Millisecond),
+						last.TaskID, last.Fence, last.Worker)})
+				}
+			}
+			if i == 0 || e.Finished.After(last.Finished) {
+				last = e
+			}
+		}
+	}
+	return overlaps, unhealthy
+}
+
+// checkWrites counts writes the fenced store accepted with a fence below one
+// that had already begun (or committed) on the same order (G5).
+func checkWrites(h History, r *Report, add func(Violation)) int {
+	if !h.WritesAvailable {
+		r.NotChecked = append(r.NotChecked, "stale_writes_accepted: the demo store keeps no log of accepted writes (stream absent)")
+		return NotAvailable
+	}
+	if !h.WritesComplete {
+		r.NotChecked = append(r.NotChecked, "stale_writes_accepted: the accepted-writes log is incomplete (trimmed or unreadable)")
+	}
+	r.WritesChecked = len(h.Writes)
+	type high struct {
+		fence int64
+		task  string
+	}
+	top := map[string]high{}
+	stale := 0
+	for _, w := range h.Writes {
+		t := top[w.OrderID]
+		if w.Fence < t.fence {
+			stale++
+			add(Violation{Check: "stale_writes_accepted", At: w.At, Detail: fmt.Sprintf(
+				"order %s: %s with fence %d (task %s, %s) accepted after fence %d (task %s) had begun",
+				w.OrderID, w.Op, w.Fence, w.TaskID, w.Worker, t.fence, t.task)})
+			continue
+		}
+		top[w.OrderID] = high{w.Fence, w.TaskID}
+	}
+	return stale
+}
+
+// checkJobs finds produced jobs that never completed (G7) and tasks that
+// completed more than once, split into those a worker killed after its
+// handler returned explains (asynq delivers at least once) and the rest.
+func checkJobs(h History, r *Report, add func(Violation)) {
+	for _, j := range h.Jobs {
+		if !j.Acked {
+			r.JobsUnacked++
+			continue
+		}
+		r.JobsEnqueued++
+		switch j.State {
+		case "completed":
+			r.JobsCompleted++
+		case "", "archived":
+			r.JobsLost++
+			if j.State == "archived" {
+				r.JobsArchived++
+			}
+			what := "asynq has no such task"
+			if j.State != "" {
+				what = "archived: retries exhausted"
+			}
+			add(Violation{Check: "jobs_lost", At: h.End, Detail: fmt.Sprintf("job %s (order %s): %s", j.ID, j.OrderID, what)})
+		default:
+			r.JobsUnfinished++
+		}
+	}
+	if r.JobsUnfinished > 0 {
+		r.NotChecked = append(r.NotChecked, fmt.Sprintf("jobs_lost: %d jobs were still unfinished when the drain ended", r.JobsUnfinished))
+	}
+
+	byTask := map[string][]Execution{}
+	for _, e := range h.Executions {
+		if e.Outcome == "ok" {
+			byTask[e.TaskID] = append(byTask[e.TaskID], e)
+		}
+	}
+	for _, id := range sortedKeys(byTask) {
+		runs := byTask[id]
+		if len(runs) < 2 {
+			continue
+		}
+		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
+		unexplained := 0
+		for i := 1; i < len(runs); i++ {
+			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) {
+				unexplained++
+				add(Violation{Check: "jobs_completed_twice_unexplained", At: runs[i].Started, Detail: fmt.Sprintf(
+					"task %s ran ok on %s (fence %d, finished %s) and again on %s (fence %d); no kill of %s in between",
+					id, runs[i-1].Worker, runs[i-1].Fence, runs[i-1].Finished.Format(time.StampMilli),
+					runs[i].Worker, runs[i].Fence, runs[i-1].Worker)})
+			}
+		}
+		if unexplained > 0 {
+			r.JobsCompletedTwiceUnexplained++
+		} else {
+			r.JobsCompletedTwiceExplained++
+		}
+	}
+}
+
+// killedBetween reports whether worker was killed between from and to.
+func killedBetween(faults []Fault, worker string, from, to time.Time) bool {
+	for _, f := range faults {
+		if workerKill(f.Kind) && f.Worker == worker && !f.End.Before(from) && !f.Start.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkTicks finds ticks claimed by two replicas other than by a takeover of
+// an unfinished tick (G1), ticks enqueued fresh twice, and ticks of the
+// checked window that have no task in asynq (G2).
+func checkTicks(h History, r *Report, add func(Violation)) {
+	if !h.ReplicaLogsComplete {
+		r.NotChecked = append(r.NotChecked, "ticks_claimed_twice: a scheduler replica's log could not be read in full")
+	}
+	type key struct {
+		s string
+		t int64
+	}
+	claims := map[key][]TickEvent{}
+	for _, c := range h.Claims {
+		if c.Kind == "takeover" {
+			r.TicksTakenOver++
+			continue
+		}
+		k := key{c.Schedule, c.Tick}
+		claims[k] = append(claims[k], c)
+	}
+	for k, cs := range claims {
+		if len(cs) > 1 {
+			r.TicksClaimedTwice++
+			add(Violation{Check: "ticks_claimed_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
+				"%s tick %d claimed %d times: %s", k.s, k.t, len(cs), describeClaims(cs))})
+		}
+	}
+	fresh := map[key][]TickEvent{}
+	for _, e := range h.Enqueues {
+		if e.Result == "enqueued" || e.Result == "caught_up" {
+			k := key{e.Schedule, e.Tick}
+			fresh[k] = append(fresh[k], e)
+		}
+	}
+	for k, es := range fresh {
+		if len(es) > 1 {
+			r.TicksEnqueuedTwice++
+			add(Violation{Check: "ticks_enqueued_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
+				"%s tick %d enqueued fresh %d times: %s", k.s, k.t, len(es), describeClaims(es))})
+		}
+	}
+	r.TicksChecked = len(h.Ticks)
+	for _, t := range h.Ticks {
+		if t.State == "" {
+			r.TicksMissing++
+			add(Violation{Check: "ticks_missing", At: time.Unix(t.Tick, 0), Detail: fmt.Sprintf(
+				"%s tick %d (%s) has no task in asynq", t.Schedule, t.Tick, time.Unix(t.Tick, 0).UTC().Format(time.TimeOnly))})
+		}
+	}
+}
+
+func describeClaims(cs []TickEvent) string {
+	s := ""
+	for i, c := range cs {
+		if i > 0 {
+			s += ", "
+		}
+		s += c.Replica + " (" + c.Kind
+		if c.Result != "" {
+			s += " " + c.Result
+		}
+		s += ")"
+	}
+	return s
+}
+
+// perFault counts faults by kind, puts violations down to the faults that
+// healed shortly before them, and measures how soon jobs and ticks resumed.
+func perFault(h History, r *Report, found []Violation) {
+	var oks []time.Time
+	for _, e := range h.Executions {
+		if e.Outcome == "ok" {
+			oks = append(oks, e.Finished)
+		}
+	}
+	slices.SortFunc(oks, time.Time.Compare)
+	var ticks []time.Time
+	for _, e := range h.Enqueues {
+		ticks = append(ticks, e.At)
+	}
+	slices.SortFunc(ticks, time.Time.Compare)
+	next := func(ts []time.Time, after time.Time) (time.Duration, bool) {
+		i, _ := slices.BinarySearchFunc(ts, after, time.Time.Compare)
+		if i == len(ts) {
+			return 0, false
+		}
+		return ts[i].Sub(after), true
+	}
+
+	jobs, tickGaps := map[string][]int64{}, map[string][]int64{}
+	for _, f := range h.Faults {
+		r.Faults[f.Kind]++
+		st := r.PerFault[f.Kind]
+		if st == nil {
+			st = &FaultStats{}
+			r.PerFault[f.Kind] = st
+		}
+		st.Count++
+		for _, v := range found {
+			if !v.At.Before(f.Start) && v.At.Before(f.End.Add(attribution)) {
+				st.Violations++
+			}
+		}
+		dj, okJ := next(oks, f.End)
+		dt, okT := next(ticks, f.End)
+		if !okJ || !okT {
+			st.Unrecovered++
+		}
+		if okJ {
+			jobs[f.Kind] = append(jobs[f.Kind], dj.Milliseconds())
+		}
+		if okT {
+			tickGaps[f.Kind] = append(tickGaps[f.Kind], dt.Milliseconds())
+		}
+	}
+	for kind, st := range r.PerFault {
+		st.JobsResumedMaxMS, st.JobsResumedP50MS = maxAndMedian(jobs[kind])
+		st.TicksResumedMaxMS, st.TicksResumedP50MS = maxAndMedian(tickGaps[kind])
+	}
+}
+
+func maxAndMedian(v []int64) (int64, int64) {
+	if len(v) == 0 {
+		return -1, -1
+	}
+	slices.Sort(v)
+	return v[len(v)-1], v[len(v)/2]
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

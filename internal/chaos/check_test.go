@@ -1,0 +1,185 @@
+package chaos
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clean is a history with nothing wrong in it: two orders, a redelivery
+// explained by a worker killed after its handler returned, a takeover, and
+// a Redis pause during which two runs overlap.
+func clean() History {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	return History{
+		Seed: 7, Start: t0, End: at(60_000),
+		ExecutionsComplete: true, WritesAvailable: true, WritesComplete: true, ReplicaLogsComplete: true,
+		Executions: []Execution{
+			{OrderID: "1", Fence: 10, Worker: "h:1", TaskID: "j1", Started: at(0), Finished: at(100), Outcome: "ok"},
+			{OrderID: "1", Fence: 11, Worker: "h:2", TaskID: "j2", Started: at(100), Finished: at(300), Outcome: "ok"},
+			{OrderID: "1", Fence: 12, Worker: "h:2", TaskID: "j1", Started: at(2000), Finished: at(2100), Outcome: "ok"}, // h:1 killed at 150
+			{OrderID: "2", Fence: 5, Worker: "h:1", TaskID: "j3", Started: at(0), Finished: at(900), Outcome: "lock_lost"},
+			{OrderID: "2", Fence: 6, Worker: "h:2", TaskID: "j3", Started: at(500), Finished: at(700), Outcome: "ok"},
+			// Redis paused from 10s to 14s: these two overlap, and are put down to it.
+			{OrderID: "2", Fence: 7, Worker: "h:2", TaskID: "j4", Started: at(9000), Finished: at(14_500), Outcome: "ok"},
+			{OrderID: "2", Fence: 8, Worker: "h:3", TaskID: "j5", Started: at(14_400), Finished: at(14_600), Outcome: "ok"},
+		},
+		Writes: []Write{
+			{OrderID: "1", Fence: 10, Op: "begin", TaskID: "j1", At: at(1)},
+			{OrderID: "1", Fence: 10, Op: "commit", TaskID: "j1", At: at(99)},
+			{OrderID: "1", Fence: 11, Op: "begin", TaskID: "j2", At: at(101)},
+			{OrderID: "1", Fence: 11, Op: "commit", TaskID: "j2", At: at(299)},
+		},
+		Jobs: []Job{
+			{ID: "j1", OrderID: "1", Acked: true, State: "completed"},
+			{ID: "j2", OrderID: "1", Acked: true, State: "completed"},
+			{ID: "j3", OrderID: "2", Acked: true, State: "completed"},
+			{ID: "j9", OrderID: "2", Acked: false, State: ""}, // the enqueue failed: not checked
+		},
+		Claims: []TickEvent{
+			{Replica: "a", Schedule: "s", Tick: 100, Kind: "on_time", At: at(0)},
+			{Replica: "b", Schedule: "s", Tick: 101, Kind: "on_time", At: at(1000)},
+			{Replica: "c", Schedule: "s", Tick: 101, Kind: "takeover", At: at(4000)}, // b died after claiming
+		},
+		Enqueues: []TickEvent{
+			{Replica: "a", Schedule: "s", Tick: 100, Kind: "on_time", Result: "enqueued", At: at(5)},
+			{Replica: "c", Schedule: "s", Tick: 101, Kind: "takeover", Result: "enqueued", At: at(4005)},
+		},
+		Ticks: []Tick{{Schedule: "s", Tick: 100, State: "completed"}, {Schedule: "s", Tick: 101, State: "pending"}},
+		Faults: []Fault{
+			{Kind: FaultWorkerKill, Target: "worker-1", Worker: "h:1", Start: at(150), End: at(1000)},
+			{Kind: FaultRedisPauseLong, Target: "redis", Start: at(10_000), End: at(14_000)},
+		},
+	}
+}
+
+func TestCheckCleanHistory(t *testing.T) {
+	r := Check(clean())
+	if v := r.Violations(); v != 0 {
+		t.Fatalf("%d violations in a clean history: %+v", v, r.Evidence)
+	}
+	if r.JobsCompletedTwiceExplained != 1 || r.OverlapsRedisUnhealthy != 1 || r.TicksTakenOver != 1 || r.JobsUnacked != 1 {
+		t.Errorf("explained counts: twice %d, overlaps while Redis was paused %d, takeovers %d, unacked %d; want 1 each",
+			r.JobsCompletedTwiceExplained, r.OverlapsRedisUnhealthy, r.TicksTakenOver, r.JobsUnacked)
+	}
+	if r.StaleWritesAccepted != 0 || len(r.NotChecked) != 0 {
+		t.Errorf("stale writes %d, not checked %q", r.StaleWritesAccepted, r.NotChecked)
+	}
+	if r.Faults[FaultWorkerKill] != 1 || r.Faults[FaultRedisPauseLong] != 1 {
+		t.Errorf("faults %v", r.Faults)
+	}
+}
+
+// Fed a history with an overlap, a stale write, a lost job, a task completed
+// twice with no kill to explain it, a tick claimed by two replicas and a
+// tick without a task, the checker reports each, once.
+func TestCheckFindsEachViolation(t *testing.T) {
+	h := clean()
+	t0 := h.Start
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	h.Executions = append(h.Executions,
+		// order 1: j6 starts while j7 still runs, Redis healthy.
+		Execution{OrderID: "1", Fence: 20, Worker: "h:3", TaskID: "j6", Started: at(30_000), Finished: at(30_500), Outcome: "ok"},
+		Execution{OrderID: "1", Fence: 21, Worker: "h:2", TaskID: "j7", Started: at(30_200), Finished: at(30_600), Outcome: "ok"},
+		// j2 again, and h:2 (which ran it first) was never killed.
+		Execution{OrderID: "1", Fence: 22, Worker: "h:3", TaskID: "j2", Started: at(40_000), Finished: at(40_100), Outcome: "ok"},
+	)
+	h.Writes = append(h.Writes,
+		Write{OrderID: "1", Fence: 21, Op: "begin", TaskID: "j7", At: at(30_201)},
+		Write{OrderID: "1", Fence: 20, Op: "commit", TaskID: "j6", At: at(30_499)}, // stale: 21 had begun
+		Write{OrderID: "1", Fence: 21, Op: "commit", TaskID: "j7", At: at(30_599)},
+	)
+	h.Jobs = append(h.Jobs, Job{ID: "j8", OrderID: "3", Acked: true, State: ""})
+	h.Claims = append(h.Claims,
+		TickEvent{Replica: "a", Schedule: "s", Tick: 102, Kind: "on_time", At: at(2000)},
+		TickEvent{Replica: "b", Schedule: "s", Tick: 102, Kind: "on_time", At: at(2001)},
+	)
+	h.Ticks = append(h.Ticks, Tick{Schedule: "s", Tick: 102, State: "completed"}, Tick{Schedule: "s", Tick: 103, State: ""})
+
+	r := Check(h)
+	for name, got := range map[string]int{
+		"overlaps":                         r.Overlaps,
+		"stale_writes_accepted":            r.StaleWritesAccepted,
+		"jobs_lost":                        r.JobsLost,
+		"jobs_completed_twice_unexplained": r.JobsCompletedTwiceUnexplained,
+		"ticks_claimed_twice":              r.TicksClaimedTwice,
+		"ticks_missing":                    r.TicksMissing,
+	} {
+		if got != 1 {
+			t.Errorf("%s = %d, want 1", name, got)
+		}
+	}
+	checks := map[string]int{}
+	for _, v := range r.Evidence {
+		checks[v.Check]++
+	}
+	if len(r.Evidence) != 6 || len(checks) != 6 {
+		t.Errorf("evidence %d lines over %d checks, want 6 and 6: %+v", len(r.Evidence), len(checks), r.Evidence)
+	}
+	if r.Violations() != 6 {
+		t.Errorf("violations %d, want 6", r.Violations())
+	}
+}
+
+// A stale commit is found only in stream order: the same writes with the
+// stale commit before the higher begin are fine.
+func TestCheckStaleWriteIsOrderSensitive(t *testing.T) {
+	h := clean()
+	h.Writes = []Write{
+		{OrderID: "1", Fence: 20, Op: "begin"}, {OrderID: "1", Fence: 20, Op: "commit"},
+		{OrderID: "1", Fence: 21, Op: "begin"}, {OrderID: "1", Fence: 21, Op: "commit"},
+	}
+	if r := Check(h); r.StaleWritesAccepted != 0 {
+		t.Errorf("in order: stale_writes_accepted = %d, want 0", r.StaleWritesAccepted)
+	}
+	h.Writes[1], h.Writes[2] = h.Writes[2], h.Writes[1]
+	if r := Check(h); r.StaleWritesAccepted != 1 {
+		t.Errorf("commit 20 after begin 21: stale_writes_accepted = %d, want 1", r.StaleWritesAccepted)
+	}
+}
+
+// Missing sources are reported as not available (-1) or incomplete, never as 0.
+func TestCheckReportsWhatItCouldNotCheck(t *testing.T) {
+	h := clean()
+	h.Writes, h.WritesAvailable = nil, false
+	h.ExecutionsComplete = false
+	h.Jobs = append(h.Jobs, Job{ID: "j10", Acked: true, State: "retry"})
+	r := Check(h)
+	if r.StaleWritesAccepted != NotAvailable {
+		t.Errorf("stale_writes_accepted = %d without a write log, want %d", r.StaleWritesAccepted, NotAvailable)
+	}
+	if r.JobsUnfinished != 1 || r.JobsLost != 0 {
+		t.Errorf("unfinished %d, lost %d; want 1, 0", r.JobsUnfinished, r.JobsLost)
+	}
+	if len(r.NotChecked) != 3 {
+		t.Errorf("not checked: %q, want 3 lines", r.NotChecked)
+	}
+
+	dir := t.TempDir()
+	if err := WriteReport(dir, r, h, "make chaos SEED=7"); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	b, err := os.ReadFile(filepath.Join(dir, ReportJSON))
+	if err != nil || json.Unmarshal(b, &got) != nil {
+		t.Fatalf("report json: %v\n%s", err, b)
+	}
+	for _, k := range []string{"overlaps", "stale_writes_accepted", "jobs_lost", "jobs_completed_twice_unexplained", "ticks_claimed_twice", "ticks_missing", "seed"} {
+		if _, ok := got[k].(float64); !ok {
+			t.Errorf("report json: %s = %v, want an integer", k, got[k])
+		}
+	}
+	if f, ok := got["faults"].(map[string]any); !ok || f[FaultWorkerKill] != float64(1) {
+		t.Errorf("report json: faults = %v", got["faults"])
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, ReportMarkdown))
+	for _, want := range []string{"| `stale_writes_accepted` | G5 | not available |", "make chaos SEED=7", "## Not checked or incomplete"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report markdown lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -1,0 +1,542 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/scheduler"
+)
+
+// Config is one run's shape.
+type Config struct {
+	// Duration of traffic and faults; the last sixth (at least 10s) is quiet,
+	// so that every fault's recovery is seen.
+	Duration time.Duration
+	Seed     uint64
+	// Out is the folder for the reports and the processes' logs.
+	Out string
+	// Faults are the kinds drawn from (default AllFaults), each once per
+	// round in an order the seed shuffles.
+	Faults []string
+	// Progress receives the live line; nil for none.
+	Progress io.Writer
+}
+
+// The run's fixed shape: 3 scheduler replicas, 3 workers, 20 hot orders.
+const (
+	replicas    = 3
+	workers     = 3
+	hotOrders   = 20
+	produceRate = 8 // jobs per second
+	lockTTL     = 2 * time.Second
+	tickLockTTL = 2 * time.Second
+	prefix      = "lockstep:"
+	drainBound  = 90 * time.Second // after traffic stops, for every job to finish
+	stopBound   = 15 * time.Second // for a process to exit after SIGTERM
+)
+
+// The schedules every replica runs: each second and every two seconds, on
+// orders the producer also uses, so ticks contend with jobs.
+var schedules = []struct{ name, cron, order string }{
+	{"chaos-pay-1", "* * * * * *", "1"},
+	{"chaos-pay-2", "* * * * * *", "2"},
+	{"chaos-settle-3", "*/2 * * * * *", "3"},
+}
+
+func schedulerConfig(redisAddr string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `redis:
+  addr: %q
+  dial_timeout: 1s
+  read_timeout: 1s
+  write_timeout: 1s
+log:
+  format: json
+  level: debug
+scheduler:
+  max_clock_skew: 500ms
+  tick_lock_ttl: %s
+  task_retention: 1h
+  max_catch_up: 100
+schedules:
+`, redisAddr, tickLockTTL)
+	for i, s := range schedules {
+		fmt.Fprintf(&b, `  - name: %s
+    cron: %q
+    task: %s
+    payload: {"order_id": %q, "work_ms": %d}
+    queue: %s
+    timeout: 30s
+    max_retry: 25
+    catch_up: all
+`, s.name, s.cron, demoType, s.order, 100+400*i, demoQueue)
+	}
+	return b.String()
+}
+
+func workerConfig(redisAddr string) string {
+	return fmt.Sprintf(`redis:
+  addr: %q
+  dial_timeout: 1s
+  read_timeout: 1s
+  write_timeout: 1s
+log:
+  format: json
+  level: info
+lock:
+  prefix: %q
+  ttl: %s
+worker:
+  concurrency: 4
+  shutdown_timeout: 3s
+  contention_backoff_min: 50ms
+  contention_backoff_max: 1s
+  demo: true
+`, redisAddr, prefix, lockTTL)
+}
+
+// run is one chaos run's state.
+type run struct {
+	tb    testing.TB
+	cfg   Config
+	rng   *rand.Rand // the fault schedule's
+	redis *redistest.Server
+	rc    *redis.Client
+	host  string
+
+	schedulers []*role
+	workers    []*role
+	proxies    []*redistest.Proxy
+
+	hist    History
+	faults  atomic.Int64
+	current atomic.Value // string: the fault under way
+}
+
+// Run runs the binaries under cfg's fault schedule, then checks the history.
+// It returns the report and the history it was made from; every process it
+// started is gone when it returns.
+func Run(tb testing.TB, cfg Config) (*Report, History) {
+	tb.Helper()
+	if cfg.Duration < 30*time.Second {
+		tb.Fatalf("chaos: duration %v is too short (at least 30s)", cfg.Duration)
+	}
+	if len(cfg.Faults) == 0 {
+		cfg.Faults = AllFaults
+	}
+	for _, f := range cfg.Faults {
+		if !isFault(f) {
+			tb.Fatalf("chaos: unknown fault kind %q (known: %s)", f, strings.Join(AllFaults, ", "))
+		}
+	}
+	logDir := filepath.Join(cfg.Out, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		tb.Fatalf("chaos: %v", err)
+	}
+	host, _ := os.Hostname()
+	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b)), host: cmpOr(host, "unknown")}
+	r.current.Store("")
+
+	schedBin, workerBin := build(tb, tb.TempDir())
+	r.redis = redistest.StartAOF(tb)
+	r.rc = r.redis.Client(func(o *redis.Options) {
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
+		o.MaxRetries = -1
+	})
+	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(r.redis.Addr))
+	for i := range replicas {
+		r.schedulers = append(r.schedulers, &role{name: fmt.Sprintf("scheduler-%d", i+1), bin: schedBin, config: schedCfg, logDir: logDir})
+	}
+	for i := range workers {
+		p := redistest.StartProxy(tb, r.redis.Addr)
+		r.proxies = append(r.proxies, p)
+		name := fmt.Sprintf("worker-%d", i+1)
+		r.workers = append(r.workers, &role{name: name, bin: workerBin, logDir: logDir,
+			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr))})
+	}
+	tb.Cleanup(func() { // whatever happened, no process outlives the run
+		for _, p := range append(r.schedulers, r.workers...) {
+			p.kill()
+		}
+	})
+	for _, p := range append(r.workers, r.schedulers...) {
+		p.start(tb)
+	}
+
+	r.hist = History{Seed: cfg.Seed, Start: time.Now()}
+	firstTick := time.Now().Truncate(time.Second).Add(2 * time.Second)
+	ctx, stopTraffic := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var produced []Job
+	wg.Go(func() { produced = r.produce(ctx) })
+	progressDone := make(chan struct{})
+	var pwg sync.WaitGroup
+	pwg.Go(func() { r.progress(progressDone) })
+
+	quiet := max(cfg.Duration/6, 10*time.Second)
+	r.inject(r.hist.Start.Add(cfg.Duration - quiet))
+	r.current.Store("quiet")
+	time.Sleep(time.Until(r.hist.Start.Add(cfg.Duration))) // the quiet tail: traffic, no faults
+	r.hist.End = time.Now()
+
+	stopTraffic()
+	wg.Wait()
+	r.hist.Jobs = produced
+	r.current.Store("stopping schedulers")
+	for _, s := range r.schedulers {
+		if !s.term(stopBound) {
+			tb.Logf("chaos: %s did not exit within %v of SIGTERM; killed", s.name, stopBound)
+		}
+	}
+	lastTick := time.Now().Add(-2 * time.Second)
+	r.current.Store("draining")
+	r.drain()
+	close(progressDone)
+	pwg.Wait()
+	for _, w := range r.workers {
+		if !w.term(stopBound) {
+			tb.Logf("chaos: %s did not exit within %v of SIGTERM; killed", w.name, stopBound)
+		}
+	}
+
+	r.collect(firstTick, lastTick)
+	rep := Check(r.hist)
+	return rep, r.hist
+}
+
+func isFault(kind string) bool {
+	for _, k := range AllFaults {
+		if k == kind {
+			return true
+		}
+	}
+	return false
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func writeFile(tb testing.TB, dir, name, text string) string {
+	tb.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		tb.Fatalf("chaos: %v", err)
+	}
+	return path
+}
+
+// produce enqueues demo jobs on the hot orders at produceRate until ctx
+// ends, with work_ms from 10ms to 1.5s (a fifth longer than a renewal
+// interval), and returns each job with whether asynq acknowledged it.
+func (r *run) produce(ctx context.Context) (out []Job) {
+	client := asynq.NewClientFromRedisClient(r.rc)
+	defer client.Close()
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x6a6f6273)) // the traffic's, apart from the faults'
+	tick := time.NewTicker(time.Second / produceRate)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+		}
+		order := fmt.Sprint(1 + rng.IntN(hotOrders))
+		work := 10 + rng.Int64N(300)
+		if rng.IntN(5) == 0 {
+			work = 700 + rng.Int64N(800)
+		}
+		payload, _ := json.Marshal(demoPayload{OrderID: order, WorkMS: work})
+		id := fmt.Sprintf("job-%d", n)
+		ectx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := client.EnqueueContext(ectx, asynq.NewTask(demoType, payload), asynq.TaskID(id),
+			asynq.Queue(demoQueue), asynq.MaxRetry(25), asynq.Timeout(30*time.Second), asynq.Retention(time.Hour))
+		cancel()
+		out = append(out, Job{ID: id, OrderID: order, Acked: err == nil})
+	}
+}
+
+// progress prints the live line: in place on a terminal, else every 10s.
+func (r *run) progress(done <-chan struct{}) {
+	w := r.cfg.Progress
+	if w == nil {
+		return
+	}
+	every, ending := 10*time.Second, "\n"
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			every, ending = time.Second, ""
+		}
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr, MaxRetries: -1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	execs := "?"
+	line := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		if n, err := c.XLen(ctx, demoStream(prefix)).Result(); err == nil {
+			execs = fmt.Sprint(n)
+		}
+		cancel()
+		prefixCR := ""
+		if ending == "" {
+			prefixCR = "\r\033[K"
+		}
+		fmt.Fprintf(w, "%schaos seed %d  %s / %s  faults %d  executions %s  now: %s%s", prefixCR, r.cfg.Seed,
+			time.Since(r.hist.Start).Round(time.Second), r.cfg.Duration, r.faults.Load(), execs, r.current.Load(), ending)
+	}
+	for {
+		select {
+		case <-done:
+			line()
+			if ending == "" {
+				fmt.Fprintln(w)
+			}
+			return
+		case <-t.C:
+			line()
+		}
+	}
+}
+
+// inject runs the fault schedule until the deadline: rounds in which each
+// kind comes once, in an order the seed shuffles, 2–5s apart.
+func (r *run) inject(deadline time.Time) {
+	var round []string
+	for {
+		gap := time.Duration(2000+r.rng.IntN(3000)) * time.Millisecond
+		if len(round) == 0 {
+			round = append([]string(nil), r.cfg.Faults...)
+			r.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		}
+		kind := round[0]
+		// Draw every parameter before deciding whether there is time, so
+		// that one seed gives one schedule whatever the machine's speed.
+		f := r.draw(kind)
+		if time.Now().Add(gap + f.budget).After(deadline) {
+			return
+		}
+		round = round[1:]
+		r.current.Store("waiting")
+		time.Sleep(gap) // the schedule's own spacing, not a wait for an event
+		r.current.Store(kind)
+		fault := f.do()
+		r.faults.Add(1)
+		r.hist.Faults = append(r.hist.Faults, fault)
+	}
+}
+
+// plan is one drawn fault, ready to run.
+type plan struct {
+	budget time.Duration // at most how long it takes, restart included
+	do     func() Fault
+}
+
+func (r *run) draw(kind string) plan {
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+r.rng.IntN(hi-lo+1)) * time.Millisecond }
+	wi := r.rng.IntN(workers)
+	si := r.rng.IntN(replicas)
+	short, long := ms(200, 1500), ms(3000, 6000)
+	down := ms(200, 2000)
+	offset := ms(0, 999)
+	if r.rng.IntN(2) == 0 {
+		offset = ms(0, 60) // between a tick's claim and its enqueue, most likely
+	}
+	drain := ms(50, 2500)
+	w, s := r.workers[wi], r.schedulers[si]
+	restartBudget := 3 * time.Second // a restart is usually ready in 1s; a slower one eats into the quiet tail
+	switch kind {
+	case FaultWorkerKill:
+		return plan{down + restartBudget, func() Fault {
+			f := r.begin(kind, w, "SIGKILL mid-work, restarted after "+down.String())
+			w.kill()
+			time.Sleep(down)
+			w.start(r.tb)
+			return r.end(f)
+		}}
+	case FaultWorkerKillDrain:
+		return plan{drain + down + restartBudget, func() Fault {
+			f := r.begin(kind, w, fmt.Sprintf("SIGTERM, SIGKILL %v into the drain, restarted after %v", drain, down))
+			w.signal(syscall.SIGTERM)
+			select {
+			case <-w.done: // drained before the kill came
+				w.cmd = nil
+				f.Detail += " (had exited by itself)"
+			case <-time.After(drain):
+				w.kill()
+			}
+			time.Sleep(down)
+			w.start(r.tb)
+			return r.end(f)
+		}}
+	case FaultSchedulerKill:
+		return plan{time.Second + offset + down + restartBudget, func() Fault {
+			next := time.Now().Truncate(time.Second).Add(time.Second)
+			time.Sleep(time.Until(next.Add(offset)))
+			f := r.begin(kind, s, fmt.Sprintf("SIGKILL %v into a tick, restarted after %v", offset, down))
+			s.kill()
+			time.Sleep(down)
+			s.start(r.tb)
+			return r.end(f)
+		}}
+	case FaultWorkerPauseShort, FaultWorkerPauseLong:
+		d := short
+		if kind == FaultWorkerPauseLong {
+			d = long
+		}
+		return plan{d, func() Fault {
+			f := r.begin(kind, w, fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL))
+			w.signal(syscall.SIGSTOP)
+			time.Sleep(d)
+			w.signal(syscall.SIGCONT)
+			return r.end(f)
+		}}
+	case FaultRedisPauseShort, FaultRedisPauseLong:
+		d := short
+		if kind == FaultRedisPauseLong {
+			d = long
+		}
+		return plan{d, func() Fault {
+			f := Fault{Kind: kind, Target: "redis", Start: time.Now(), Detail: fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL)}
+			r.redis.Pause()
+			time.Sleep(d)
+			r.redis.Resume()
+			return r.end(f)
+		}}
+	case FaultRedisKill:
+		return plan{down + 10*time.Second, func() Fault {
+			f := Fault{Kind: kind, Target: "redis", Start: time.Now(), Detail: fmt.Sprintf("SIGKILL, restarted from its AOF after %v", down)}
+			r.redis.Kill()
+			time.Sleep(down)
+			r.redis.Restart()
+			return r.end(f)
+		}}
+	case FaultWorkerPartition:
+		return plan{long, func() Fault {
+			f := r.begin(kind, w, fmt.Sprintf("link to Redis black-holed for %v", long))
+			r.proxies[wi].Blackhole()
+			time.Sleep(long)
+			r.proxies[wi].Restore()
+			return r.end(f)
+		}}
+	}
+	panic("chaos: unknown fault " + kind)
+}
+
+func (r *run) begin(kind string, p *role, detail string) Fault {
+	f := Fault{Kind: kind, Target: p.name, Start: time.Now(), Detail: detail}
+	if p.cmd != nil {
+		f.PID = p.pid()
+		if strings.HasPrefix(p.name, "worker") {
+			f.Worker = fmt.Sprintf("%s:%d", r.host, f.PID)
+		}
+	}
+	return f
+}
+
+func (r *run) end(f Fault) Fault {
+	f.End = time.Now()
+	return f
+}
+
+// drain waits, within drainBound, until no task is left to run in the
+// queue. Tasks waiting for a retry are made ready at once: a run that failed
+// to record itself (Redis was down) waits asynq's default backoff of 15s
+// and more, which would only lengthen the run, not change what it checks.
+func (r *run) drain() {
+	insp := asynq.NewInspectorFromRedisClient(r.rc)
+	defer insp.Close()
+	deadline := time.Now().Add(drainBound)
+	for time.Now().Before(deadline) {
+		q, err := insp.GetQueueInfo(demoQueue)
+		if err == nil && q.Pending+q.Active+q.Scheduled+q.Retry+q.Aggregating == 0 {
+			return
+		}
+		if err == nil && q.Retry > 0 {
+			_, _ = insp.RunAllRetryTasks(demoQueue)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the queue, the observable itself
+	}
+	r.tb.Logf("chaos: the queue did not drain within %v", drainBound)
+}
+
+// collect reads the history: the demo's streams, asynq's final states and
+// the replicas' logs.
+func (r *run) collect(firstTick, lastTick time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := &r.hist
+	execs, complete, err := readStream(ctx, r.rc, demoStream(prefix))
+	if err != nil {
+		r.tb.Logf("chaos: read %s: %v", demoStream(prefix), err)
+	}
+	h.ExecutionsComplete = complete && err == nil
+	for _, m := range execs {
+		h.Executions = append(h.Executions, Execution{
+			OrderID: m["order_id"], Fence: atoi(m["fence"]), Worker: m["worker"], TaskID: m["task_id"],
+			Started: msTime(m["started_ms"]), Finished: msTime(m["finished_ms"]), Outcome: m["outcome"],
+		})
+	}
+	if n, err := r.rc.Exists(ctx, demoWrites(prefix)).Result(); err == nil && n == 1 {
+		writes, complete, err := readStream(ctx, r.rc, demoWrites(prefix))
+		h.WritesAvailable, h.WritesComplete = true, complete && err == nil
+		for _, m := range writes {
+			h.Writes = append(h.Writes, Write{OrderID: m["order_id"], Fence: atoi(m["fence"]), TaskID: m["task_id"],
+				Worker: m["worker"], Op: m["op"], At: msTime(m["at_ms"])})
+		}
+	}
+
+	insp := asynq.NewInspectorFromRedisClient(r.rc)
+	defer insp.Close()
+	state := func(id string) string {
+		info, err := insp.GetTaskInfo(demoQueue, id)
+		if err != nil {
+			return ""
+		}
+		return info.State.String()
+	}
+	for i := range h.Jobs {
+		if h.Jobs[i].Acked {
+			h.Jobs[i].State = state(h.Jobs[i].ID)
+		}
+	}
+	for _, s := range schedules {
+		spec, err := scheduler.ParseSpec(s.cron, time.UTC)
+		if err != nil {
+			r.tb.Fatalf("chaos: schedule %s: %v", s.name, err)
+		}
+		for t := spec.Next(firstTick.Add(-time.Second)); !t.After(lastTick); t = spec.Next(t) {
+			h.Ticks = append(h.Ticks, Tick{Schedule: s.name, Tick: t.Unix(), State: state(scheduler.TaskID(s.name, t))})
+		}
+	}
+
+	h.ReplicaLogsComplete = true
+	for _, s := range r.schedulers {
+		for _, path := range s.logs {
+			if err := readReplicaLog(path, h); err != nil {
+				r.tb.Logf("chaos: %s: %v", path, err)
+				h.ReplicaLogsComplete = false
+			}
+		}
+	}
+}

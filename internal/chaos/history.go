@@ -1,0 +1,134 @@
+package chaos
+
+import (
+	"time"
+)
+
+// History is everything a run recorded, in the form the checker reads. The
+// harness fills it from Redis, asynq and the replicas' logs; tests build one
+// by hand.
+type History struct {
+	Seed       uint64
+	Start, End time.Time
+
+	// Executions is the demo's executions stream, in stream order.
+	Executions []Execution
+	// ExecutionsComplete is false when the stream was trimmed (or could not
+	// be read in full): checks on it are then incomplete.
+	ExecutionsComplete bool
+
+	// Writes is the demo store's log of accepted fenced writes, in stream
+	// (that is, real) order; nil with WritesAvailable false when the demo
+	// keeps no such log.
+	Writes          []Write
+	WritesAvailable bool
+	WritesComplete  bool
+
+	// Jobs are the jobs the producer enqueued, with asynq's final state.
+	Jobs []Job
+
+	// Claims and Enqueues are the scheduler replicas' own records of the
+	// ticks they claimed and enqueued, from their log lines.
+	Claims   []TickEvent
+	Enqueues []TickEvent
+	// Ticks are the ticks every schedule was due to fire in the checked
+	// window, each with its asynq task state ("" when asynq has no task).
+	Ticks []Tick
+	// ReplicaLogsComplete is false when a replica's log could not be read.
+	ReplicaLogsComplete bool
+
+	// Faults are the faults injected, in order.
+	Faults []Fault
+}
+
+// Execution is one entry of the demo's executions stream.
+type Execution struct {
+	OrderID  string
+	Fence    int64
+	Worker   string // host:pid of the worker process
+	TaskID   string
+	Started  time.Time
+	Finished time.Time
+	Outcome  string // ok, lock_lost, fence_rejected, canceled
+}
+
+// Write is one accepted write of the demo's fenced store.
+type Write struct {
+	OrderID string
+	Fence   int64
+	TaskID  string
+	Worker  string
+	Op      string // begin or commit
+	At      time.Time
+}
+
+// Job is one job the producer enqueued.
+type Job struct {
+	ID      string
+	OrderID string
+	// Acked is true when asynq acknowledged the enqueue; an enqueue that
+	// failed or timed out may or may not have happened, and is not checked.
+	Acked bool
+	// State is asynq's final state (completed, archived, pending, active,
+	// retry, scheduled), or "" when asynq has no such task.
+	State string
+}
+
+// TickEvent is one replica's log line for a tick.
+type TickEvent struct {
+	Replica  string
+	Schedule string
+	Tick     int64 // Unix seconds
+	Kind     string
+	Result   string // enqueues only: enqueued, caught_up, duplicate
+	At       time.Time
+}
+
+// Tick is one tick of a schedule that was due within the checked window.
+type Tick struct {
+	Schedule string
+	Tick     int64
+	State    string // asynq task state, "" when there is no task
+}
+
+// Fault is one injected fault.
+type Fault struct {
+	Kind   string
+	Target string    // e.g. worker-2, scheduler-1, redis
+	PID    int       // the process that received the signal, if any
+	Worker string    // the demo's worker id of that process (host:pid), for workers
+	Start  time.Time // when the fault began
+	End    time.Time // when it was healed (process restarted, resumed, link restored)
+	Detail string    // e.g. "paused 3.2s", "killed 140ms into a tick"
+}
+
+// Fault kinds.
+const (
+	FaultWorkerKill       = "worker_kill"        // SIGKILL mid-work, restart
+	FaultWorkerKillDrain  = "worker_kill_drain"  // SIGTERM, SIGKILL during the drain, restart
+	FaultSchedulerKill    = "scheduler_kill"     // SIGKILL at a random offset inside a tick, restart
+	FaultWorkerPauseShort = "worker_pause_short" // SIGSTOP for less than the lock TTL
+	FaultWorkerPauseLong  = "worker_pause_long"  // SIGSTOP for more than the lock TTL
+	FaultRedisPauseShort  = "redis_pause_short"  // SIGSTOP Redis for less than the lock TTL
+	FaultRedisPauseLong   = "redis_pause_long"   // SIGSTOP Redis for more than the lock TTL
+	FaultRedisKill        = "redis_kill_aof"     // SIGKILL Redis, restart from its AOF
+	FaultWorkerPartition  = "worker_blackhole"   // a worker's link to Redis black-holed, then healed
+)
+
+// AllFaults lists every fault kind in a fixed order.
+var AllFaults = []string{
+	FaultWorkerKill, FaultWorkerKillDrain, FaultSchedulerKill,
+	FaultWorkerPauseShort, FaultWorkerPauseLong,
+	FaultRedisPauseShort, FaultRedisPauseLong, FaultRedisKill,
+	FaultWorkerPartition,
+}
+
+// redisFault reports whether kind makes Redis itself unhealthy.
+func redisFault(kind string) bool {
+	return kind == FaultRedisPauseShort || kind == FaultRedisPauseLong || kind == FaultRedisKill
+}
+
+// workerKill reports whether kind kills a worker process.
+func workerKill(kind string) bool {
+	return kind == FaultWorkerKill || kind == FaultWorkerKillDrain
+}

@@ -1,0 +1,92 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// readStream reads a whole stream in pages, and reports whether it is
+// complete: nothing was ever trimmed from it.
+func readStream(ctx context.Context, c redis.UniversalClient, key string) (out []map[string]string, complete bool, err error) {
+	info, err := c.XInfoStream(ctx, key).Result()
+	if err != nil {
+		if err == redis.Nil || isNoSuchKey(err) {
+			return nil, true, nil
+		}
+		return nil, false, err
+	}
+	start := "-"
+	for range 10_000 { // pages of 1000: bounded well above any run
+		msgs, err := c.XRangeN(ctx, key, start, "+", 1000).Result()
+		if err != nil {
+			return out, false, err
+		}
+		for _, m := range msgs {
+			fields := make(map[string]string, len(m.Values))
+			for k, v := range m.Values {
+				fields[k], _ = v.(string)
+			}
+			out = append(out, fields)
+		}
+		if len(msgs) < 1000 {
+			break
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+	return out, info.EntriesAdded == int64(len(out)), nil
+}
+
+func isNoSuchKey(err error) bool { return err != nil && err.Error() == "ERR no such key" }
+
+// readReplicaLog adds the tick lines of a scheduler replica's log file to h.
+func readReplicaLog(path string, h *History) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return ReadReplicaLog(f, h)
+}
+
+// ReadReplicaLog adds a scheduler replica's "tick claimed" and "tick
+// enqueued" log lines (JSON, at level debug) to h's Claims and Enqueues.
+func ReadReplicaLog(r io.Reader, h *History) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var rec struct {
+			Time     time.Time `json:"time"`
+			Msg      string    `json:"msg"`
+			Replica  string    `json:"replica"`
+			Schedule string    `json:"schedule"`
+			Tick     int64     `json:"tick"`
+			Kind     string    `json:"kind"`
+			Result   string    `json:"result"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			continue // a line cut by SIGKILL, or not JSON
+		}
+		e := TickEvent{Replica: rec.Replica, Schedule: rec.Schedule, Tick: rec.Tick, Kind: rec.Kind, Result: rec.Result, At: rec.Time}
+		switch rec.Msg {
+		case "tick claimed":
+			h.Claims = append(h.Claims, e)
+		case "tick enqueued":
+			h.Enqueues = append(h.Enqueues, e)
+		}
+	}
+	return sc.Err()
+}
+
+func atoi(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+func msTime(s string) time.Time { return time.UnixMilli(atoi(s)) }
