@@ -144,6 +144,15 @@ func (l *Locker) NotifyLoss(f func(lease *Lease, err error)) bool {
 	return ok
 }
 
+// Close stops what the back end runs besides leases (etcd: its watch of the
+// lock keys). It leaves leases and clients alone. Safe to repeat.
+func (l *Locker) Close() error {
+	if c, ok := l.be.(interface{ close() error }); ok {
+		return c.close()
+	}
+	return nil
+}
+
 // Locker returns the Locker that took the lease.
 func (s *Lease) Locker() *Locker { return s.locker }
 
@@ -183,7 +192,8 @@ func (s *Lease) Fence() int64 { return s.fence }
 // TTL returns the lease's time to live, as acquired and as every renewal sets it.
 func (s *Lease) TTL() time.Duration { return s.ttl }
 
-// AcquiredAt returns when the acquire request was sent: the lease is valid
+// AcquiredAt returns when the acquire request was sent (on etcd, when the
+// lease the lock joined was last kept alive, if earlier): the lease is valid
 // until at most AcquiredAt + TTL unless renewed.
 func (s *Lease) AcquiredAt() time.Time { return s.sent }
 
@@ -206,9 +216,10 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 		ttl:      ttl,
 		owner:    OwnerFrom(ctx),
 	}
-	lease.sent = time.Now()
+	start := time.Now()
+	lease.sent = start // a back end may move it earlier: see AcquiredAt
 	ok, err := l.be.acquire(ctx, lease)
-	l.metrics.LockAcquireDuration.Observe(time.Since(lease.sent).Seconds())
+	l.metrics.LockAcquireDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case err != nil:
 		l.failed.Inc()
