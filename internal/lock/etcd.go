@@ -267,7 +267,17 @@ const checkBatch = 128
 // all at once). A lease is renewed when its etcd lease was kept alive and its
 // key still holds its token; lost (expired) when the etcd lease or the key is
 // gone, lost (stolen) when the key holds another token or another lease.
+//
+// A member that does not answer (paused, cut off) leaves its calls hanging
+// rather than failing them, so each round gets a quarter of the time left
+// before ctx's deadline (the round's earliest local deadline): the watchdog
+// retries in time, and its next calls go to other members.
 func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []error) {
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(d)/4)
+		defer cancel()
+	}
 	sent := time.Now()
 	ids := map[clientv3.LeaseID]error{} // keep-alive result per etcd lease
 	var distinct []clientv3.LeaseID
