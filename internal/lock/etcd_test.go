@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
 // etcdStore is store on etcd.
@@ -289,5 +290,34 @@ func TestEtcdLossNoticeIsImmediate(t *testing.T) {
 	case n := <-notices:
 		t.Fatalf("unexpected notice for %s: %v (a release is not a loss)", n.lease.Key(), n.err)
 	default:
+	}
+}
+
+// max_hold works as on Redis: the watchdog ends the hold, and the release
+// that follows deletes the key, so the next holder gets it at once.
+func TestEtcdMaxHoldFreesTheLockAtRelease(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	l := d.locker()
+	wd := watchdog.New(watchdog.Options{MaxHold: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "bounded", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hold := wd.Hold(ctx, lease)
+	if _, reason := lostWithin(t, hctx, 5*time.Second); reason != lock.ReasonMaxHold {
+		t.Fatalf("reason %s, want max_hold", reason)
+	}
+	if err := hold.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("Release after max_hold: %v, want ErrLockLost", err)
+	}
+	if got := d.store.get(t, lease.RedisKey()); got[0] != "" {
+		t.Fatalf("the key still holds %q after the release", got[0])
+	}
+	if _, err := d.locker().TryAcquire(ctx, "bounded", 5*time.Second); err != nil {
+		t.Fatalf("next holder: %v", err)
 	}
 }
