@@ -21,12 +21,14 @@ import (
 // real disks).
 //
 //   - cycle: one TryAcquire + Release per op, 64 goroutines on their own keys.
+//
 //   - handoff: 8 goroutines contend for one key with Acquire (backoff 1–10ms)
 //     and release it at once; an op is one acquire of the hot key (the worker
 //     that released may take it again: this is contended throughput).
+//
 //   - renew1000: one RenewAll of 1,000 held locks per op.
 //
-//	go test -run '^$' -bench Backends -benchtime 2s ./internal/lock
+//     go test -run '^$' -bench Backends -benchtime 2s ./internal/lock
 func BenchmarkBackends(b *testing.B) {
 	type backend struct {
 		name   string
