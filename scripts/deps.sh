@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the programs the tests start, from Debian's packages, when missing:
-# redis-server (internal/redistest), prometheus with promtool
-# (internal/deploytest checks the alert rules and runs the dashboard queries)
-# and chromium (cmd/lockstep opens the operator's page in headless Chromium).
+# redis-server (internal/redistest), etcd-server (internal/etcdtest: the etcd
+# lock back end), prometheus with promtool (internal/deploytest checks the
+# alert rules and runs the dashboard queries) and chromium (cmd/lockstep
+# opens the operator's page in headless Chromium).
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
 	need+=(prometheus)
 fi
@@ -27,7 +29,14 @@ if [ ${#need[@]} -gt 0 ]; then
 		echo "deps: stopping and disabling the prometheus service the package started"
 		$sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
 	fi
+	# Likewise etcd on :2379: the tests start their own members on free ports.
+	if [[ " ${need[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1 &&
+		systemctl is-active --quiet etcd 2>/dev/null; then
+		echo "deps: stopping and disabling the etcd service the package started"
+		$sudo systemctl disable --now etcd >/dev/null 2>&1 || true
+	fi
 fi
 redis-server --version
+etcd --version 2>&1 | head -n 1
 promtool --version 2>&1 | head -n 1
 chromium --version 2>/dev/null || true

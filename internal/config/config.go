@@ -44,7 +44,7 @@ const (
 	RedisCluster  RedisMode = "cluster"  // Redis Cluster
 )
 
-// TLSConfig enables TLS to Redis. The files are PEM; CertFile and KeyFile
+// TLSConfig enables TLS (to Redis, or to etcd under lock.etcd). The files are PEM; CertFile and KeyFile
 // (a client certificate) go together.
 type TLSConfig struct {
 	Enabled    bool   `yaml:"enabled"`
@@ -76,6 +76,24 @@ type LockConfig struct {
 	DriftMargin         time.Duration `yaml:"drift_margin"`   // 0 = watchdog default
 	WaitReplicas        int           `yaml:"wait_replicas"`
 	WaitReplicasTimeout time.Duration `yaml:"wait_replicas_timeout"`
+	Etcd                EtcdConfig    `yaml:"etcd"` // etcd: the cluster that holds the locks
+}
+
+// EtcdConfig says how to reach the etcd cluster of lock.backend etcd. Only
+// locks live there; the queue and the scheduler's tick claims stay on Redis.
+// After loading, Password holds the contents of PasswordFile when that was set.
+type EtcdConfig struct {
+	Endpoints    []string      `yaml:"endpoints"` // host:port, http://host:port or https://host:port
+	Username     string        `yaml:"username"`
+	Password     Secret        `yaml:"password"`
+	PasswordFile string        `yaml:"password_file"`
+	TLS          TLSConfig     `yaml:"tls"`
+	DialTimeout  time.Duration `yaml:"dial_timeout"` // 0 = 5s
+}
+
+func (e EtcdConfig) isZero() bool {
+	return len(e.Endpoints) == 0 && e.Username == "" && e.Password == "" && e.PasswordFile == "" &&
+		e.TLS == (TLSConfig{}) && e.DialTimeout == 0
 }
 
 // LockBackend is where locks live.
@@ -85,6 +103,7 @@ type LockBackend string
 const (
 	BackendRedis   LockBackend = "redis"   // in the redis section's deployment
 	BackendRedlock LockBackend = "redlock" // on a quorum of lock.nodes
+	BackendEtcd    LockBackend = "etcd"    // in the etcd cluster of lock.etcd
 )
 
 // WorkerConfig is the configuration of cmd/worker (configs/worker.yaml).

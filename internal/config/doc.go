@@ -6,7 +6,7 @@
 // A value comes from, in rising precedence: the defaults (DefaultWorker,
 // DefaultScheduler), the YAML file, the environment. Validation runs last, on
 // the merged result, and completes it: redis.password_file is read into
-// redis.password, and each schedule gets its time zone and catch-up cap.
+// redis.password (lock.etcd.password_file into lock.etcd.password), and each schedule gets its time zone and catch-up cap.
 //
 // # Environment
 //
@@ -28,10 +28,12 @@
 // names the master) or a Cluster (redis.addrs lists seed nodes; db 0 only).
 // UniversalOptions gives the matching go-redis client kind; asynq runs on
 // that client (asynq.NewClientFromRedisClient and friends).
-// lock.backend says where locks live: redis (the redis section's deployment)
-// or redlock (a quorum of lock.nodes, an odd number of independent masters
-// reached with the redis section's credentials, TLS and timeouts).
-// Common.NewLocker builds the Locker for either, for both binaries.
+// lock.backend says where locks live: redis (the redis section's deployment),
+// redlock (a quorum of lock.nodes, an odd number of independent masters
+// reached with the redis section's credentials, TLS and timeouts) or etcd (the
+// cluster of lock.etcd.endpoints, with its own credentials and TLS; the keys
+// of lock.etcd are refused with any other backend). Common.NewLocker builds
+// the Locker for each, for both binaries.
 //
 // # Guarantees
 //

@@ -119,8 +119,26 @@ func TestErrors(t *testing.T) {
 			want: `FILE: line 3: redis.addrs: is only used with redis.mode sentinel or cluster; set redis.addr for a single server`},
 		{name: "single with sentinel password", yaml: ok + "  sentinel_password: x\n",
 			want: `FILE: line 3: redis.sentinel_password: is only used with redis.mode sentinel (redis.mode is "single")`},
-		{name: "bad lock backend", yaml: ok + "lock:\n  backend: etcd\n",
-			want: `FILE: line 4: lock.backend: must be redis or redlock, got "etcd"`},
+		{name: "bad lock backend", yaml: ok + "lock:\n  backend: zookeeper\n",
+			want: `FILE: line 4: lock.backend: must be redis, redlock or etcd, got "zookeeper"`},
+		{name: "etcd without endpoints", yaml: ok + "lock:\n  backend: etcd\n",
+			want: `FILE: line 3: lock.etcd.endpoints: required with lock.backend etcd: list the etcd members as host:port or http(s)://host:port`},
+		{name: "etcd bad, duplicate and https-without-tls endpoints", yaml: ok + "lock:\n  backend: etcd\n  etcd:\n    endpoints:\n      - e1:2379\n      - e2\n      - http://e1:2379\n      - https://e3:2379\n      - grpc://e4:1\n",
+			want: "FILE: line 8: lock.etcd.endpoints[1]: invalid endpoint \"e2\": missing port in address\n" +
+				"FILE: line 9: lock.etcd.endpoints[2]: duplicate endpoint \"http://e1:2379\", also lock.etcd.endpoints[0]\n" +
+				"FILE: line 10: lock.etcd.endpoints[3]: endpoint \"https://e3:2379\" is https but lock.etcd.tls.enabled is false\n" +
+				"FILE: line 11: lock.etcd.endpoints[4]: invalid endpoint \"grpc://e4:1\": scheme \"grpc\" is not http or https"},
+		{name: "etcd with redlock and redis options", yaml: ok + "lock:\n  backend: etcd\n  etcd: {endpoints: [e1:2379]}\n  nodes: [n1:1, n2:1, n3:1]\n  wait_replicas: 1\n",
+			want: "FILE: line 6: lock.nodes: is only used with lock.backend redlock (lock.backend is \"etcd\"); list etcd members in lock.etcd.endpoints\n" +
+				"FILE: line 7: lock.wait_replicas: is not supported with lock.backend etcd, which commits every lock through its raft quorum, got 1"},
+		{name: "etcd password without username, tls file without tls", yaml: ok + "lock:\n  backend: etcd\n  etcd:\n    endpoints: [e1:2379]\n    password: pw\n    tls:\n      ca_file: /x.pem\n    dial_timeout: -1s\n",
+			want: "FILE: line 10: lock.etcd.dial_timeout: must be at least 0s, got -1s\n" +
+				"FILE: line 5: lock.etcd.username: required when lock.etcd.password or password_file is set\n" +
+				"FILE: line 9: lock.etcd.tls.ca_file: is set but lock.etcd.tls.enabled is false"},
+		{name: "etcd section without etcd backend", yaml: ok + "lock:\n  etcd:\n    endpoints: [e1:2379]\n",
+			want: `FILE: line 4: lock.etcd: is only used with lock.backend etcd (lock.backend is "redis")`},
+		{name: "env etcd endpoints", yaml: ok, env: map[string]string{"LOCKSTEP_LOCK_BACKEND": "etcd", "LOCKSTEP_LOCK_ETCD_ENDPOINTS": "e1:2379,e2"},
+			want: `env LOCKSTEP_LOCK_ETCD_ENDPOINTS: lock.etcd.endpoints[1]: invalid endpoint "e2": missing port in address`},
 		{name: "redlock without nodes", yaml: ok + "lock:\n  backend: redlock\n",
 			want: `FILE: line 3: lock.nodes: required with lock.backend redlock: list an odd number of independent Redis masters (3 or more, usually 5)`},
 		{name: "redlock with even nodes", yaml: ok + "lock:\n  backend: redlock\n  nodes: [n1:6379, n2:6379, n3:6379, n4:6379]\n",

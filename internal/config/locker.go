@@ -1,12 +1,20 @@
 package config
 
 import (
+	"cmp"
 	"errors"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
+
+// DefaultEtcdDialTimeout is lock.etcd.dial_timeout when it is 0.
+const DefaultEtcdDialTimeout = 5 * time.Second
 
 // NewLocker builds the Locker the lock section describes; both binaries use
 // it, so that their locks are the same.
@@ -15,9 +23,10 @@ import (
 // client, of the kind redis.mode says) and close does nothing. With redlock
 // it is lock.NewRedlock over one new client per lock.nodes address, reached
 // with the redis section's credentials, TLS, timeouts and pool size, and close
-// closes those clients. Either way the Locker has lock.prefix, and
-// lock.wait_replicas or lock.node_timeout when set; opts (e.g.
-// lock.WithMetrics) come last.
+// closes those clients. With etcd it is lock.NewEtcd over a new etcd client
+// for lock.etcd, and close stops the Locker's watch and closes the client.
+// Either way the Locker has lock.prefix, and lock.wait_replicas or
+// lock.node_timeout when set; opts (e.g. lock.WithMetrics) come last.
 func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l *lock.Locker, close func() error, err error) {
 	base := []lock.Option{lock.WithPrefix(c.Lock.Prefix)}
 	if c.Lock.WaitReplicas > 0 {
@@ -27,9 +36,25 @@ func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l
 		base = append(base, lock.WithNodeTimeout(c.Lock.NodeTimeout))
 	}
 	opts = append(base, opts...)
-	if c.Lock.Backend != BackendRedlock {
-		return lock.New(client, opts...), func() error { return nil }, nil
+	switch c.Lock.Backend {
+	case BackendRedlock:
+		return c.newRedlock(opts)
+	case BackendEtcd:
+		cfg, err := c.Lock.Etcd.ClientConfig()
+		if err != nil {
+			return nil, nil, err
+		}
+		cl, err := clientv3.New(cfg)
+		if err != nil {
+			return nil, nil, &Error{Field: "lock.etcd.endpoints", Msg: "cannot create the etcd client", Err: cause(err)}
+		}
+		l := lock.NewEtcd(cl, opts...)
+		return l, func() error { return errors.Join(l.Close(), cl.Close()) }, nil
 	}
+	return lock.New(client, opts...), func() error { return nil }, nil
+}
+
+func (c *Common) newRedlock(opts []lock.Option) (*lock.Locker, func() error, error) {
 	nodes := make([]redis.UniversalClient, len(c.Lock.Nodes))
 	closeAll := func() error {
 		var errs []error
@@ -53,4 +78,42 @@ func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l
 		return nil, nil, &Error{Field: "lock.nodes", Msg: "must list an odd number of nodes, 3 or more (usually 5)"}
 	}
 	return lock.NewRedlock(nodes, opts...), closeAll, nil
+}
+
+// ClientConfig returns the etcd client configuration for this section:
+// endpoints (a bare host:port gets the scheme TLS implies), credentials
+// (reading PasswordFile if the config was built by hand rather than loaded),
+// TLS and the dial timeout. The client dials in the background and logs
+// nothing: its errors reach the Locker's callers.
+func (e EtcdConfig) ClientConfig() (clientv3.Config, error) {
+	if e.Password == "" && e.PasswordFile != "" {
+		pw, err := readPasswordFile("lock.etcd.password_file", e.PasswordFile)
+		if err != nil {
+			return clientv3.Config{}, err
+		}
+		e.Password = pw
+	}
+	t, err := e.TLS.build("lock.etcd.tls")
+	if err != nil {
+		return clientv3.Config{}, err
+	}
+	scheme := "http://"
+	if t != nil {
+		scheme = "https://"
+	}
+	eps := make([]string, len(e.Endpoints))
+	for i, ep := range e.Endpoints {
+		if !strings.Contains(ep, "://") {
+			ep = scheme + ep
+		}
+		eps[i] = ep
+	}
+	return clientv3.Config{
+		Endpoints:   eps,
+		Username:    e.Username,
+		Password:    string(e.Password),
+		TLS:         t,
+		DialTimeout: cmp.Or(e.DialTimeout, DefaultEtcdDialTimeout),
+		Logger:      zap.NewNop(),
+	}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -205,6 +206,30 @@ func TestModesReachRealDeployments(t *testing.T) {
 				}
 				if n := main.Client().Exists(ctx, lease.RedisKey()).Val(); n != 0 {
 					t.Error("the redis section's server holds a Redlock lock")
+				}
+			})
+	})
+	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
+		main := redistest.Start(t)
+		cluster := etcdtest.StartCluster(t, 3)
+		eps := make([]string, 0, 3)
+		for _, ep := range cluster.Endpoints() {
+			eps = append(eps, strings.TrimPrefix(ep, "http://")) // bare host:port gets http://
+		}
+		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n",
+			main.Addr, strings.Join(eps, ", ")), "*redis.Client",
+			func(l *lock.Locker, lease *lock.Lease) {
+				if l.Backend() != "etcd" {
+					t.Errorf("backend %q, want etcd", l.Backend())
+				}
+				resp, err := cluster.Client().Get(ctx, lease.RedisKey())
+				if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != lease.Token() ||
+					resp.Kvs[0].CreateRevision != lease.Fence() {
+					t.Errorf("etcd holds %v (%v), want the token with the fence as create revision", resp, err)
+				}
+				if n := main.Client().Exists(ctx, lease.RedisKey()).Val(); n != 0 {
+					t.Error("the redis section's server holds an etcd lock")
 				}
 			})
 	})

@@ -161,19 +161,20 @@ func (r RedisConfig) NodeOptions(addr string) (*redis.Options, error) {
 // built by hand rather than loaded) and the TLS configuration.
 func (r RedisConfig) credentials() (string, *tls.Config, error) {
 	if r.Password == "" && r.PasswordFile != "" {
-		pw, err := readPasswordFile(r.PasswordFile)
+		pw, err := readPasswordFile("redis.password_file", r.PasswordFile)
 		if err != nil {
 			return "", nil, err
 		}
 		r.Password = pw
 	}
-	t, err := r.TLS.build()
+	t, err := r.TLS.build("redis.tls")
 	return string(r.Password), t, err
 }
 
 // build returns the TLS client configuration, or nil when TLS is off.
-// Errors are *Error naming the field and file, never file contents.
-func (t TLSConfig) build() (*tls.Config, error) {
+// Errors are *Error naming the field (under key, e.g. "redis.tls") and file,
+// never file contents.
+func (t TLSConfig) build(key string) (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
@@ -181,17 +182,17 @@ func (t TLSConfig) build() (*tls.Config, error) {
 	if t.CAFile != "" {
 		pem, err := os.ReadFile(t.CAFile)
 		if err != nil {
-			return nil, &Error{Field: "redis.tls.ca_file", Msg: fmt.Sprintf("cannot read %q", t.CAFile), Err: cause(err)}
+			return nil, &Error{Field: key + ".ca_file", Msg: fmt.Sprintf("cannot read %q", t.CAFile), Err: cause(err)}
 		}
 		c.RootCAs = x509.NewCertPool()
 		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, &Error{Field: "redis.tls.ca_file", Msg: fmt.Sprintf("no PEM certificate in %q", t.CAFile)}
+			return nil, &Error{Field: key + ".ca_file", Msg: fmt.Sprintf("no PEM certificate in %q", t.CAFile)}
 		}
 	}
 	if t.CertFile != "" || t.KeyFile != "" {
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			return nil, &Error{Field: "redis.tls.cert_file", Msg: fmt.Sprintf("cannot load key pair %q, %q", t.CertFile, t.KeyFile), Err: cause(err)}
+			return nil, &Error{Field: key + ".cert_file", Msg: fmt.Sprintf("cannot load key pair %q, %q", t.CertFile, t.KeyFile), Err: cause(err)}
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}

@@ -178,9 +178,23 @@ func (c *Common) check(v *validator) {
 // checkBackend checks lock.backend against its nodes and the Redis mode.
 func (c *Common) checkBackend(v *validator) {
 	l, p := &c.Lock, root.field("lock")
-	oneOf(v, p.field("backend"), l.Backend, BackendRedis, BackendRedlock)
+	oneOf(v, p.field("backend"), l.Backend, BackendRedis, BackendRedlock, BackendEtcd)
 	atLeast(v, p.field("node_timeout"), l.NodeTimeout, 0)
+	if l.Backend != BackendEtcd && !l.Etcd.isZero() {
+		v.fail(p.field("etcd"), "is only used with lock.backend etcd (lock.backend is %q)", l.Backend)
+	}
 	switch l.Backend {
+	case BackendEtcd:
+		if len(l.Nodes) > 0 {
+			v.fail(p.field("nodes"), "is only used with lock.backend redlock (lock.backend is %q); list etcd members in lock.etcd.endpoints", l.Backend)
+		}
+		if l.NodeTimeout != 0 {
+			v.fail(p.field("node_timeout"), "is only used with lock.backend redlock (lock.backend is %q)", l.Backend)
+		}
+		if l.WaitReplicas > 0 {
+			v.fail(p.field("wait_replicas"), "is not supported with lock.backend etcd, which commits every lock through its raft quorum, got %d", l.WaitReplicas)
+		}
+		c.checkEtcd(v)
 	case BackendRedis:
 		if len(l.Nodes) > 0 {
 			v.fail(p.field("nodes"), "is only used with lock.backend redlock (lock.backend is %q)", l.Backend)
@@ -218,6 +232,56 @@ func (c *Common) checkBackend(v *validator) {
 			v.fail(p.field("node_timeout"), "must be less than lock.ttl (%v), got %v", l.TTL, l.NodeTimeout)
 		}
 	}
+}
+
+// checkEtcd checks lock.etcd for lock.backend etcd.
+func (c *Common) checkEtcd(v *validator) {
+	e, p := &c.Lock.Etcd, root.field("lock").field("etcd")
+	if len(e.Endpoints) == 0 {
+		v.fail(p.field("endpoints"), "required with lock.backend etcd: list the etcd members as host:port or http(s)://host:port")
+	}
+	seen := map[string]int{}
+	for i, ep := range e.Endpoints {
+		q := p.field("endpoints").index(i, "")
+		scheme, hostPort, err := splitEndpoint(ep)
+		switch {
+		case err != nil:
+			v.fail(q, "invalid endpoint %q: %v", ep, err)
+		case scheme == "https" && !e.TLS.Enabled:
+			v.fail(q, "endpoint %q is https but lock.etcd.tls.enabled is false", ep)
+		case scheme == "http" && e.TLS.Enabled:
+			v.fail(q, "endpoint %q is http but lock.etcd.tls.enabled is true", ep)
+		default:
+			if j, dup := seen[hostPort]; dup {
+				v.fail(q, "duplicate endpoint %q, also lock.etcd.endpoints[%d]", ep, j)
+			}
+			seen[hostPort] = i
+		}
+	}
+	atLeast(v, p.field("dial_timeout"), e.DialTimeout, 0)
+	checkPasswordFile(v, p, &e.Password, e.PasswordFile)
+	switch {
+	case e.Username != "" && e.Password == "" && e.PasswordFile == "":
+		v.fail(p.field("password"), "required when lock.etcd.username is set (or set lock.etcd.password_file)")
+	case e.Username == "" && (e.Password != "" || e.PasswordFile != ""):
+		v.fail(p.field("username"), "required when lock.etcd.password or password_file is set")
+	}
+	checkTLS(v, p.field("tls"), e.TLS)
+}
+
+// splitEndpoint accepts host:port, http://host:port and https://host:port.
+func splitEndpoint(ep string) (scheme, hostPort string, err error) {
+	hostPort = ep
+	if s, rest, ok := strings.Cut(ep, "://"); ok {
+		if s != "http" && s != "https" {
+			return "", "", fmt.Errorf("scheme %q is not http or https", s)
+		}
+		scheme, hostPort = s, strings.TrimSuffix(rest, "/")
+	}
+	if err := checkHostPort(hostPort); err != nil {
+		return "", "", err
+	}
+	return scheme, hostPort, nil
 }
 
 func (c *Common) checkRedis(v *validator) {
@@ -273,31 +337,42 @@ func (c *Common) checkRedis(v *validator) {
 	atLeast(v, p.field("write_timeout"), r.WriteTimeout, 0)
 	atLeast(v, p.field("pool_size"), r.PoolSize, 0)
 
-	if r.PasswordFile != "" {
-		if r.Password != "" {
-			v.fail(p.field("password_file"), "cannot be set together with redis.password")
-		} else if pw, err := readPasswordFile(r.PasswordFile); err != nil {
-			v.addErr(err)
-		} else {
-			r.Password = pw
-		}
-	}
+	checkPasswordFile(v, p, &r.Password, r.PasswordFile)
+	checkTLS(v, p.field("tls"), r.TLS)
+}
 
-	t, p := r.TLS, p.field("tls")
+// checkPasswordFile reads password_file (of section p) into *pw, refusing
+// both set at once.
+func checkPasswordFile(v *validator, p fieldPath, pw *Secret, file string) {
+	if file == "" {
+		return
+	}
+	if *pw != "" {
+		v.fail(p.field("password_file"), "cannot be set together with %s.password", p.show)
+	} else if got, err := readPasswordFile(p.field("password_file").key, file); err != nil {
+		v.addErr(err)
+	} else {
+		*pw = got
+	}
+}
+
+// checkTLS checks a tls section p: its files are only set with enabled, a
+// certificate comes with its key, and the files load.
+func checkTLS(v *validator, p fieldPath, t TLSConfig) {
 	for _, f := range []struct{ key, val string }{
 		{"ca_file", t.CAFile}, {"cert_file", t.CertFile}, {"key_file", t.KeyFile}, {"server_name", t.ServerName},
 	} {
 		if !t.Enabled && f.val != "" {
-			v.fail(p.field(f.key), "is set but redis.tls.enabled is false")
+			v.fail(p.field(f.key), "is set but %s.enabled is false", p.show)
 		}
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile == "":
-		v.fail(p.field("key_file"), "required when redis.tls.cert_file is set")
+		v.fail(p.field("key_file"), "required when %s.cert_file is set", p.show)
 	case t.CertFile == "" && t.KeyFile != "":
-		v.fail(p.field("cert_file"), "required when redis.tls.key_file is set")
+		v.fail(p.field("cert_file"), "required when %s.key_file is set", p.show)
 	case t.Enabled:
-		if _, err := t.build(); err != nil {
+		if _, err := t.build(p.key); err != nil {
 			v.addErr(err)
 		}
 	}
@@ -319,14 +394,14 @@ func checkHostPort(addr string) error {
 
 // readPasswordFile returns the file's contents without trailing newlines.
 // Its errors name the file, never the contents.
-func readPasswordFile(path string) (Secret, error) {
+func readPasswordFile(field, path string) (Secret, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", &Error{Field: "redis.password_file", Msg: fmt.Sprintf("cannot read %q", path), Err: cause(err)}
+		return "", &Error{Field: field, Msg: fmt.Sprintf("cannot read %q", path), Err: cause(err)}
 	}
 	pw := strings.TrimRight(string(b), "\r\n")
 	if pw == "" {
-		return "", &Error{Field: "redis.password_file", Msg: fmt.Sprintf("file %q is empty", path)}
+		return "", &Error{Field: field, Msg: fmt.Sprintf("file %q is empty", path)}
 	}
 	return Secret(pw), nil
 }

@@ -1,9 +1,25 @@
-// Package lock implements Lockstep's Redis locks: leases with fencing tokens.
+// Package lock implements Lockstep's locks: leases with fencing tokens.
 //
-// A lease is taken with one Lua call that does SET key token NX PX ttl and, on
-// success, advances the resource's fencing counter. Release and renew are
-// Lua compare-token scripts, so a holder can never delete or extend a lock that
-// has passed to someone else, and both are safe to repeat.
+// # Back ends
+//
+// A Locker has one back end, chosen by its constructor: New (single: one
+// Redis deployment, a server, a Sentinel-managed master or a Cluster),
+// NewRedlock (a quorum of independent Redis masters) or NewEtcd (an etcd
+// cluster). Each is one type behind a small interface (backend.go: acquire,
+// renew a batch, release); the Locker keeps what they share: tokens, the
+// lease's final state, reentrant owners, waiting with backoff, metrics. An
+// Option that does not apply to the chosen back end is rejected (the
+// constructor panics naming it), never ignored. The Redis back ends are made
+// of the same per-node operations (redis_node.go: acquire, renew a batch,
+// release, raise a fence), each one Lua script run through the one script
+// runner (scripts.go: EVALSHA with the NOSCRIPT fallback, also in pipelines).
+// A back end that hears of a loss from its store (etcd's watch) offers it
+// through Locker.NotifyLoss.
+//
+// On Redis, a lease is taken with one Lua call that does SET key token NX PX
+// ttl and, on success, advances the resource's fencing counter. Release and
+// renew are Lua compare-token scripts, so a holder can never delete or extend
+// a lock that has passed to someone else, and both are safe to repeat.
 //
 // # Guarantees
 //
@@ -76,6 +92,19 @@
 //     clock of the node that issued the last fence by more than the time
 //     since; fences from a Redlock Locker and from New on the same keys are
 //     different counters.
+//
+// # etcd
+//
+// NewEtcd keeps the lock on resource R as the key P{R}, created in a
+// transaction only if absent and bound to an etcd lease; its value is the
+// token, its create revision the fence (etcd's revision only grows, so fences
+// strictly increase across holders, restarts and resources). Release deletes
+// the key in a transaction that compares token and create revision. Renewal
+// is a keep-alive of the lease and a read of the key; a watch on the lock
+// keys reports a deleted key (expired) or an overwritten one (stolen) at
+// once. Reentrant holds count in P{R}:owners, changed by compare-and-swap.
+// etcd.go says why the concurrency package is not used, and what the
+// whole-second lease TTLs mean.
 //
 // # Keys
 //

@@ -3,7 +3,6 @@ package lock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,28 +16,60 @@ import (
 
 // The lock guarantees (G3 no overlap, G5 fences increase, a stale token
 // touches nothing) are checked by the bodies below on every kind of
-// deployment: one server, a Redis Cluster and Redlock over independent
-// masters. Each body uses its own resource, so one deployment serves them all.
+// deployment: one server, a Redis Cluster, Redlock over independent masters
+// and etcd. Each body uses its own resource, so one deployment serves them all.
 
-// deployment is what a guarantee check needs from a Redis deployment.
+// deployment is what a guarantee check needs from a deployment.
 type deployment struct {
 	// locker makes a new Locker on the deployment, as another process would.
 	locker func(opts ...lock.Option) *lock.Locker
 	// admin are clients for the test's own commands: one for a server or a
-	// Cluster, every node for Redlock.
+	// Cluster, every node for Redlock; none for etcd (see store).
 	admin []redis.UniversalClient
+	// store reads and writes lock keys as another holder (or an operator)
+	// would, on every node.
+	store store
 	// stolen is the reason a renewal gives when another token holds the key
 	// (on every node).
 	stolen lock.Reason
 }
 
-func (d deployment) each(t *testing.T, f func(c redis.UniversalClient) error) {
+// store is the test's own access to lock keys.
+type store interface {
+	// overwrite sets key to value for ttl, as another holder would.
+	overwrite(t *testing.T, key, value string, ttl time.Duration)
+	// get returns key's value on every node ("" where it is absent).
+	get(t *testing.T, key string) []string
+	// ttl returns key's time to live on every node.
+	ttl(t *testing.T, key string) []time.Duration
+}
+
+// redisStore is store on Redis nodes.
+type redisStore []redis.UniversalClient
+
+func (r redisStore) overwrite(t *testing.T, key, value string, ttl time.Duration) {
 	t.Helper()
-	for i, c := range d.admin {
-		if err := f(c); err != nil {
+	for i, c := range r {
+		if err := c.Set(context.Background(), key, value, ttl).Err(); err != nil {
 			t.Fatalf("node %d: %v", i, err)
 		}
 	}
+}
+
+func (r redisStore) get(t *testing.T, key string) []string {
+	out := make([]string, len(r))
+	for i, c := range r {
+		out[i] = c.Get(context.Background(), key).Val()
+	}
+	return out
+}
+
+func (r redisStore) ttl(t *testing.T, key string) []time.Duration {
+	out := make([]time.Duration, len(r))
+	for i, c := range r {
+		out[i] = c.PTTL(context.Background(), key).Val()
+	}
+	return out
 }
 
 func singleServer(t *testing.T) deployment {
@@ -47,6 +78,7 @@ func singleServer(t *testing.T) deployment {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
 		admin:  []redis.UniversalClient{c},
+		store:  redisStore{c},
 		stolen: lock.ReasonStolen,
 	}
 }
@@ -57,6 +89,7 @@ func clusterDeployment(t *testing.T) (deployment, *redistest.Cluster) {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
 		admin:  []redis.UniversalClient{c},
+		store:  redisStore{c},
 		stolen: lock.ReasonStolen,
 	}, cl
 }
@@ -84,6 +117,7 @@ func redlockDeployment(t *testing.T, n int) deployment {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(clients, opts...) },
 		admin:  clients,
+		store:  redisStore(clients),
 		stolen: lock.ReasonQuorumLost,
 	}
 }
@@ -155,29 +189,73 @@ func checkWrongToken(t *testing.T, d deployment) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.each(t, func(c redis.UniversalClient) error {
-		return c.Set(ctx, holder.RedisKey(), "someone-else", 500*time.Millisecond).Err()
-	})
+	d.store.overwrite(t, holder.RedisKey(), "someone-else", 2*time.Second)
 	err = holder.Renew(ctx)
 	var lost *lock.LostError
 	if !errors.As(err, &lost) || lost.Reason != d.stolen || !errors.Is(err, lock.ErrLockLost) {
 		t.Fatalf("Renew with a stale token: %v, want ErrLockLost (%s)", err, d.stolen)
 	}
-	d.each(t, func(c redis.UniversalClient) error {
-		if ttl := c.PTTL(ctx, holder.RedisKey()).Val(); ttl > 500*time.Millisecond {
-			return fmt.Errorf("Renew extended another holder's lock: PTTL %v", ttl)
+	for i, ttl := range d.store.ttl(t, holder.RedisKey()) {
+		if ttl > 2*time.Second {
+			t.Fatalf("node %d: Renew extended another holder's lock: TTL %v", i, ttl)
 		}
-		return nil
-	})
+	}
 	if err := holder.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
 		t.Fatalf("Release with a stale token: %v, want ErrLockLost", err)
 	}
-	d.each(t, func(c redis.UniversalClient) error {
-		if got := c.Get(ctx, holder.RedisKey()).Val(); got != "someone-else" {
-			return fmt.Errorf("Release deleted another holder's lock: key holds %q", got)
+	for i, got := range d.store.get(t, holder.RedisKey()) {
+		if got != "someone-else" {
+			t.Fatalf("node %d: Release deleted another holder's lock: key holds %q", i, got)
 		}
-		return nil
-	})
+	}
+}
+
+// checkStaleHolder lets a holder's lease expire unrenewed, as a paused holder
+// would, lets another take the lock, and checks that the stale holder's late
+// Renew and Release fail with ErrLockLost, leave the next holder's lock alone
+// and answer at once from then on.
+func checkStaleHolder(t *testing.T, d deployment, ttl time.Duration) {
+	t.Helper()
+	l := d.locker()
+	ctx := context.Background()
+	first, err := l.TryAcquire(ctx, "stale", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := d.locker().Acquire(ctx, "stale", time.Minute, lock.MaxWait(10*ttl+5*time.Second),
+		lock.WithWaitBackoff(lock.Backoff{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatalf("acquire after the first lease expired: %v", err)
+	}
+	if second.Fence() <= first.Fence() {
+		t.Fatalf("fence after expiry %d <= %d", second.Fence(), first.Fence())
+	}
+	if err := first.Renew(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("late Renew: %v, want ErrLockLost", err)
+	}
+	if err := first.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("late Release: %v, want ErrLockLost", err)
+	}
+	for i, got := range d.store.get(t, second.RedisKey()) {
+		if got != second.Token() {
+			t.Fatalf("node %d: the stale holder touched the next holder's lock: key holds %q", i, got)
+		}
+	}
+	start := time.Now()
+	for range 3 {
+		if err := first.Renew(ctx); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Renew after loss: %v", err)
+		}
+		if err := first.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Release after loss: %v", err)
+		}
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Fatalf("calls after loss took %v: they should not reach the store", d)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkFenceAcrossExpiry lets the fencing counter expire and checks that a
@@ -227,6 +305,7 @@ func TestGuaranteesOnCluster(t *testing.T) {
 	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 16, 100) })
 	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
 	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
+	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
 }
 
 func TestGuaranteesOnRedlock(t *testing.T) {
@@ -235,4 +314,5 @@ func TestGuaranteesOnRedlock(t *testing.T) {
 	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 8, 50) })
 	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
 	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
+	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,76 +20,141 @@ const (
 	DefaultFenceTTL = 30 * 24 * time.Hour
 )
 
-// Locker acquires leases on named resources in one Redis deployment (a single
-// server, a Sentinel-managed master or a Cluster), or on a quorum of
-// independent masters (NewRedlock).
+// Locker acquires leases on named resources. Its back end is chosen once, by
+// the constructor: New for one Redis deployment (a single server, a
+// Sentinel-managed master or a Cluster), NewRedlock for a quorum of
+// independent masters, NewEtcd for an etcd cluster. Leases, the watchdog and
+// everything above them work the same on each.
 type Locker struct {
-	client   redis.UniversalClient
-	prefix   string
-	fenceTTL time.Duration
-	replicas int
-	replWait time.Duration
-	backoff  Backoff
-	maxWait  time.Duration
-	metrics  *metrics.Metrics
+	be      backend
+	kind    string // "single", "redlock" or "etcd"
+	prefix  string
+	backoff Backoff
+	maxWait time.Duration
+	metrics *metrics.Metrics
 
 	// acquire results, resolved once: label lookups stay off the hot path
 	acquired, busy, failed prometheus.Counter
-
-	rl *redlock // set by NewRedlock; nil for New
 }
 
-// Option configures a Locker.
-type Option func(*Locker)
+// settings are what Options set; a back end takes the ones that apply to it.
+type settings struct {
+	prefix      string
+	fenceTTL    time.Duration
+	replicas    int
+	replWait    time.Duration
+	backoff     Backoff
+	maxWait     time.Duration
+	metrics     *metrics.Metrics
+	nodeTimeout time.Duration
+	drift       time.Duration
+	used        []string // option names, in order, for checkOptions
+}
 
-// WithPrefix sets the prefix of every Redis key (default "lockstep:").
-func WithPrefix(p string) Option { return func(l *Locker) { l.prefix = p } }
+// Option configures a Locker. An Option that does not apply to the Locker's
+// back end is rejected by its constructor.
+type Option func(*settings)
+
+func option(name string, f func(*settings)) Option {
+	return func(s *settings) { s.used = append(s.used, name); f(s) }
+}
+
+// WithPrefix sets the prefix of every key (default "lockstep:").
+func WithPrefix(p string) Option { return option(optPrefix, func(s *settings) { s.prefix = p }) }
 
 // WithFenceTTL sets how long an unused fencing counter lives (default 30 days).
 // A counter that expired restarts from the server's clock, so fences still
 // increase; the TTL only keeps dead resources from leaving keys behind forever.
-func WithFenceTTL(d time.Duration) Option { return func(l *Locker) { l.fenceTTL = d } }
+// Redis back ends only: etcd's fences are revisions, with no counter.
+func WithFenceTTL(d time.Duration) Option {
+	return option(optFenceTTL, func(s *settings) { s.fenceTTL = d })
+}
 
 // WaitReplicas makes every acquire wait until n replicas acknowledged the lock
 // (Redis WAIT), within timeout. With fewer acknowledgements the acquire fails
 // and releases the lock it had taken. It narrows, but does not close, the
-// window in which a failover loses a lock.
+// window in which a failover loses a lock. Only for New: Redlock's nodes are
+// masters without replicas, and etcd commits through its quorum anyway.
 func WaitReplicas(n int, timeout time.Duration) Option {
-	return func(l *Locker) { l.replicas, l.replWait = n, timeout }
+	return option(optWaitReplicas, func(s *settings) { s.replicas, s.replWait = n, timeout })
 }
 
 // WithBackoff sets the default wait between Acquire attempts.
-func WithBackoff(b Backoff) Option { return func(l *Locker) { l.backoff = b } }
+func WithBackoff(b Backoff) Option { return option(optBackoff, func(s *settings) { s.backoff = b }) }
 
 // WithMaxWait sets how long Acquire waits by default (0: until the context ends).
-func WithMaxWait(d time.Duration) Option { return func(l *Locker) { l.maxWait = d } }
+func WithMaxWait(d time.Duration) Option {
+	return option(optMaxWait, func(s *settings) { s.maxWait = d })
+}
 
 // WithMetrics records acquire results and latency in m.
-func WithMetrics(m *metrics.Metrics) Option { return func(l *Locker) { l.metrics = m } }
+func WithMetrics(m *metrics.Metrics) Option {
+	return option(optMetrics, func(s *settings) { s.metrics = m })
+}
 
-// New returns a Locker over client.
-func New(client redis.UniversalClient, opts ...Option) *Locker {
-	l := &Locker{
-		client:   client,
-		prefix:   DefaultPrefix,
-		fenceTTL: DefaultFenceTTL,
-		backoff:  DefaultBackoff,
-	}
+func newSettings(opts []Option) settings {
+	s := settings{prefix: DefaultPrefix, fenceTTL: DefaultFenceTTL, backoff: DefaultBackoff}
 	for _, o := range opts {
-		o(l)
+		o(&s)
 	}
-	l.metrics = metrics.OrNop(l.metrics)
+	return s
+}
+
+// newLocker checks the options against the back end and returns the Locker.
+func newLocker(kind string, s settings, be backend) (*Locker, error) {
+	if err := checkOptions(kind, s.used, be.options()); err != nil {
+		return nil, err
+	}
+	l := &Locker{be: be, kind: kind, prefix: s.prefix, backoff: s.backoff, maxWait: s.maxWait,
+		metrics: metrics.OrNop(s.metrics)}
 	l.acquired = l.metrics.LockAcquire.WithLabelValues(metrics.AcquireAcquired)
 	l.busy = l.metrics.LockAcquire.WithLabelValues(metrics.AcquireBusy)
 	l.failed = l.metrics.LockAcquire.WithLabelValues(metrics.AcquireError)
+	return l, nil
+}
+
+// New returns a Locker over client, one Redis deployment: a single server, a
+// Sentinel-managed master or a Cluster (the single back end). It panics when
+// an option does not apply to it (WithNodeTimeout, WithClockDrift): a
+// programming error, which configuration loading rejects.
+func New(client redis.UniversalClient, opts ...Option) *Locker {
+	s := newSettings(opts)
+	l, err := newLocker("single", s, &single{client: client, fenceTTL: s.fenceTTL, replicas: s.replicas, replWait: s.replWait})
+	if err != nil {
+		panic(err.Error())
+	}
 	return l
+}
+
+// Backend names the Locker's back end: "single", "redlock" or "etcd".
+func (l *Locker) Backend() string { return l.kind }
+
+// NotifyLoss registers f to be called, from the back end's own goroutine and
+// at once, when the store tells that a held lease's lock was deleted or
+// overwritten; the lease is then already marked lost, and err is its
+// *LostError (reason stolen or expired). It reports false, and never calls
+// f, when the back end has no such notice (the Redis back ends, whose loss
+// the watchdog learns at the next renewal). Renewal stays the authority: a
+// missed notice delays a loss until then, never hides it. f must not block.
+func (l *Locker) NotifyLoss(f func(lease *Lease, err error)) bool {
+	n, ok := l.be.(lossNotifier)
+	if ok {
+		n.notifyLoss(f)
+	}
+	return ok
+}
+
+// Close stops what the back end runs besides leases (etcd: its watch of the
+// lock keys). It leaves leases and clients alone. Safe to repeat.
+func (l *Locker) Close() error {
+	if c, ok := l.be.(interface{ close() error }); ok {
+		return c.close()
+	}
+	return nil
 }
 
 // Locker returns the Locker that took the lease.
 func (s *Lease) Locker() *Locker { return s.locker }
-
-// Client returns the Redis client the Locker uses (for Redlock, the first node).
-func (l *Locker) Client() redis.UniversalClient { return l.client }
 
 // Lease is one holder's claim on a resource. Its methods are safe for
 // concurrent use.
@@ -107,17 +171,17 @@ type Lease struct {
 
 	state leaseState
 
-	acquiring *sync.WaitGroup // Redlock: node answers to the acquire still on their way
+	ext any // the back end's own state of this lease, e.g. etcd's lease id
 }
 
 // Key returns the resource name the lease was taken on, e.g. "lock:order:42".
 func (s *Lease) Key() string { return s.resource }
 
-// RedisKey returns the Redis key that holds the lock.
+// RedisKey returns the key that holds the lock (in etcd, the key's name).
 func (s *Lease) RedisKey() string { return s.keys.lock }
 
-// Token returns the token that identifies this holder in Redis: random, with
-// the holder information ParseToken reads.
+// Token returns the token that identifies this holder in the store: random,
+// with the holder information ParseToken reads.
 func (s *Lease) Token() string { return s.token }
 
 // Fence returns the fencing token: it strictly increases with every fresh
@@ -129,7 +193,8 @@ func (s *Lease) Fence() int64 { return s.fence }
 // TTL returns the lease's time to live, as acquired and as every renewal sets it.
 func (s *Lease) TTL() time.Duration { return s.ttl }
 
-// AcquiredAt returns when the acquire request was sent: the lease is valid
+// AcquiredAt returns when the acquire request was sent (on etcd, when the
+// lease the lock joined was last kept alive, if earlier): the lease is valid
 // until at most AcquiredAt + TTL unless renewed.
 func (s *Lease) AcquiredAt() time.Time { return s.sent }
 
@@ -154,86 +219,18 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 		owner:    OwnerFrom(ctx),
 		sent:     now,
 	}
-	res, err := l.acquireOnce(ctx, lease)
-	l.metrics.LockAcquireDuration.Observe(time.Since(lease.sent).Seconds())
+	ok, err := l.be.acquire(ctx, lease) // a back end may move lease.sent earlier: see AcquiredAt
+	l.metrics.LockAcquireDuration.Observe(time.Since(now).Seconds())
 	switch {
 	case err != nil:
 		l.failed.Inc()
 		return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
-	case res == nil:
+	case !ok:
 		l.busy.Inc()
 		return nil, ErrNotAcquired
 	}
 	l.acquired.Inc()
-	return res, nil
-}
-
-func (l *Locker) acquireOnce(ctx context.Context, s *Lease) (*Lease, error) {
-	if l.rl != nil {
-		return l.rl.acquire(ctx, l, s)
-	}
-	keys := []string{s.keys.lock, s.keys.fence, s.keys.owners}
-	args := []any{s.token, s.ttl.Milliseconds(), l.fenceTTL.Milliseconds(), s.owner}
-	var reply any
-	var err error
-	if l.replicas > 0 {
-		// WAIT counts the writes of its own connection, so it must follow the
-		// script on the same one: a pipeline on a non-cluster client.
-		reply, err = l.acquireAndWait(ctx, keys, args)
-	} else {
-		reply, err = run(ctx, l.client, scriptAcquire, keys, args...)
-	}
-	if err != nil {
-		return nil, err
-	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) == 0 {
-		return nil, fmt.Errorf("unexpected reply %v", reply)
-	}
-	switch vals[0] {
-	case int64(0):
-		return nil, nil
-	case int64(1), int64(2):
-		if len(vals) != 3 {
-			return nil, fmt.Errorf("unexpected reply %v", reply)
-		}
-		s.token, _ = vals[1].(string)
-		s.fence, _ = vals[2].(int64)
-		s.reentry = vals[0] == int64(2)
-		return s, nil
-	}
-	return nil, fmt.Errorf("unexpected reply %v", reply)
-}
-
-func (l *Locker) acquireAndWait(ctx context.Context, keys []string, args []any) (any, error) {
-	if err := scriptAcquire.Load(ctx, l.client).Err(); err != nil {
-		return nil, fmt.Errorf("load script: %w", err)
-	}
-	var eval *redis.Cmd
-	var wait *redis.IntCmd
-	_, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		eval = scriptAcquire.EvalSha(ctx, p, keys, args...)
-		wait = redis.NewIntCmd(ctx, "wait", l.replicas, l.replWait.Milliseconds())
-		_ = p.Process(ctx, wait)
-		return nil
-	})
-	if err := eval.Err(); err != nil {
-		return nil, err
-	}
-	reply := eval.Val()
-	if vals, ok := reply.([]any); ok && len(vals) > 0 && vals[0] == int64(1) {
-		if err == nil && wait.Val() < int64(l.replicas) {
-			err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v",
-				ErrReplicas, wait.Val(), l.replicas, l.replWait)
-		}
-		if err != nil {
-			// Leave nothing behind: the lock we took is not safe to use.
-			_, relErr := run(context.WithoutCancel(ctx), l.client, scriptRelease,
-				[]string{keys[0], keys[2]}, vals[1], args[3])
-			return nil, errors.Join(err, relErr)
-		}
-	}
-	return reply, nil
+	return lease, nil
 }
 
 // Acquire waits for the lock on resource, retrying TryAcquire with
@@ -307,22 +304,9 @@ func CountAttempts(n *int) AcquireOption { return func(w *waitConfig) { w.attemp
 // Renew extends the lease to its full TTL from now. It returns an error
 // matching ErrLockLost when the lock is no longer ours, and never extends a
 // lock that holds another token. After a loss or a release it returns at
-// once without calling Redis.
+// once without calling the store.
 func (s *Lease) Renew(ctx context.Context) error {
-	if err := s.state.err(); err != nil {
-		return err
-	}
-	if s.locker.rl != nil {
-		results := []error{nil}
-		s.locker.rl.renew(ctx, []*Lease{s}, []int{0}, results)
-		return results[0]
-	}
-	status, err := run(ctx, s.locker.client, scriptRenew,
-		[]string{s.keys.lock, s.keys.owners}, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
-	if err != nil {
-		return fmt.Errorf("lock: renew %q: %w", s.resource, err)
-	}
-	return s.settle(status)
+	return s.locker.RenewAll(ctx, []*Lease{s})[0]
 }
 
 // Release gives the lock up. It is safe to call more than once: after the
@@ -330,9 +314,6 @@ func (s *Lease) Renew(ctx context.Context) error {
 // ErrLockLost when the lease had already been lost (and then leaves the next
 // holder's lock alone).
 func (s *Lease) Release(ctx context.Context) error {
-	if s.locker.rl != nil {
-		return s.locker.rl.release(ctx, s)
-	}
 	if err := s.state.err(); err != nil {
 		if errors.Is(err, errReleased) {
 			return nil
@@ -342,38 +323,24 @@ func (s *Lease) Release(ctx context.Context) error {
 		}
 		// The loss was inferred locally (deadline, max hold): the key may still
 		// hold our token, and deleting it by token frees the resource at once.
-		if _, relErr := run(ctx, s.locker.client, scriptRelease,
-			[]string{s.keys.lock, s.keys.owners}, s.token, s.owner); relErr != nil {
-			return errors.Join(err, fmt.Errorf("lock: release %q: %w", s.resource, relErr))
+		if relErr := s.locker.be.release(ctx, s); relErr != nil && !errors.Is(relErr, ErrLockLost) {
+			return errors.Join(err, relErr)
 		}
 		return err
 	}
-	reply, err := run(ctx, s.locker.client, scriptRelease,
-		[]string{s.keys.lock, s.keys.owners}, s.token, s.owner)
-	if err != nil {
-		return fmt.Errorf("lock: release %q: %w", s.resource, err)
-	}
-	status, _ := reply.(int64)
-	if status == 1 || status == 2 {
+	err := s.locker.be.release(ctx, s)
+	switch {
+	case err == nil:
 		s.state.set(errReleased)
 		return nil
+	case errors.Is(err, ErrLockLost):
+		return s.state.set(err)
 	}
-	return s.settle(reply)
+	return err
 }
 
-// settle turns a renew/release status into the lease's state.
-func (s *Lease) settle(reply any) error {
-	status, _ := reply.(int64)
-	switch status {
-	case 1:
-		return nil
-	case 0:
-		return s.state.set(&LostError{Key: s.resource, Reason: ReasonExpired})
-	case -1:
-		return s.state.set(&LostError{Key: s.resource, Reason: ReasonStolen})
-	}
-	return fmt.Errorf("lock: %q: unexpected reply %v", s.resource, reply)
-}
+// lost returns the loss of a lease as reason (for a back end to report).
+func (s *Lease) lost(reason Reason) error { return &LostError{Key: s.resource, Reason: reason} }
 
 // inferred reports whether a loss was concluded locally rather than read from Redis.
 func inferred(err error) bool {

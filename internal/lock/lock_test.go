@@ -382,3 +382,33 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+func TestOptionsThatDoNotApplyAreRejected(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer c.Close()
+	mustPanic := func(what, want string, f func()) {
+		t.Helper()
+		defer func() {
+			r := recover()
+			if s, _ := r.(string); !strings.Contains(s, want) {
+				t.Fatalf("%s: panic %v, want one naming %q", what, r, want)
+			}
+		}()
+		f()
+	}
+	mustPanic("New with WithNodeTimeout", "WithNodeTimeout does not apply to the single back end", func() {
+		lock.New(c, lock.WithNodeTimeout(time.Second))
+	})
+	mustPanic("New with WithClockDrift", "WithClockDrift", func() { lock.New(c, lock.WithClockDrift(time.Millisecond)) })
+	nodes := []redis.UniversalClient{c, c, c}
+	mustPanic("NewRedlock with WaitReplicas", "WaitReplicas does not apply to the redlock back end", func() {
+		lock.NewRedlock(nodes, lock.WaitReplicas(1, time.Second))
+	})
+	if b := lock.New(c, lock.WithPrefix("p:"), lock.WaitReplicas(1, time.Second)).Backend(); b != "single" {
+		t.Fatalf("Backend() = %q, want single", b)
+	}
+	if b := lock.NewRedlock(nodes, lock.WithNodeTimeout(time.Second)).Backend(); b != "redlock" {
+		t.Fatalf("Backend() = %q, want redlock", b)
+	}
+}

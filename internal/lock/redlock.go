@@ -10,13 +10,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redlock is the state of a Locker made by NewRedlock: the same scripts, run
-// on N independent masters, with a lease held while a quorum holds its token.
+// redlock is the back end of NewRedlock: the scripts of the single back end,
+// run on N independent masters, with a lease held while a quorum holds its
+// token.
 type redlock struct {
 	nodes       []redis.UniversalClient
 	quorum      int
+	fenceTTL    time.Duration
 	nodeTimeout time.Duration // 0: derived from the ttl, see timeout
 	drift       time.Duration // 0: ttl/100 + 2ms
+}
+
+func (*redlock) options() []string { return []string{optFenceTTL, optNodeTimeout, optClockDrift} }
+
+// redlockLease is a Redlock lease's own state.
+type redlockLease struct {
+	acquiring *sync.WaitGroup // node answers to the acquire still on their way
 }
 
 // NewRedlock returns a Locker whose leases are held on a quorum (N/2+1) of
@@ -40,7 +49,8 @@ type redlock struct {
 //     retries until its local deadline, then reports unreachable.
 //   - Release deletes the token on every node.
 //   - Fences are explained in the package documentation.
-//   - WaitReplicas does not apply: the nodes are masters without replicas.
+//   - WaitReplicas does not apply (the nodes are masters without replicas)
+//     and, like any option that does not apply, makes NewRedlock panic.
 func NewRedlock(nodes []redis.UniversalClient, opts ...Option) *Locker {
 	if len(nodes) == 0 || len(nodes)%2 == 0 {
 		panic(fmt.Sprintf("lock: NewRedlock needs an odd number of nodes, got %d", len(nodes)))
@@ -50,47 +60,55 @@ func NewRedlock(nodes []redis.UniversalClient, opts ...Option) *Locker {
 			panic(fmt.Sprintf("lock: NewRedlock: node %d is a Cluster client; Redlock nodes are independent masters", i))
 		}
 	}
-	rl := &redlock{nodes: nodes, quorum: len(nodes)/2 + 1}
-	return New(nodes[0], append([]Option{func(l *Locker) { l.rl = rl }}, opts...)...)
+	st := newSettings(opts)
+	rl := &redlock{nodes: nodes, quorum: len(nodes)/2 + 1, fenceTTL: st.fenceTTL, nodeTimeout: st.nodeTimeout, drift: st.drift}
+	l, err := newLocker("redlock", st, rl)
+	if err != nil {
+		panic(err.Error())
+	}
+	return l
 }
 
 // WithNodeTimeout bounds each node's part of a Redlock acquire and release,
 // so that a dead node cannot eat the lease's validity. Default: ttl/20,
-// within [50ms, 500ms]. It has no effect on a Locker made by New.
+// within [50ms, 500ms]. Redlock only.
 func WithNodeTimeout(d time.Duration) Option {
-	return func(l *Locker) {
-		if l.rl != nil {
-			l.rl.nodeTimeout = d
-		}
-	}
+	return option(optNodeTimeout, func(s *settings) { s.nodeTimeout = d })
 }
 
 // WithClockDrift sets the allowance for clock drift that a Redlock acquire
-// subtracts from the lease's validity. Default: ttl/100 + 2ms. It has no
-// effect on a Locker made by New.
+// subtracts from the lease's validity. Default: ttl/100 + 2ms. Redlock only.
 func WithClockDrift(d time.Duration) Option {
-	return func(l *Locker) {
-		if l.rl != nil {
-			l.rl.drift = d
-		}
-	}
+	return option(optClockDrift, func(s *settings) { s.drift = d })
 }
+
+// nodes is implemented by the Redis back ends.
+type nodeLister interface {
+	redisNodes() []redis.UniversalClient
+	quorumSize() int
+}
+
+func (r *redlock) redisNodes() []redis.UniversalClient { return r.nodes }
+func (r *redlock) quorumSize() int                     { return r.quorum }
+func (b *single) redisNodes() []redis.UniversalClient  { return []redis.UniversalClient{b.client} }
+func (b *single) quorumSize() int                      { return 1 }
 
 // Nodes returns the Redis clients of the Locker: the Redlock nodes, or the
-// one client of a Locker made by New.
+// one client of a Locker made by New; none for etcd.
 func (l *Locker) Nodes() []redis.UniversalClient {
-	if l.rl != nil {
-		return l.rl.nodes
+	if n, ok := l.be.(nodeLister); ok {
+		return n.redisNodes()
 	}
-	return []redis.UniversalClient{l.client}
+	return nil
 }
 
-// Quorum returns how many nodes must hold a lease: N/2+1 for Redlock, else 1.
+// Quorum returns how many Redis nodes must hold a lease: N/2+1 for Redlock,
+// 1 for New, 0 for etcd (whose own quorum is the cluster's business).
 func (l *Locker) Quorum() int {
-	if l.rl != nil {
-		return l.rl.quorum
+	if n, ok := l.be.(nodeLister); ok {
+		return n.quorumSize()
 	}
-	return 1
+	return 0
 }
 
 func (r *redlock) timeout(ttl time.Duration) time.Duration {
@@ -107,22 +125,12 @@ func (r *redlock) driftFor(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond
 }
 
-// grant is one node's answer to acquire.lua.
-type grant struct {
-	node   int
-	status int64 // 1 acquired, 2 re-entered, 0 busy
-	token  string
-	fence  int64
-	err    error
-}
-
 // acquire runs acquire.lua on every node and keeps the lease when a quorum
-// granted it. Like acquireOnce it returns (nil, nil) when the lock is busy.
-func (r *redlock) acquire(ctx context.Context, l *Locker, s *Lease) (*Lease, error) {
+// granted it; it reports false when the lock is busy.
+func (r *redlock) acquire(ctx context.Context, s *Lease) (bool, error) {
 	n, q := len(r.nodes), r.quorum
 	timeout := r.timeout(s.ttl)
-	keys := []string{s.keys.lock, s.keys.fence, s.keys.owners}
-	args := []any{s.token, s.ttl.Milliseconds(), l.fenceTTL.Milliseconds(), s.owner}
+	keys, args := acquireArgs(s, r.fenceTTL.Milliseconds())
 	replies := make(chan grant, n)
 	var wg sync.WaitGroup
 	for i, c := range r.nodes {
@@ -130,7 +138,11 @@ func (r *redlock) acquire(ctx context.Context, l *Locker, s *Lease) (*Lease, err
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			reply, err := run(nctx, c, scriptAcquire, keys, args...)
-			replies <- parseGrant(i, reply, err)
+			g := parseGrant(i, reply, err)
+			if g.err != nil {
+				g.err = fmt.Errorf("node %d: %w", i, g.err)
+			}
+			replies <- g
 		})
 	}
 
@@ -153,24 +165,24 @@ func (r *redlock) acquire(ctx context.Context, l *Locker, s *Lease) (*Lease, err
 		}
 	}
 
-	s.acquiring = &wg
+	s.ext = &redlockLease{acquiring: &wg}
 	held := got // the grants to undo when the acquire fails
 	if s.owner != "" {
 		var ok bool
 		if held, ok = r.settleReentrant(ctx, s, got); ok {
-			return s, nil // re-entered a hold of a quorum: no new fence
+			return true, nil // re-entered a hold of a quorum: no new fence
 		}
 	}
 	if len(filterGrants(held, 1)) >= q {
-		err := r.fence(ctx, l, s, filterGrants(held, 1))
+		err := r.fence(ctx, s, filterGrants(held, 1))
 		if err == nil {
 			if left := s.ttl - time.Since(s.sent) - r.driftFor(s.ttl); left > 0 {
-				return s, nil
+				return true, nil
 			}
 			err = fmt.Errorf("%w: redlock: acquire took %v, no validity left of ttl %v", ErrNotAcquired, time.Since(s.sent).Round(time.Microsecond), s.ttl)
 		}
 		r.undo(ctx, &wg, s, held)
-		return nil, err
+		return false, err
 	}
 	r.undo(ctx, &wg, s, held)
 	var errs []error
@@ -180,32 +192,9 @@ func (r *redlock) acquire(ctx context.Context, l *Locker, s *Lease) (*Lease, err
 		}
 	}
 	if len(errs) > n-q {
-		return nil, fmt.Errorf("redlock: %d of %d nodes failed, quorum %d: %w", len(errs), n, q, errors.Join(errs...))
+		return false, fmt.Errorf("redlock: %d of %d nodes failed, quorum %d: %w", len(errs), n, q, errors.Join(errs...))
 	}
-	return nil, nil
-}
-
-func parseGrant(node int, reply any, err error) grant {
-	g := grant{node: node, err: err}
-	if err != nil {
-		g.err = fmt.Errorf("node %d: %w", node, err)
-		return g
-	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) == 0 {
-		g.err = fmt.Errorf("node %d: unexpected reply %v", node, reply)
-		return g
-	}
-	g.status, _ = vals[0].(int64)
-	if g.status == 1 || g.status == 2 {
-		if len(vals) != 3 {
-			g.status, g.err = 0, fmt.Errorf("node %d: unexpected reply %v", node, reply)
-			return g
-		}
-		g.token, _ = vals[1].(string)
-		g.fence, _ = vals[2].(int64)
-	}
-	return g
+	return false, nil
 }
 
 func filterGrants(gs []grant, status int64) []grant {
@@ -248,7 +237,7 @@ func (r *redlock) settleReentrant(ctx context.Context, s *Lease, got []grant) ([
 // and lifts the lower counters of those nodes to it (fence_raise.lua). The
 // fence stands when a quorum of granting nodes has its counter at the fence
 // while holding the token.
-func (r *redlock) fence(ctx context.Context, l *Locker, s *Lease, granted []grant) error {
+func (r *redlock) fence(ctx context.Context, s *Lease, granted []grant) error {
 	for _, g := range granted {
 		s.fence = max(s.fence, g.fence)
 	}
@@ -269,9 +258,8 @@ func (r *redlock) fence(ctx context.Context, l *Locker, s *Lease, granted []gran
 		go func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(s.ttl))
 			defer cancel()
-			v, err := run(nctx, r.nodes[g.node], scriptFenceRaise,
-				[]string{s.keys.lock, s.keys.fence}, s.token, s.fence, l.fenceTTL.Milliseconds())
-			if err == nil && v != int64(1) {
+			ok, err := raiseFenceOn(nctx, r.nodes[g.node], s, s.fence, r.fenceTTL.Milliseconds())
+			if err == nil && !ok {
 				err = fmt.Errorf("node %d no longer holds the token", g.node)
 			}
 			raised <- err
@@ -319,11 +307,11 @@ func (r *redlock) releaseOn(ctx context.Context, gs []grant, token, owner string
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(ttl))
 			defer cancel()
-			v, err := run(nctx, r.nodes[g.node], scriptRelease, []string{k.lock, k.owners}, token, owner)
+			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner)
 			if err != nil {
 				errs[i] = fmt.Errorf("node %d: %w", g.node, err)
 			}
-			statuses[i], _ = v.(int64)
+			statuses[i] = st
 		})
 	}
 	wg.Wait()
@@ -340,22 +328,8 @@ func (r *redlock) release(ctx context.Context, s *Lease) error {
 	}
 	// A grant still on its way would land after the release and block its
 	// node until the ttl passes: wait for it (bounded by the node timeout).
-	if s.acquiring != nil {
-		s.acquiring.Wait()
-	}
-	if err := s.state.err(); err != nil {
-		if errors.Is(err, errReleased) {
-			return nil
-		}
-		if !inferred(err) {
-			return err
-		}
-		// Concluded locally (deadline, max hold): free what is still ours.
-		_, errs := r.releaseOn(ctx, all, s.token, s.owner, s.keys, s.ttl)
-		if relErr := errors.Join(errs...); relErr != nil {
-			return errors.Join(err, fmt.Errorf("lock: release %q: %w", s.resource, relErr))
-		}
-		return err
+	if e, ok := s.ext.(*redlockLease); ok {
+		e.acquiring.Wait()
 	}
 	statuses, errs := r.releaseOn(ctx, all, s.token, s.owner, s.keys, s.ttl)
 	released, gone := 0, 0
@@ -371,25 +345,24 @@ func (r *redlock) release(ctx context.Context, s *Lease) error {
 	n, q := len(r.nodes), r.quorum
 	switch {
 	case released >= q:
-		s.state.set(errReleased)
 		return nil
 	case gone > n-q:
-		return s.state.set(&LostError{Key: s.resource, Reason: ReasonQuorumLost})
+		return s.lost(ReasonQuorumLost)
 	}
 	return fmt.Errorf("lock: release %q: redlock: released on %d of %d nodes, quorum %d: %w",
 		s.resource, released, n, q, errors.Join(errs...))
 }
 
-// renew renews leases[live...] on every node at once, one pipeline per node,
-// and decides each lease as soon as the answers allow: renewed when a quorum
-// renewed it, lost (quorum_lost) when its token is gone from more than
+// renew renews the leases on every node at once, one pipeline of batches per
+// node, and decides each lease as soon as the answers allow: renewed when a
+// quorum renewed it, lost (quorum_lost) when its token is gone from more than
 // N − quorum nodes. It returns once every lease is decided or every node
 // answered; the nodes still working go on in the background, bounded by
 // ctx's deadline, so that a healthy but slower node is renewed too.
-func (r *redlock) renew(ctx context.Context, leases []*Lease, live []int, results []error) {
+func (r *redlock) renew(ctx context.Context, leases []*Lease, results []error) {
 	n, q := len(r.nodes), r.quorum
 	type answer struct {
-		statuses []int64 // per live lease; valid where errs is nil
+		statuses []int64 // per lease; valid where errs is nil
 		errs     []error
 	}
 	bg, cancel := context.WithoutCancel(ctx), context.CancelFunc(nil)
@@ -402,23 +375,23 @@ func (r *redlock) renew(ctx context.Context, leases []*Lease, live []int, result
 	var pending sync.WaitGroup
 	for _, c := range r.nodes {
 		pending.Go(func() {
-			st, errs := renewOn(bg, c, leases, live)
+			st, errs := renewBatchOn(bg, c, leases)
 			answers <- answer{st, errs}
 		})
 	}
 	go func() { pending.Wait(); cancel() }()
 
-	renewed := make([]int, len(live))
-	gone := make([]int, len(live))
-	errs := make([][]error, len(live))
-	undecided := len(live)
-	decided := make([]bool, len(live))
+	renewed := make([]int, len(leases))
+	gone := make([]int, len(leases))
+	errs := make([][]error, len(leases))
+	undecided := len(leases)
+	decided := make([]bool, len(leases))
 	for range n {
 		if undecided == 0 {
 			break
 		}
 		a := <-answers
-		for k, i := range live {
+		for k, s := range leases {
 			if decided[k] {
 				continue
 			}
@@ -432,9 +405,9 @@ func (r *redlock) renew(ctx context.Context, leases []*Lease, live []int, result
 			}
 			switch {
 			case renewed[k] >= q:
-				results[i] = nil
+				results[k] = nil
 			case gone[k] > n-q:
-				results[i] = leases[i].state.set(&LostError{Key: leases[i].resource, Reason: ReasonQuorumLost})
+				results[k] = s.lost(ReasonQuorumLost)
 			default:
 				continue
 			}
@@ -442,66 +415,10 @@ func (r *redlock) renew(ctx context.Context, leases []*Lease, live []int, result
 			undecided--
 		}
 	}
-	for k, i := range live {
+	for k, s := range leases {
 		if !decided[k] {
-			results[i] = fmt.Errorf("lock: renew %q: redlock: renewed on %d of %d nodes, quorum %d: %w",
-				leases[i].resource, renewed[k], n, q, errors.Join(errs[k]...))
+			results[k] = fmt.Errorf("lock: renew %q: redlock: renewed on %d of %d nodes, quorum %d: %w",
+				s.resource, renewed[k], n, q, errors.Join(errs[k]...))
 		}
 	}
-}
-
-// renewOn renews leases[live...] on one node with renew_batch.lua, batches of
-// BatchSize in one pipeline, and returns the raw status of each (1 renewed,
-// 0 expired, -1 another token) or its error.
-func renewOn(ctx context.Context, c redis.UniversalClient, leases []*Lease, live []int) ([]int64, []error) {
-	statuses, errs := make([]int64, len(live)), make([]error, len(live))
-	type batch struct {
-		from, to int // positions in live
-		cmd      *redis.Cmd
-	}
-	var batches []batch
-	send := func() {
-		batches = batches[:0]
-		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for from := 0; from < len(live); from += BatchSize {
-				to := min(from+BatchSize, len(live))
-				keys := make([]string, 0, to-from)
-				args := make([]any, 0, 3*(to-from))
-				for _, i := range live[from:to] {
-					s := leases[i]
-					keys = append(keys, s.keys.lock)
-					if s.owner != "" {
-						keys = append(keys, s.keys.owners)
-					}
-					args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
-				}
-				batches = append(batches, batch{from, to, scriptRenewBatch.EvalSha(ctx, p, keys, args...)})
-			}
-			return nil
-		})
-	}
-	send()
-	if err := batches[0].cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err := scriptRenewBatch.Load(ctx, c).Err(); err != nil {
-			for k := range errs {
-				errs[k] = fmt.Errorf("load script: %w", err)
-			}
-			return statuses, errs
-		}
-		send()
-	}
-	for _, b := range batches {
-		vals, err := b.cmd.Slice()
-		if err == nil && len(vals) != b.to-b.from {
-			err = fmt.Errorf("renew_batch returned %d statuses for %d leases", len(vals), b.to-b.from)
-		}
-		for k := b.from; k < b.to; k++ {
-			if err != nil {
-				errs[k] = err
-				continue
-			}
-			statuses[k], _ = vals[k-b.from].(int64)
-		}
-	}
-	return statuses, errs
 }

@@ -1,0 +1,333 @@
+// Package etcdtest starts private etcd server processes for tests, the way
+// redistest starts Redis: every member listens on free loopback ports, keeps
+// its data in a private directory (in memory, /dev/shm, where there is one)
+// and is killed in t.Cleanup, so tests that use it can run in parallel. A
+// Member can be killed (SIGKILL), paused (SIGSTOP), resumed (SIGCONT) and
+// restarted with its data, which is what fault tests need. Nothing here mocks
+// etcd.
+//
+// Start starts one member; StartCluster starts n members of one cluster. The
+// members run with short raft timings (heartbeat 10ms, election 100ms), so a
+// killed leader is replaced within a fraction of a second.
+//
+// When etcd is not installed (Debian's etcd-server package), Start fails the
+// test with a message that says how to install it; it never skips.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// startTimeout bounds how long a cluster may take to become healthy.
+const startTimeout = 20 * time.Second
+
+// Cluster is a set of etcd members owned by a test.
+type Cluster struct {
+	tb      testing.TB
+	Members []*Member
+}
+
+// Member is one etcd process.
+type Member struct {
+	tb        testing.TB
+	Name      string
+	ClientURL string // http://127.0.0.1:port
+	PeerURL   string
+	args      []string
+	dir       string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd exits
+}
+
+// Start starts a one-member cluster.
+func Start(tb testing.TB) *Cluster {
+	tb.Helper()
+	return StartCluster(tb, 1)
+}
+
+// StartCluster starts an n-member cluster and returns once every member
+// reports healthy (a leader is elected and each member serves reads).
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	bin := binary(tb)
+	var lastErr error
+	for range 3 { // a free port can be taken between probe and bind; try again
+		c, err := launch(tb, bin, n)
+		if err == nil {
+			return c
+		}
+		lastErr = err
+	}
+	tb.Fatalf("etcdtest: start %d-member cluster: %v", n, lastErr)
+	return nil
+}
+
+func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
+	c := &Cluster{tb: tb}
+	var initial []string
+	token := fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())
+	for i := range n {
+		cport, err := redistest.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pport, err := redistest.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		m := &Member{
+			tb:        tb,
+			Name:      fmt.Sprintf("m%d", i),
+			ClientURL: "http://127.0.0.1:" + strconv.Itoa(cport),
+			PeerURL:   "http://127.0.0.1:" + strconv.Itoa(pport),
+			dir:       dataDir(tb),
+		}
+		initial = append(initial, m.Name+"="+m.PeerURL)
+		c.Members = append(c.Members, m)
+	}
+	for _, m := range c.Members {
+		m.args = []string{
+			"--name", m.Name,
+			"--data-dir", filepath.Join(m.dir, "data"),
+			"--listen-client-urls", m.ClientURL,
+			"--advertise-client-urls", m.ClientURL,
+			"--listen-peer-urls", m.PeerURL,
+			"--initial-advertise-peer-urls", m.PeerURL,
+			"--initial-cluster", strings.Join(initial, ","),
+			"--initial-cluster-state", "new",
+			"--initial-cluster-token", token,
+			"--heartbeat-interval", "10",
+			"--election-timeout", "100",
+			"--logger", "zap",
+			"--log-level", "warn",
+			"--log-outputs", filepath.Join(m.dir, "etcd.log"),
+		}
+	}
+	for _, m := range c.Members {
+		if err := m.startProcess(bin); err != nil {
+			c.killAll()
+			return nil, err
+		}
+	}
+	tb.Cleanup(c.killAll)
+	for _, m := range c.Members {
+		if err := m.waitHealthy(); err != nil {
+			c.killAll()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// dataDir returns a private directory, in memory where /dev/shm exists:
+// etcd fsyncs every commit, and a disk shared by the whole machine makes that slow.
+func dataDir(tb testing.TB) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "etcdtest-"); err == nil {
+			tb.Cleanup(func() { _ = os.RemoveAll(d) })
+			return d
+		}
+	}
+	return tb.TempDir()
+}
+
+// Endpoints returns every member's client URL.
+func (c *Cluster) Endpoints() []string {
+	out := make([]string, len(c.Members))
+	for i, m := range c.Members {
+		out[i] = m.ClientURL
+	}
+	return out
+}
+
+// Client returns a new client for the cluster, closed when the test ends. It
+// dials in the background (no blocking dial) with short timeouts.
+func (c *Cluster) Client(opts ...func(*clientv3.Config)) *clientv3.Client {
+	c.tb.Helper()
+	cfg := clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
+	for _, f := range opts {
+		f(&cfg)
+	}
+	cl, err := clientv3.New(cfg)
+	if err != nil {
+		c.tb.Fatalf("etcdtest: client: %v", err)
+	}
+	c.tb.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// Leader returns the member that is raft leader now, asking each running
+// member; it fails the test when none answers within a few seconds.
+func (c *Cluster) Leader() *Member {
+	c.tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range c.Members {
+			if m.isLeader() {
+				return m
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.tb.Fatalf("etcdtest: no member reports itself leader")
+	return nil
+}
+
+func (m *Member) isLeader() bool {
+	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 200 * time.Millisecond, Logger: zap.NewNop()})
+	if err != nil {
+		return false
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	st, err := cl.Status(ctx, m.ClientURL)
+	return err == nil && st.Header.MemberId == st.Leader
+}
+
+// Kill sends SIGKILL and waits for the process to exit. Its data stays, for Restart.
+func (m *Member) Kill() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.killLocked()
+}
+
+// Pause stops the process with SIGSTOP: connections stay open, nothing answers.
+func (m *Member) Pause() { m.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (m *Member) Resume() { m.signal(syscall.SIGCONT) }
+
+// Restart kills the member (if running) and starts it again with its data on
+// the same ports; it returns once the process runs, not once it is healthy
+// (a lone member of a dead cluster cannot be).
+func (m *Member) Restart() {
+	m.tb.Helper()
+	m.Kill()
+	bin := binary(m.tb)
+	var err error
+	for range 50 { // the ports are ours; only a lingering socket can delay the bind
+		if err = m.startProcess(bin); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m.tb.Fatalf("etcdtest: restart %s: %v", m.Name, err)
+}
+
+// WaitHealthy waits until the member answers healthy (it has a leader and
+// serves reads), failing the test after a while.
+func (m *Member) WaitHealthy() {
+	m.tb.Helper()
+	if err := m.waitHealthy(); err != nil {
+		m.tb.Fatalf("etcdtest: %v", err)
+	}
+}
+
+func (m *Member) signal(sig syscall.Signal) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd == nil {
+		m.tb.Fatalf("etcdtest: %s is not running", m.Name)
+	}
+	if err := m.cmd.Process.Signal(sig); err != nil {
+		m.tb.Fatalf("etcdtest: signal %v to %s: %v", sig, m.Name, err)
+	}
+}
+
+func (m *Member) startProcess(bin string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cmd := exec.Command(bin, m.args...)
+	// The member dies with the test binary even if cleanup never runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	m.cmd, m.done = cmd, done
+	return nil
+}
+
+// waitHealthy polls the member's /health until it answers healthy.
+func (m *Member) waitHealthy() error {
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(startTimeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return fmt.Errorf("etcd %s exited during start; log:\n%s", m.Name, m.logTail())
+		default:
+		}
+		resp, err := hc.Get(m.ClientURL + "/health")
+		if err == nil {
+			var buf [256]byte
+			k, _ := resp.Body.Read(buf[:])
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && strings.Contains(string(buf[:k]), `"true"`) {
+				return nil
+			}
+			err = fmt.Errorf("/health: %s %s", resp.Status, buf[:k])
+		}
+		lastErr = err
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("etcd %s not healthy within %v: %v; log:\n%s", m.Name, startTimeout, lastErr, m.logTail())
+}
+
+func (m *Member) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(m.dir, "etcd.log"))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+func (m *Member) killLocked() {
+	if m.cmd == nil {
+		return
+	}
+	_ = m.cmd.Process.Signal(syscall.SIGCONT) // a paused process must run to die cleanly
+	_ = m.cmd.Process.Kill()
+	<-m.done
+	m.cmd, m.done = nil, nil
+}
+
+func (c *Cluster) killAll() {
+	for _, m := range c.Members {
+		m.Kill()
+	}
+}
+
+func binary(tb testing.TB) string {
+	tb.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		tb.Fatalf("etcdtest: etcd is not installed (%v). Install it with "+
+			"`apt-get update && apt-get install -y etcd-server`, or run `make test`, which does.", err)
+	}
+	return bin
+}

@@ -1,0 +1,535 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// etcdBackend is the back end of NewEtcd: locks are etcd keys bound to etcd
+// leases, fences are the keys' create revisions.
+//
+// Why not etcd's concurrency package (Session, Mutex): a Session keeps its
+// lease alive from its own goroutine and reports loss only when that
+// keep-alive gives up, which can be long after the lease expired on the
+// server; nothing in it knows the send time of the last keep-alive that
+// succeeded, so a holder cut off from etcd would go on past its lease. The
+// watchdog's local deadline (last renewal's send time + ttl − drift) needs
+// renewal driven by the watchdog, one round for many leases, which is what
+// this back end gives it. Mutex also has no reentrancy and one TTL per
+// Session. The ideas are the same: a lease per holder, a key created only if
+// absent, the create revision as the fence.
+type etcdBackend struct {
+	cl          *clientv3.Client
+	watchPrefix string // every lock key starts with it
+
+	mu      sync.Mutex
+	leases  map[int64]*etcdShared // by TTL in seconds: the lease new locks join
+	held    map[string][]*Lease   // lock key -> leases held on it, for the watch
+	notify  []func(*Lease, error)
+	watchOn bool
+	closed  bool
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// etcdShared is one etcd lease that the locks of one TTL (in whole seconds)
+// acquired by this Locker share, as the locks of a concurrency.Session do:
+// an acquire costs one transaction, not a grant, a transaction and a revoke,
+// and a renewal round one keep-alive per lease, not per lock.
+type etcdShared struct {
+	id  clientv3.LeaseID
+	ttl int64 // seconds, as granted
+
+	mu    sync.Mutex
+	alive time.Time // send time of the grant or of the last keep-alive that succeeded
+}
+
+func (e *etcdShared) aliveAt() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.alive
+}
+
+func (e *etcdShared) renewedAt(sent time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if sent.After(e.alive) {
+		e.alive = sent
+	}
+}
+
+// NewEtcd returns a Locker whose leases live in an etcd cluster (the etcd
+// back end). A lock on resource R is the key P{R} (the same name as on Redis),
+// created in a transaction only if absent and bound to an etcd lease of the
+// lock's TTL rounded up to whole seconds; its value is the holder's token.
+// Differences from New:
+//
+//   - Fence is the key's create revision: etcd's revision counter only
+//     grows, across restarts of holders and of etcd members, so fences
+//     strictly increase per resource (and across resources) without a
+//     counter key. WithFenceTTL does not apply.
+//   - An etcd lease counts whole seconds, and the server raises a TTL below
+//     its minimum (1.5 × election timeout, 2s by default): a crashed holder's
+//     lock frees after that long, not after the lock's ttl. The holder's
+//     local deadline still uses the lock's ttl, so it stops early, never late.
+//   - Loss is noticed at once through a watch on the lock keys (key deleted:
+//     expired; key overwritten: stolen); see Locker.NotifyLoss. Renewal (a
+//     keep-alive of the lease and a read of the key) stays the authority.
+//   - The locks of one TTL share one etcd lease per Locker, as the locks of a
+//     concurrency.Session do. A lease is joined only while its last
+//     keep-alive is recent (within half the ttl); the new lock's AcquiredAt
+//     is then that keep-alive's send time, so the local deadline never
+//     outlives the key.
+//   - Each call to etcd is bounded by the lock's ttl (at least 1s) when ctx
+//     has no earlier deadline: a cluster without quorum answers with an
+//     error, not a hang.
+//   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
+//     like any option that does not apply make NewEtcd panic.
+//
+// Call Close when done: it stops the watch. The client stays the caller's.
+func NewEtcd(client *clientv3.Client, opts ...Option) *Locker {
+	st := newSettings(opts)
+	be := &etcdBackend{
+		cl:          client,
+		watchPrefix: st.prefix + "{",
+		leases:      map[int64]*etcdShared{},
+		held:        map[string][]*Lease{},
+	}
+	l, err := newLocker("etcd", st, be)
+	if err != nil {
+		panic(err.Error())
+	}
+	return l
+}
+
+func (*etcdBackend) options() []string { return nil }
+
+// etcdLease is an etcd lease's own state.
+type etcdLease struct {
+	shared *etcdShared // nil for a re-entry into a hold taken elsewhere
+	id     clientv3.LeaseID
+}
+
+func callCtx(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(ttl, time.Second))
+}
+
+func ttlSeconds(ttl time.Duration) int64 {
+	return max(int64((ttl+time.Second-1)/time.Second), 1)
+}
+
+// leaseFor returns the shared lease for ttl, granting a new one when there is
+// none or its last keep-alive is older than half the ttl (it may be about to
+// expire: no holder renews it).
+func (b *etcdBackend) leaseFor(ctx context.Context, ttl time.Duration) (*etcdShared, error) {
+	secs := ttlSeconds(ttl)
+	b.mu.Lock()
+	sh := b.leases[secs]
+	b.mu.Unlock()
+	if sh != nil && time.Since(sh.aliveAt()) < ttl/2 {
+		return sh, nil
+	}
+	sent := time.Now()
+	resp, err := b.cl.Grant(ctx, secs)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: grant lease: %w", err)
+	}
+	sh = &etcdShared{id: resp.ID, ttl: resp.TTL, alive: sent}
+	b.mu.Lock()
+	b.leases[secs] = sh
+	b.mu.Unlock()
+	return sh, nil
+}
+
+// forget drops sh as the lease new locks join (the server no longer has it).
+func (b *etcdBackend) forget(sh *etcdShared) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, v := range b.leases {
+		if v == sh {
+			delete(b.leases, k)
+		}
+	}
+}
+
+// owners value: "<hold count> <owner id>".
+func ownersValue(n int, owner string) string { return strconv.Itoa(n) + " " + owner }
+
+func parseOwners(v []byte) (int, string) {
+	n, owner, ok := strings.Cut(string(v), " ")
+	count, err := strconv.Atoi(n)
+	if !ok || err != nil {
+		return 0, ""
+	}
+	return count, owner
+}
+
+func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
+	ctx, cancel := callCtx(ctx, s.ttl)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		sh, err := b.leaseFor(ctx, s.ttl)
+		if err != nil {
+			return false, err
+		}
+		put := []clientv3.Op{clientv3.OpPut(s.keys.lock, s.token, clientv3.WithLease(sh.id))}
+		if s.owner != "" {
+			put = append(put, clientv3.OpPut(s.keys.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
+		}
+		resp, err := b.cl.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", 0)).
+			Then(put...).
+			Else(clientv3.OpGet(s.keys.lock), clientv3.OpGet(s.keys.owners)).
+			Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
+			b.forget(sh) // expired or revoked meanwhile: grant a new one, once
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("etcd: %w", err)
+		}
+		if resp.Succeeded {
+			s.fence = resp.Header.Revision
+			s.ext = &etcdLease{shared: sh, id: sh.id}
+			if alive := sh.aliveAt(); alive.Before(s.sent) {
+				s.sent = alive // the key lives as long as the lease: from its last keep-alive
+			}
+			b.hold(s)
+			return true, nil
+		}
+		if s.owner == "" {
+			return false, nil
+		}
+		return b.reenter(ctx, s, resp)
+	}
+}
+
+// reenter joins the hold of s.owner on s's lock, if it is the holder: one
+// more hold count, by compare-and-swap on the owners key.
+func (b *etcdBackend) reenter(ctx context.Context, s *Lease, resp *clientv3.TxnResponse) (bool, error) {
+	for range 10 { // each round lost a race with another hold of the same owner
+		lockKV, ownersKV := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+		if lockKV == nil {
+			return false, nil // released meanwhile: the caller's next attempt may take it afresh
+		}
+		if ownersKV == nil || ownersKV.Lease != lockKV.Lease {
+			return false, nil // a plain hold, or someone else's
+		}
+		n, owner := parseOwners(ownersKV.Value)
+		if owner != s.owner || n < 1 {
+			return false, nil
+		}
+		id := clientv3.LeaseID(lockKV.Lease)
+		next, err := b.cl.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(s.keys.owners), "=", ownersKV.ModRevision),
+				clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", lockKV.CreateRevision)).
+			Then(clientv3.OpPut(s.keys.owners, ownersValue(n+1, owner), clientv3.WithLease(id))).
+			Else(clientv3.OpGet(s.keys.lock), clientv3.OpGet(s.keys.owners)).
+			Commit()
+		if err != nil {
+			return false, fmt.Errorf("etcd: re-enter: %w", err)
+		}
+		if next.Succeeded {
+			s.token, s.fence, s.reentry = string(lockKV.Value), lockKV.CreateRevision, true
+			s.ext = &etcdLease{id: id}
+			b.hold(s)
+			return true, nil
+		}
+		resp = next
+	}
+	return false, errors.New("etcd: re-enter: too many concurrent changes of the hold count")
+}
+
+func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
+	if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+		return rr.Kvs[0]
+	}
+	return nil
+}
+
+// checkBatch is how many key reads one renewal transaction carries: etcd
+// refuses transactions of more than 128 operations by default (--max-txn-ops).
+const checkBatch = 128
+
+// renew keeps every distinct etcd lease of leases alive (one keep-alive per
+// lease, all at once) and reads every lock key (checkBatch per transaction,
+// all at once). A lease is renewed when its etcd lease was kept alive and its
+// key still holds its token; lost (expired) when the etcd lease or the key is
+// gone, lost (stolen) when the key holds another token or another lease.
+//
+// A member that does not answer (paused, cut off) leaves its calls hanging
+// rather than failing them, so each round gets a quarter of the time left
+// before ctx's deadline (the round's earliest local deadline): the watchdog
+// retries in time, and its next calls go to other members.
+func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []error) {
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(d)/4)
+		defer cancel()
+	}
+	sent := time.Now()
+	ids := map[clientv3.LeaseID]error{} // keep-alive result per etcd lease
+	var distinct []clientv3.LeaseID
+	for _, s := range leases {
+		if id := s.ext.(*etcdLease).id; !slices.Contains(distinct, id) {
+			distinct = append(distinct, id)
+		}
+	}
+	kvs := make([]*mvccpb.KeyValue, len(leases))
+	checkErrs := make([]error, len(leases))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, id := range distinct {
+		wg.Go(func() {
+			_, err := b.cl.KeepAliveOnce(ctx, id)
+			mu.Lock()
+			ids[id] = err
+			mu.Unlock()
+		})
+	}
+	for from := 0; from < len(leases); from += checkBatch {
+		to := min(from+checkBatch, len(leases))
+		wg.Go(func() {
+			ops := make([]clientv3.Op, 0, to-from)
+			for _, s := range leases[from:to] {
+				ops = append(ops, clientv3.OpGet(s.keys.lock))
+			}
+			resp, err := b.cl.Txn(ctx).Then(ops...).Commit()
+			for k := from; k < to; k++ {
+				if err != nil {
+					checkErrs[k] = err
+				} else {
+					kvs[k] = firstKV(resp.Responses[k-from])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, s := range leases {
+		if e := s.ext.(*etcdLease); ids[e.id] == nil && e.shared != nil {
+			e.shared.renewedAt(sent)
+		}
+	}
+	for i, s := range leases {
+		e := s.ext.(*etcdLease)
+		kaErr := ids[e.id]
+		switch {
+		case errors.Is(kaErr, rpctypes.ErrLeaseNotFound):
+			results[i] = s.lost(ReasonExpired)
+		case kaErr != nil:
+			results[i] = fmt.Errorf("lock: renew %q: etcd: keep-alive: %w", s.resource, kaErr)
+		case checkErrs[i] != nil:
+			results[i] = fmt.Errorf("lock: renew %q: etcd: %w", s.resource, checkErrs[i])
+		default:
+			results[i] = keyStatus(s, kvs[i])
+		}
+	}
+}
+
+// keyStatus tells what kv (the lock key as read, or nil) says of s.
+func keyStatus(s *Lease, kv *mvccpb.KeyValue) error {
+	switch {
+	case kv == nil:
+		return s.lost(ReasonExpired)
+	case string(kv.Value) != s.token || kv.CreateRevision != s.fence ||
+		clientv3.LeaseID(kv.Lease) != s.ext.(*etcdLease).id:
+		return s.lost(ReasonStolen)
+	}
+	return nil
+}
+
+// release deletes the lock key (and the owners key) if it holds our token
+// and was created by our acquire, or gives one reentrant hold back. The
+// shared etcd lease is not revoked: other locks may be on it, and unused it
+// expires by itself.
+func (b *etcdBackend) release(ctx context.Context, s *Lease) error {
+	ctx, cancel := callCtx(ctx, s.ttl)
+	defer cancel()
+	b.unhold(s) // our own delete is not a loss
+	err := b.releaseOnce(ctx, s)
+	if err != nil && !errors.Is(err, ErrLockLost) {
+		b.hold(s) // still ours, as far as we know: keep watching
+		return fmt.Errorf("lock: release %q: etcd: %w", s.resource, err)
+	}
+	return err
+}
+
+func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
+	ours := clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", s.fence)
+	mine := clientv3.Compare(clientv3.Value(s.keys.lock), "=", s.token)
+	del := []clientv3.Op{clientv3.OpDelete(s.keys.lock)}
+	if s.owner != "" {
+		del = append(del, clientv3.OpDelete(s.keys.owners))
+	}
+	for range 10 { // each round lost a race with another hold of the same owner
+		var cmps []clientv3.Cmp
+		var owners *mvccpb.KeyValue
+		if s.owner != "" {
+			// One hold of several: give it back; the last one deletes.
+			resp, err := b.cl.Txn(ctx).If(ours, mine).Then(clientv3.OpGet(s.keys.owners)).Else(clientv3.OpGet(s.keys.lock)).Commit()
+			if err != nil {
+				return err
+			}
+			if !resp.Succeeded {
+				return keyStatus(s, firstKV(resp.Responses[0]))
+			}
+			owners = firstKV(resp.Responses[0])
+			if owners != nil {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.keys.owners), "=", owners.ModRevision))
+				if n, owner := parseOwners(owners.Value); owner == s.owner && n > 1 {
+					r, err := b.cl.Txn(ctx).If(append(cmps, ours, mine)...).
+						Then(clientv3.OpPut(s.keys.owners, ownersValue(n-1, owner), clientv3.WithLease(clientv3.LeaseID(owners.Lease)))).
+						Commit()
+					if err != nil {
+						return err
+					}
+					if r.Succeeded {
+						return nil
+					}
+					continue
+				}
+			}
+		}
+		resp, err := b.cl.Txn(ctx).If(append(cmps, ours, mine)...).Then(del...).Else(clientv3.OpGet(s.keys.lock)).Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		if kv := firstKV(resp.Responses[0]); s.owner == "" || kv == nil || string(kv.Value) != s.token {
+			return keyStatus(s, kv)
+		}
+	}
+	return errors.New("too many concurrent changes of the hold count")
+}
+
+// hold registers s for the watch, starting the watch with the first lock.
+func (b *etcdBackend) hold(s *Lease) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.held[s.keys.lock] = append(b.held[s.keys.lock], s)
+	if !b.watchOn {
+		b.watchOn = true
+		ctx, cancel := context.WithCancel(context.Background())
+		b.stop, b.stopped = cancel, make(chan struct{})
+		go b.watch(ctx, s.fence+1)
+	}
+}
+
+func (b *etcdBackend) unhold(s *Lease) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	list := b.held[s.keys.lock]
+	for i, x := range list {
+		if x == s {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(b.held, s.keys.lock)
+	} else {
+		b.held[s.keys.lock] = list
+	}
+}
+
+func (b *etcdBackend) notifyLoss(f func(*Lease, error)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.notify = append(b.notify, f)
+}
+
+// watch follows every change under the lock prefix from revision rev on and
+// turns a change to a held lock's key into a loss, at once. When the watch
+// ends (compaction, a cancelled stream) it starts again from where it was,
+// or from now when that history is gone; renewal covers what it missed.
+func (b *etcdBackend) watch(ctx context.Context, rev int64) {
+	defer close(b.stopped)
+	for ctx.Err() == nil {
+		wch := b.cl.Watch(clientv3.WithRequireLeader(ctx), b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		for resp := range wch {
+			if resp.CompactRevision > 0 {
+				rev = resp.CompactRevision
+			}
+			if resp.Err() != nil {
+				break
+			}
+			for _, ev := range resp.Events {
+				b.changed(ev)
+			}
+			rev = max(rev, resp.Header.Revision+1)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond): // a lost leader or cluster: do not spin
+		}
+	}
+}
+
+// changed applies one event to the leases held on its key.
+func (b *etcdBackend) changed(ev *clientv3.Event) {
+	key := string(ev.Kv.Key)
+	b.mu.Lock()
+	var lost []*Lease
+	var reasons []Reason
+	list := b.held[key]
+	keep := list[:0]
+	for _, s := range list {
+		switch {
+		case ev.Kv.ModRevision <= s.fence: // before our acquire
+		case ev.Type == mvccpb.DELETE:
+			lost, reasons = append(lost, s), append(reasons, ReasonExpired)
+			continue
+		case ev.Kv.CreateRevision != s.fence || string(ev.Kv.Value) != s.token:
+			lost, reasons = append(lost, s), append(reasons, ReasonStolen)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	if len(list) > 0 {
+		if len(keep) == 0 {
+			delete(b.held, key)
+		} else {
+			b.held[key] = keep
+		}
+	}
+	notify := b.notify
+	b.mu.Unlock()
+	for i, s := range lost {
+		err := s.state.set(s.lost(reasons[i]))
+		if !errors.Is(err, ErrLockLost) {
+			continue // released meanwhile
+		}
+		for _, f := range notify {
+			f(s, err)
+		}
+	}
+}
+
+// close stops the watch; leases stay with their holders.
+func (b *etcdBackend) close() error {
+	b.mu.Lock()
+	b.closed = true
+	stop, stopped := b.stop, b.stopped
+	b.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-stopped
+	}
+	return nil
+}

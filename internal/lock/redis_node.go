@@ -1,0 +1,155 @@
+package lock
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The operations on one Redis node (a server, a Cluster slot's master, or a
+// Redlock node) that the Redis back ends are made of: acquire, renew a batch,
+// release and raise a fence. Each is one script; the statuses are the
+// scripts' return values (see their headers in lua/).
+
+// grant is one node's answer to acquire.lua.
+type grant struct {
+	node   int
+	status int64 // 1 acquired, 2 re-entered, 0 busy
+	token  string
+	fence  int64
+	err    error
+}
+
+func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
+	return []string{s.keys.lock, s.keys.fence, s.keys.owners}, []any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner}
+}
+
+// parseGrant reads acquire.lua's reply.
+func parseGrant(node int, reply any, err error) grant {
+	g := grant{node: node, err: err}
+	if err != nil {
+		return g
+	}
+	vals, ok := reply.([]any)
+	if !ok || len(vals) == 0 {
+		g.err = fmt.Errorf("unexpected reply %v", reply)
+		return g
+	}
+	g.status, _ = vals[0].(int64)
+	switch g.status {
+	case 0:
+	case 1, 2:
+		if len(vals) != 3 {
+			g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
+			return g
+		}
+		g.token, _ = vals[1].(string)
+		g.fence, _ = vals[2].(int64)
+	default:
+		g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
+	}
+	return g
+}
+
+// releaseOn runs release.lua for token and owner on c: 1 released, 2 one
+// reentrant hold given back, 0 the key is gone, -1 another token holds it.
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string) (int64, error) {
+	v, err := run(ctx, c, scriptRelease, []string{k.lock, k.owners}, token, owner)
+	if err != nil {
+		return 0, err
+	}
+	st, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("unexpected reply %v", v)
+	}
+	return st, nil
+}
+
+// raiseFenceOn lifts c's fencing counter of s to fence while c holds s's
+// token (fence_raise.lua): true when it did, false when the token is gone.
+func raiseFenceOn(ctx context.Context, c redis.Scripter, s *Lease, fence, fenceTTL int64) (bool, error) {
+	v, err := run(ctx, c, scriptFenceRaise, []string{s.keys.lock, s.keys.fence}, s.token, fence, fenceTTL)
+	return v == int64(1), err
+}
+
+// renewBatchOn renews leases on one node with renew_batch.lua, BatchSize
+// leases per call, every call in one pipeline. It returns each lease's status
+// (1 renewed, 0 expired, -1 another token) or its error.
+func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease) ([]int64, []error) {
+	statuses, errs := make([]int64, len(leases)), make([]error, len(leases))
+	var calls []scriptCall
+	for from := 0; from < len(leases); from += BatchSize {
+		to := min(from+BatchSize, len(leases))
+		keys := make([]string, 0, to-from)
+		args := make([]any, 0, 3*(to-from))
+		for _, s := range leases[from:to] {
+			keys = append(keys, s.keys.lock)
+			if s.owner != "" {
+				keys = append(keys, s.keys.owners)
+			}
+			args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
+		}
+		calls = append(calls, scriptCall{keys, args})
+	}
+	cmds, err := runPipelined(ctx, c, scriptRenewBatch, calls, nil)
+	for n, from := 0, 0; from < len(leases); n, from = n+1, from+BatchSize {
+		to := min(from+BatchSize, len(leases))
+		bErr := err
+		var vals []any
+		if bErr == nil {
+			vals, bErr = cmds[n].Slice()
+		}
+		if bErr == nil && len(vals) != to-from {
+			bErr = fmt.Errorf("renew_batch returned %d statuses for %d leases", len(vals), to-from)
+		}
+		for k := from; k < to; k++ {
+			if bErr != nil {
+				errs[k] = bErr
+			} else {
+				statuses[k], _ = vals[k-from].(int64)
+			}
+		}
+	}
+	return statuses, errs
+}
+
+// renewEachOn renews leases on one node with one renew.lua call each, all in
+// one pipeline: for a Cluster master, whose leases' keys live in different
+// slots. It returns what renewBatchOn does.
+func renewEachOn(ctx context.Context, c redis.Cmdable, leases []*Lease) ([]int64, []error) {
+	statuses, errs := make([]int64, len(leases)), make([]error, len(leases))
+	calls := make([]scriptCall, len(leases))
+	for i, s := range leases {
+		calls[i] = scriptCall{[]string{s.keys.lock, s.keys.owners}, []any{s.token, s.ttl.Milliseconds(), s.reentrantFlag()}}
+	}
+	cmds, err := runPipelined(ctx, c, scriptRenew, calls, nil)
+	for i := range leases {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		v, err := cmds[i].Result()
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		statuses[i], _ = v.(int64)
+	}
+	return statuses, errs
+}
+
+// renewStatus turns a renew or release status into a lease's result: nil when
+// held (1, or 2 for a reentrant release), a *LostError for 0 (expired) and -1
+// (stolen).
+func renewStatus(s *Lease, status int64) error {
+	switch status {
+	case 1, 2:
+		return nil
+	case 0:
+		return s.lost(ReasonExpired)
+	case -1:
+		return s.lost(ReasonStolen)
+	}
+	return fmt.Errorf("lock: %q: unexpected status %d", s.resource, status)
+}
