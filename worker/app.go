@@ -106,9 +106,10 @@ func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalCli
 		Metrics:     m,
 		Logger:      log,
 	}
-	if len(cfg.Lock.Nodes) == 0 {
+	if l.Backend() == "single" {
 		// Redlock's nodes are renewed on a quorum; a notice from one node
-		// proves nothing, so Redlock relies on renewals.
+		// proves nothing, so Redlock relies on renewals. etcd's back end
+		// watches its keys itself (Locker.NotifyLoss).
 		opts.Notifier = watchdog.Tracking(c, l.KeyPrefix(), log)
 	}
 	w := watchdog.New(opts)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -113,5 +114,35 @@ func TestNoticeThroughSentinel(t *testing.T) {
 	t.Logf("after the failover: loss seen %v after the deletion", at.Sub(deleted))
 	if at.Sub(deleted) > time.Second {
 		t.Fatalf("after the failover: loss seen %v after the deletion, want within 1s", at.Sub(deleted))
+	}
+}
+
+// On etcd, the back end's own watch tells the watchdog of a deleted key: the
+// holder is cancelled within a second under a 30s TTL.
+func TestNoticeOnEtcd(t *testing.T) {
+	t.Parallel()
+	cl := etcdtest.Start(t)
+	c := cl.Client()
+	defer c.Close()
+	admin := cl.Client()
+	defer admin.Close()
+	l := lock.NewEtcd(c)
+	defer l.Close()
+	wd := watchdog.New(watchdog.Options{})
+	defer wd.Stop(context.Background())
+	lease, err := l.TryAcquire(context.Background(), "e", longTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, hold := wd.Hold(context.Background(), lease)
+	defer hold.Stop()
+	deleted := time.Now()
+	if _, err := admin.Delete(context.Background(), l.Key("e")); err != nil {
+		t.Fatal(err)
+	}
+	at, reason := cancelled(t, ctx, 3*time.Second)
+	t.Logf("etcd: loss (%s) seen %v after the deletion", reason, at.Sub(deleted))
+	if reason != lock.ReasonExpired || at.Sub(deleted) > time.Second {
+		t.Fatalf("reason %q after %v, want expired within 1s", reason, at.Sub(deleted))
 	}
 }

@@ -1,6 +1,7 @@
 package watchdog
 
 import (
+	"errors"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -129,6 +130,26 @@ func (w *Watchdog) onNotice(keys []string, all bool) {
 	if due {
 		w.metrics.LockNotices.Inc()
 		w.poke()
+	}
+}
+
+// onLoss is the callback of a back end that tells a loss itself (etcd's
+// watch): the lease is already marked lost; end its hold now.
+func (w *Watchdog) onLoss(lease *lock.Lease, err error) {
+	var lost *lock.LostError
+	if !errors.As(err, &lost) {
+		return
+	}
+	w.mu.Lock()
+	var found *Hold
+	for h := range w.byKey[lease.RedisKey()] {
+		if h.lease == lease {
+			found = h
+		}
+	}
+	w.mu.Unlock()
+	if found != nil {
+		found.lose(lost.Reason)
 	}
 }
 

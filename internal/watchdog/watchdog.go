@@ -71,11 +71,12 @@ type Watchdog struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
-	mu      sync.Mutex
-	holds   map[*Hold]struct{}
-	byKey   map[string]map[*Hold]struct{} // Redis key -> holds on it
-	notices noticeBook                    // expected and recent notices
-	stopped bool
+	mu         sync.Mutex
+	holds      map[*Hold]struct{}
+	byKey      map[string]map[*Hold]struct{} // Redis key -> holds on it
+	lossHooked map[*lock.Locker]bool         // Lockers whose loss notices reach onLoss
+	notices    noticeBook                    // expected and recent notices
+	stopped    bool
 
 	stopNotices context.CancelFunc
 	noticesDone chan struct{}
@@ -94,15 +95,16 @@ type Watchdog struct {
 // New returns a watchdog. Its loop starts with the first Hold (or Start).
 func New(opts Options) *Watchdog {
 	return &Watchdog{
-		opts:    opts,
-		metrics: metrics.OrNop(opts.Metrics),
-		log:     cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
-		holds:   map[*Hold]struct{}{},
-		byKey:   map[string]map[*Hold]struct{}{},
-		notices: newNoticeBook(),
-		wake:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		done:    make(chan struct{}),
+		opts:       opts,
+		metrics:    metrics.OrNop(opts.Metrics),
+		log:        cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
+		holds:      map[*Hold]struct{}{},
+		byKey:      map[string]map[*Hold]struct{}{},
+		lossHooked: map[*lock.Locker]bool{},
+		notices:    newNoticeBook(),
+		wake:       make(chan struct{}, 1),
+		quit:       make(chan struct{}),
+		done:       make(chan struct{}),
 	}
 }
 
@@ -211,6 +213,10 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 		return hctx, h
 	}
 	w.holds[h] = struct{}{}
+	if l := lease.Locker(); !w.lossHooked[l] {
+		w.lossHooked[l] = true
+		l.NotifyLoss(w.onLoss) // a back end that watches its own keys (etcd)
+	}
 	key := lease.RedisKey()
 	if w.byKey[key] == nil {
 		w.byKey[key] = map[*Hold]struct{}{}
