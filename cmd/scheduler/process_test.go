@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -97,10 +96,6 @@ func TestRedisKillAOFRestartEveryTickOnce(t *testing.T) {
 // tick.) It fails about every second run until the scheduler is fixed; set
 // LOCKSTEP_TEST_KNOWN_DEFECTS=1 to run it.
 func TestRedisPausedPastTickLockTTLCatchesUpEveryTick(t *testing.T) {
-	if os.Getenv("LOCKSTEP_TEST_KNOWN_DEFECTS") == "" {
-		t.Skip("known defect (G2): after a Redis stall an on-time claim moves the watermark past an unclaimed tick " +
-			"and catch_up: all skips it; LOCKSTEP_TEST_KNOWN_DEFECTS=1 runs this test")
-	}
 	t.Parallel()
 	srv := redistest.Start(t)
 	names := []string{"chaos", "chaos-b", "chaos-c"}

@@ -267,11 +267,22 @@ func (s *Scheduler) loop(loops, fires context.Context, e *entry) {
 		late := now.Sub(n) > s.lateAfter
 		if late || pendingCatchUp {
 			cutoff := now.Add(-s.lateAfter)
+			if !late {
+				// An earlier tick could not be claimed (Redis stalled): it
+				// goes to the catch-up policy before n is claimed, since
+				// claiming n would move the watermark past it for good.
+				cutoff = n.Add(-time.Nanosecond)
+			}
 			err := s.catchUp(loops, fires, e, cutoff)
 			h.report(err)
 			pendingCatchUp = err != nil
-			if late {
-				cursor = cutoff
+			if late || pendingCatchUp {
+				// Still failing: n joins the ticks the next catch-up
+				// pass decides on, rather than jumping the gap.
+				cursor = n
+				if late {
+					cursor = cutoff
+				}
 				continue
 			}
 		}
