@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,8 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -238,58 +235,26 @@ func (p *proc) wait(timeout time.Duration) *os.ProcessState {
 }
 
 // execution is one entry of the demo stream.
-type execution struct {
-	ID                string
-	Task              string // the asynq task id
-	Order, Worker     string
-	Fence             int64
-	Started, Finished int64 // Unix ms
-	Outcome           string
-}
+type execution = demo.Execution
 
 func readExecutions(t *testing.T, c *redis.Client) []execution {
 	t.Helper()
-	msgs, err := c.XRange(context.Background(), demo.Stream("lockstep:"), "-", "+").Result()
+	execs, err := demo.ReadExecutions(context.Background(), c, "lockstep:")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]execution, 0, len(msgs))
-	for _, m := range msgs {
-		s := func(k string) string { v, _ := m.Values[k].(string); return v }
-		n := func(k string) int64 { v, _ := strconv.ParseInt(s(k), 10, 64); return v }
-		out = append(out, execution{
-			ID: m.ID, Task: s("task_id"), Order: s("order_id"), Worker: s("worker"), Fence: n("fence"),
-			Started: n("started_ms"), Finished: n("finished_ms"), Outcome: s("outcome"),
-		})
-	}
-	return out
+	return execs
 }
 
 // checkExecutions asserts, per order, that no two executions overlap in time
-// and that fences strictly increase in start order. It returns the
-// executions by order, in start order.
+// and that fences strictly increase in start order (demo.Overlaps). It
+// returns the executions by order, in start order.
 func checkExecutions(t *testing.T, execs []execution) map[string][]execution {
 	t.Helper()
-	byOrder := map[string][]execution{}
-	for _, x := range execs {
-		byOrder[x.Order] = append(byOrder[x.Order], x)
+	for _, err := range demo.Overlaps(execs) {
+		t.Error(err)
 	}
-	for order, xs := range byOrder {
-		slices.SortFunc(xs, func(a, b execution) int {
-			return cmp.Or(cmp.Compare(a.Started, b.Started), cmp.Compare(a.Fence, b.Fence))
-		})
-		for i := 1; i < len(xs); i++ {
-			prev, cur := xs[i-1], xs[i]
-			if cur.Started < prev.Finished {
-				t.Errorf("order %s: execution fence %d (%s, %d..%d) overlaps fence %d (%s, %d..%d)", order,
-					cur.Fence, cur.Worker, cur.Started, cur.Finished, prev.Fence, prev.Worker, prev.Started, prev.Finished)
-			}
-			if cur.Fence <= prev.Fence {
-				t.Errorf("order %s: fence %d started after fence %d", order, cur.Fence, prev.Fence)
-			}
-		}
-	}
-	return byOrder
+	return demo.ByOrder(execs)
 }
 
 // enqueueDemo enqueues a demo job kept an hour after completion, so that its

@@ -75,20 +75,20 @@ func TestLostLockNoticedWithinASecond(t *testing.T) {
 		if lost.Outcome != demo.OutcomeLockLost {
 			t.Fatalf("%s: execution ended %q, want lock_lost", change.name, lost.Outcome)
 		}
-		took := time.Duration(lost.Finished-changed.UnixMilli()) * time.Millisecond
+		took := time.Duration(lost.FinishedMS-changed.UnixMilli()) * time.Millisecond
 		t.Logf("%s: the run ended %v after the change (next renewal was 10s away)", change.name, took)
 		if took > time.Second {
 			t.Errorf("%s: the run ended %v after the change, want within 1s", change.name, took)
 		}
 		waitCompleted(t, insp, i+1, 20*time.Second)
 	}
-	for id, n := range demo.CompletedTwice(toDemo(readExecutions(t, admin))) {
+	for id, n := range demo.CompletedTwice(readExecutions(t, admin)) {
 		t.Errorf("task %s ended ok %d times", id, n)
 	}
 	oks := map[string]int{}
 	for _, x := range readExecutions(t, admin) {
 		if x.Outcome == demo.OutcomeOK {
-			oks[x.Task]++
+			oks[x.TaskID]++
 		}
 	}
 	if oks["loss-deleted"] != 1 || oks["loss-overwritten"] != 1 {
@@ -184,7 +184,7 @@ func TestPausedHolderCannotWriteAfterTheNextBegan(t *testing.T) {
 		waitCompleted(t, insp, 2*(i+1), 30*time.Second)
 	}
 
-	execs := toDemo(readExecutions(t, admin))
+	execs := readExecutions(t, admin)
 	writes, err := demo.ReadWrites(context.Background(), admin, "lockstep:")
 	if err != nil {
 		t.Fatal(err)
@@ -293,14 +293,4 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// toDemo turns the test's executions into the demo package's records.
-func toDemo(xs []execution) []demo.Execution {
-	out := make([]demo.Execution, len(xs))
-	for i, x := range xs {
-		out[i] = demo.Execution{ID: x.ID, OrderID: x.Order, Fence: x.Fence, Worker: x.Worker, TaskID: x.Task,
-			StartedMS: x.Started, FinishedMS: x.Finished, Outcome: x.Outcome}
-	}
-	return out
 }

@@ -88,7 +88,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	okByTask := map[string]int{}
 	for _, x := range execs {
 		if x.Outcome == demo.OutcomeOK {
-			okByTask[x.Task]++
+			okByTask[x.TaskID]++
 		}
 	}
 	for i := range jobsN {
@@ -203,7 +203,7 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	var next execution
 	waitFor(t, 20*time.Second, "order kill to run again", func() bool {
 		for _, x := range readExecutions(t, admin) {
-			if x.Order == "kill" && x.Started >= killed.UnixMilli() {
+			if x.OrderID == "kill" && x.StartedMS >= killed.UnixMilli() {
 				next = x
 				return true
 			}
@@ -214,7 +214,7 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 		t.Fatalf("order kill ran again with fence %d, not above the killed holder's %d", next.Fence, fence)
 	}
 	t.Logf("killed holder's lock freed %v after SIGKILL (TTL %v); order taken again %dms after the kill with fence %d > %d",
-		freed.Round(time.Millisecond), testTTL, next.Started-killed.UnixMilli(), next.Fence, fence)
+		freed.Round(time.Millisecond), testTTL, next.StartedMS-killed.UnixMilli(), next.Fence, fence)
 
 	// asynq hands a dead worker's task on once its lease (30s, extended
 	// every 5s) has been expired for 30s, from a recoverer that runs at a
@@ -248,7 +248,7 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	oks := map[string][]execution{}
 	for _, x := range execs {
 		if x.Outcome == demo.OutcomeOK {
-			oks[x.Task] = append(oks[x.Task], x)
+			oks[x.TaskID] = append(oks[x.TaskID], x)
 		}
 	}
 	if len(oks) != total {
@@ -295,7 +295,7 @@ func TestDeletedLockEndsExecution(t *testing.T) {
 	if lost.Outcome != demo.OutcomeLockLost {
 		t.Fatalf("execution with fence %d ended %q, want lock_lost", fence, lost.Outcome)
 	}
-	if d := time.Duration(lost.Finished-deleted.UnixMilli()) * time.Millisecond; d > testRenewInterval+50*time.Millisecond {
+	if d := time.Duration(lost.FinishedMS-deleted.UnixMilli()) * time.Millisecond; d > testRenewInterval+50*time.Millisecond {
 		t.Errorf("execution ended %v after its key was deleted, want within one renewal interval (%v)", d, testRenewInterval)
 	}
 	waitCompleted(t, insp, 1, 10*time.Second)
@@ -365,7 +365,7 @@ func TestSIGTERMDrainsAndReleases(t *testing.T) {
 	}
 	outcomes := map[string]string{}
 	for _, x := range readExecutions(t, admin) {
-		outcomes[x.Order] = x.Outcome
+		outcomes[x.OrderID] = x.Outcome
 	}
 	if outcomes["short"] != demo.OutcomeOK || outcomes["long"] != demo.OutcomeCanceled {
 		t.Fatalf("outcomes %v, want short ok and long canceled", outcomes)
