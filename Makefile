@@ -52,7 +52,9 @@ run:
 
 # chaos runs the real binaries (3 scheduler replicas, 3 workers, an AOF Redis)
 # under a fault schedule drawn from SEED (empty: a new one, printed) for
-# DURATION (FAULTS: a comma-separated subset of the fault kinds; empty: all), prints a live line, checks the recorded history and writes
+# DURATION (FAULTS: a comma-separated subset of the fault kinds; empty: all;
+# LOCK=etcd: the locks on a 3-member etcd cluster, with its faults added),
+# prints a live line, checks the recorded history and writes
 # OUT/chaos-report.md and OUT/chaos-report.json (and OUT/logs). It exits 1
 # when the checker finds a violation. The run bounds each of its own phases,
 # so the test binary runs without a global timeout.
@@ -61,7 +63,8 @@ DURATION ?= 10m
 SEED     ?=
 OUT      ?= chaos-out
 FAULTS   ?=
+LOCK     ?= redis
 chaos: deps
 	$(GO) test -c -o bin/chaos.test ./internal/chaos
 	bin/chaos.test -test.run '^TestChaos$$' -test.v -test.timeout 0 \
-		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)'
+		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)' -chaos.lock $(LOCK)

@@ -150,6 +150,7 @@ type httpIn struct {
 	Gatherer  prometheus.Gatherer
 	Client    redis.UniversalClient
 	Jobs      *jobs.Server
+	Locker    *lock.Locker
 	Log       *slog.Logger
 }
 
@@ -164,6 +165,12 @@ func startHTTP(in httpIn) {
 			return nil
 		},
 		"worker": in.Jobs.Ready,
+		"locks": func(ctx context.Context) error { // etcd, when the locks live there
+			if err := in.Locker.Ping(ctx); err != nil {
+				return fmt.Errorf("lock back end %s: %w", in.Locker.Backend(), err)
+			}
+			return nil
+		},
 	}, in.Log)
 	in.Lifecycle.Append(fx.StartStopHook(srv.Start, srv.Stop))
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
@@ -35,6 +37,10 @@ type Config struct {
 	Faults []string
 	// Progress receives the live line; nil for none.
 	Progress io.Writer
+	// Lock is the workers' lock back end: "redis" (default) or "etcd" (a
+	// 3-member etcd cluster holds the locks; the queue stays on Redis, and
+	// the etcd faults join the schedule).
+	Lock string
 }
 
 // The run's fixed shape: 3 scheduler replicas, 3 workers, 20 hot orders.
@@ -89,7 +95,9 @@ schedules:
 	return b.String()
 }
 
-func workerConfig(redisAddr string) string {
+// workerConfig is a worker's file; lockExtra adds lines under lock: (the
+// etcd back end).
+func workerConfig(redisAddr, lockExtra string) string {
 	return fmt.Sprintf(`redis:
   addr: %q
   dial_timeout: 1s
@@ -101,13 +109,13 @@ log:
 lock:
   prefix: %q
   ttl: %s
-worker:
+%sworker:
   concurrency: 4
   shutdown_timeout: 3s
   contention_backoff_min: 50ms
   contention_backoff_max: 1s
   demo: true
-`, redisAddr, prefix, lockTTL)
+`, redisAddr, prefix, lockTTL, lockExtra)
 }
 
 // run is one chaos run's state.
@@ -122,6 +130,7 @@ type run struct {
 	schedulers []*role
 	workers    []*role
 	proxies    []*redistest.Proxy
+	etcd       *etcdtest.Cluster // the locks' store in the etcd mode, else nil
 
 	hist    History
 	faults  atomic.Int64
@@ -136,12 +145,25 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	if cfg.Duration < 30*time.Second {
 		tb.Fatalf("chaos: duration %v is too short (at least 30s)", cfg.Duration)
 	}
+	switch cfg.Lock {
+	case "", "redis":
+		cfg.Lock = "redis"
+	case "etcd":
+	default:
+		tb.Fatalf("chaos: lock back end %q: want redis or etcd", cfg.Lock)
+	}
+	known := AllFaults
+	if cfg.Lock == "etcd" {
+		known = append(append([]string(nil), AllFaults...), EtcdFaults...)
+	}
 	if len(cfg.Faults) == 0 {
-		cfg.Faults = AllFaults
+		cfg.Faults = known
+	} else if cfg.Lock == "etcd" {
+		cfg.Faults = append(append([]string(nil), cfg.Faults...), EtcdFaults...)
 	}
 	for _, f := range cfg.Faults {
-		if !isFault(f) {
-			tb.Fatalf("chaos: unknown fault kind %q (known: %s)", f, strings.Join(AllFaults, ", "))
+		if !slices.Contains(known, f) {
+			tb.Fatalf("chaos: unknown fault kind %q (known: %s)", f, strings.Join(known, ", "))
 		}
 	}
 	logDir := filepath.Join(cfg.Out, "logs")
@@ -158,6 +180,11 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
 		o.MaxRetries = -1
 	})
+	var lockYAML string
+	if cfg.Lock == "etcd" {
+		r.etcd = etcdtest.StartCluster(tb, 3)
+		lockYAML = fmt.Sprintf("  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n", strings.Join(r.etcd.Endpoints(), ", "))
+	}
 	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(r.redis.Addr))
 	for i := range replicas {
 		r.schedulers = append(r.schedulers, &role{name: fmt.Sprintf("scheduler-%d", i+1), bin: schedBin, config: schedCfg, logDir: logDir})
@@ -167,7 +194,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		r.proxies = append(r.proxies, p)
 		name := fmt.Sprintf("worker-%d", i+1)
 		r.workers = append(r.workers, &role{name: name, bin: workerBin, logDir: logDir,
-			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr))})
+			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr, lockYAML))})
 	}
 	tb.Cleanup(func() { // whatever happened, no process outlives the run
 		for _, p := range append(r.schedulers, r.workers...) {
@@ -178,7 +205,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		p.start(tb)
 	}
 
-	r.hist = History{Seed: cfg.Seed, Start: time.Now()}
+	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock}
 	firstTick := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	ctx, stopTraffic := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -217,15 +244,6 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	r.collect(firstTick, lastTick)
 	rep := Check(r.hist)
 	return rep, r.hist
-}
-
-func isFault(kind string) bool {
-	for _, k := range AllFaults {
-		if k == kind {
-			return true
-		}
-	}
-	return false
 }
 
 func cmpOr(s, def string) string {
@@ -429,6 +447,24 @@ func (r *run) draw(kind string) plan {
 			r.redis.Kill()
 			time.Sleep(down)
 			r.redis.Restart()
+			return r.end(f)
+		}}
+	case FaultEtcdLeaderPause:
+		return plan{long + 5*time.Second, func() Fault {
+			m := r.etcd.Leader()
+			f := Fault{Kind: kind, Target: "etcd-leader", Start: time.Now(), Detail: fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", long, lockTTL)}
+			m.Pause()
+			time.Sleep(long)
+			m.Resume()
+			return r.end(f)
+		}}
+	case FaultEtcdMemberKill:
+		m := r.etcd.Members[r.rng.IntN(len(r.etcd.Members))]
+		return plan{down + 10*time.Second, func() Fault {
+			f := Fault{Kind: kind, Target: "etcd-member", Start: time.Now(), Detail: fmt.Sprintf("SIGKILL, restarted with its data after %v", down)}
+			m.Kill()
+			time.Sleep(down)
+			m.Restart()
 			return r.end(f)
 		}}
 	case FaultWorkerPartition:

@@ -10,6 +10,9 @@ import (
 type History struct {
 	Seed       uint64
 	Start, End time.Time
+	// Lock is the workers' lock back end, "redis" or "etcd". With etcd, a
+	// Redis fault excuses no overlap: the locks do not live there.
+	Lock string
 
 	// Executions is the demo's executions stream, in stream order.
 	Executions []Execution
@@ -113,7 +116,15 @@ const (
 	FaultRedisPauseLong   = "redis_pause_long"   // SIGSTOP Redis for more than the lock TTL
 	FaultRedisKill        = "redis_kill_aof"     // SIGKILL Redis, restart from its AOF
 	FaultWorkerPartition  = "worker_blackhole"   // a worker's link to Redis black-holed, then healed
+
+	// With the etcd lock back end (Config.Lock "etcd"): one member of the
+	// 3-member etcd cluster that holds the locks is stopped or killed.
+	FaultEtcdLeaderPause = "etcd_leader_pause" // SIGSTOP the etcd leader, then SIGCONT
+	FaultEtcdMemberKill  = "etcd_member_kill"  // SIGKILL an etcd member, restart it with its data
 )
+
+// EtcdFaults are the fault kinds of the etcd mode only.
+var EtcdFaults = []string{FaultEtcdLeaderPause, FaultEtcdMemberKill}
 
 // AllFaults lists every fault kind in a fixed order.
 var AllFaults = []string{

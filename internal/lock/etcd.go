@@ -533,3 +533,9 @@ func (b *etcdBackend) close() error {
 	}
 	return nil
 }
+
+// ping reads one key, linearizably: it needs the cluster's quorum.
+func (b *etcdBackend) ping(ctx context.Context) error {
+	_, err := b.cl.Get(ctx, b.watchPrefix+"ready", clientv3.WithCountOnly())
+	return err
+}

@@ -144,6 +144,16 @@ func (l *Locker) NotifyLoss(f func(lease *Lease, err error)) bool {
 	return ok
 }
 
+// Ping checks that a store holding the locks, other than the Redis the
+// caller already checks, answers: on etcd a linearizable read (so a member
+// cut off from the quorum is not ready); nil on the Redis back ends.
+func (l *Locker) Ping(ctx context.Context) error {
+	if p, ok := l.be.(interface{ ping(context.Context) error }); ok {
+		return p.ping(ctx)
+	}
+	return nil
+}
+
 // Close stops what the back end runs besides leases (etcd: its watch of the
 // lock keys). It leaves leases and clients alone. Safe to repeat.
 func (l *Locker) Close() error {
