@@ -27,6 +27,9 @@ func (s *Scheduler) catchUp(loops, fires context.Context, e *entry, cutoff time.
 	if err != nil {
 		return fmt.Errorf("catch-up: read watermark: %w", err)
 	}
+	if since := time.Unix(e.since, 0).UTC(); e.since > 0 && (!ok || w.Before(since)) {
+		w, ok = since, true // a changed spec's ticks before the change are not due
+	}
 	if !ok || !w.Before(cutoff) {
 		return nil // a new schedule, or nothing missed
 	}

@@ -22,6 +22,7 @@ type entry struct {
 	catchUp    config.CatchUp
 	maxCatchUp int
 	keys       keys
+	def        config.Schedule // as validated, defaults filled
 
 	source string // SourceFile or SourceRuntime
 	// since is when the current cron and time zone of a run-time schedule
@@ -133,7 +134,7 @@ func newEntry(s config.Schedule, prefix string, defaultCatchUp int) (*entry, err
 	return &entry{
 		name: s.Name, spec: spec, task: s.Task, payload: s.Payload, queue: s.Queue,
 		maxRetry: s.MaxRetry, timeout: s.Timeout, catchUp: s.CatchUp,
-		maxCatchUp: cmp.Or(s.MaxCatchUp, defaultCatchUp), keys: keysFor(prefix, s.Name),
+		maxCatchUp: cmp.Or(s.MaxCatchUp, defaultCatchUp), keys: keysFor(prefix, s.Name), def: s,
 	}, nil
 }
 

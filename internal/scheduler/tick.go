@@ -114,7 +114,8 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		if r.prevLeader != "" && r.prevLeader != s.id {
 			s.m.SchedulerLeaderChanges.Inc()
 		}
-		if prev, err := strconv.ParseInt(r.prevTick, 10, 64); err == nil {
+		if prev, err := strconv.ParseInt(r.prevTick, 10, 64); err == nil || e.since > 0 {
+			prev = max(prev, e.since) // ticks before a spec change are not due
 			// Ticks between the old watermark and t were claimed by nobody:
 			// the catch-up policy dropped them, or they were lost in a stall.
 			if _, n, _ := between(e.spec, time.Unix(prev, 0), t.Add(-time.Second), 0); n > 0 {

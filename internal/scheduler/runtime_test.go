@@ -1,0 +1,190 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// liveVersion returns the definition version of the running loop of name.
+func (s *Scheduler) liveVersion(name string) (string, bool) {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	l, ok := s.live[name]
+	if !ok {
+		return "", false
+	}
+	return l.e.version + "|" + l.e.spec.String(), true
+}
+
+// waitAll waits until cond holds on every replica, within 1s: the bound
+// that run-time changes promise.
+func waitAll(t *testing.T, what string, reps []*Scheduler, cond func(*Scheduler) bool) {
+	t.Helper()
+	redistest.WaitFor(t, time.Second, what+" on every replica", func() bool {
+		for _, r := range reps {
+			if !cond(r) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func runtimeSched(name, cron string) config.Schedule {
+	s := config.NewSchedule()
+	s.Name, s.Cron, s.Task, s.Payload = name, cron, "test:tick", json.RawMessage(`{"n":1}`)
+	return s
+}
+
+// Add, change, pause, resume and remove a schedule while 3 replicas run:
+// each change is running on every replica within 1s, each tick is enqueued
+// once, a bad change is refused with the config's message and changes nothing.
+func TestRuntimeSchedulesOnThreeReplicas(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	rec := newRecorder()
+	c := testConfig(0, 2*time.Second, sched("from-file", "@every 1h", config.CatchUpSkip))
+	var reps []*Scheduler
+	for _, id := range []string{"r0", "r1", "r2"} {
+		reps = append(reps, replica(t, srv, c, rec, id))
+	}
+	st := NewStore(srv.Client(), "")
+
+	// Add.
+	if err := st.Add(ctx, runtimeSched("rt", "* * * * * *")); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	added := time.Now()
+	waitAll(t, "rt running", reps, func(s *Scheduler) bool { _, ok := s.liveVersion("rt"); return ok })
+	if err := st.Add(ctx, runtimeSched("rt", "* * * * * *")); !errors.Is(err, ErrExists) {
+		t.Errorf("second Add = %v, want ErrExists", err)
+	}
+	if err := st.Add(ctx, runtimeSched("from-file", "* * * * * *")); !errors.Is(err, ErrFileSchedule) {
+		t.Errorf("Add of a file schedule's name = %v, want ErrFileSchedule", err)
+	}
+	first := time.Unix(added.Unix()+1, 0)
+	rec.waitTick(t, 5*time.Second, "rt", first.Add(time.Second), "r0", "r1", "r2")
+
+	// A bad change is refused with the config's message and nothing applied.
+	before, _ := srv.Client().HGet(ctx, storeKeysFor("lockstep:").defs, "rt").Result()
+	bad := runtimeSched("rt", "61 * * * * *")
+	bad.CatchUp = "sometimes"
+	err := st.Update(ctx, bad)
+	for _, want := range []string{
+		`schedule (rt).cron: invalid cron expression "61 * * * * *"`,
+		`schedule (rt).catch_up: must be skip, once or all, got "sometimes"`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad Update = %v, want %q", err, want)
+		}
+	}
+	if _, ok := errors.AsType[*config.Error](err); !ok {
+		t.Errorf("bad Update: %T is not a *config.Error", err)
+	}
+	if after, _ := srv.Client().HGet(ctx, storeKeysFor("lockstep:").defs, "rt").Result(); after != before {
+		t.Errorf("a refused update changed the stored definition:\n%s\n%s", before, after)
+	}
+
+	// Pause: no replica runs it within 1s; resume after 2s of ticks (skip:
+	// they are dropped, not replayed).
+	if changed, err := st.SetPaused(ctx, "rt", true, false); err != nil || !changed {
+		t.Fatalf("pause = %v, %v", changed, err)
+	}
+	paused := time.Now()
+	waitAll(t, "rt stopped", reps, func(s *Scheduler) bool { _, ok := s.liveVersion("rt"); return !ok })
+	if changed, err := st.SetPaused(ctx, "rt", true, false); err != nil || changed {
+		t.Errorf("second pause = %v, %v; want false, nil", changed, err)
+	}
+	time.Sleep(3 * time.Second) // the pause itself: ticks that come due meanwhile
+	if _, err := st.SetPaused(ctx, "rt", false, false); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	resumed := time.Now()
+	waitAll(t, "rt resumed", reps, func(s *Scheduler) bool { _, ok := s.liveVersion("rt"); return ok })
+
+	// Update the cron: every 2s from now on, no old tick replayed.
+	v0, _ := reps[0].liveVersion("rt")
+	if err := st.Update(ctx, runtimeSched("rt", "*/2 * * * * *")); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	updated := time.Now()
+	waitAll(t, "rt changed", reps, func(s *Scheduler) bool { v, ok := s.liveVersion("rt"); return ok && v != v0 && strings.HasSuffix(v, "|*/2 * * * * *") })
+	next := time.Unix(updated.Unix()+1, 0)
+	if next.Unix()%2 == 1 {
+		next = next.Add(time.Second)
+	}
+	rec.waitTick(t, 5*time.Second, "rt", next.Add(2*time.Second), "r0", "r1", "r2")
+
+	// Trigger: one task with its own id.
+	id, err := st.Trigger(ctx, "rt", nil)
+	if err != nil || !strings.HasPrefix(id, "rt:trigger:") {
+		t.Fatalf("Trigger = %q, %v", id, err)
+	}
+	if _, err := asynq.NewInspectorFromRedisClient(srv.Client()).GetTaskInfo("default", id); err != nil {
+		t.Errorf("triggered task %s: %v", id, err)
+	}
+
+	// Remove.
+	if err := st.Remove(ctx, "rt"); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	removed := time.Now()
+	waitAll(t, "rt removed", reps, func(s *Scheduler) bool { _, ok := s.liveVersion("rt"); return !ok })
+	if err := st.Remove(ctx, "rt"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second Remove = %v, want ErrNotFound", err)
+	}
+	for _, r := range reps {
+		if _, ok := r.liveVersion("from-file"); !ok {
+			t.Errorf("%s: the file schedule stopped", r.id)
+		}
+	}
+
+	// Every tick enqueued exactly once: none while paused, none of the old
+	// spec after the update, none after the removal (a replica may act on
+	// a change up to the 1s bound late).
+	enq := map[int64]int{}
+	for _, e := range rec.all() {
+		if e.Schedule != "rt" {
+			continue
+		}
+		switch e.Result {
+		case ResultEnqueued, ResultCaughtUp:
+			enq[e.Tick.Unix()]++
+		case ResultDuplicate:
+			t.Errorf("tick %v enqueued twice (duplicate on %s)", e.Tick, e.Replica)
+		}
+	}
+	for u, n := range enq {
+		tick := time.Unix(u, 0)
+		switch {
+		case n != 1:
+			t.Errorf("tick %v: enqueued %d times", tick, n)
+		case tick.Before(first):
+			t.Errorf("tick %v: before the schedule was added (%v)", tick, added)
+		case tick.After(paused.Add(time.Second)) && tick.Before(resumed.Add(-claimMargin)):
+			// Ticks within max_clock_skew + 1s of the resume are on time.
+			t.Errorf("tick %v: enqueued while paused (%v..%v)", tick, paused, resumed)
+		case tick.After(updated.Add(time.Second)) && u%2 == 1:
+			t.Errorf("tick %v: of the old spec after the update at %v", tick, updated)
+		case tick.After(removed.Add(time.Second)):
+			t.Errorf("tick %v: after the removal at %v", tick, removed)
+		}
+	}
+	for u := first.Unix(); u <= paused.Unix()-1; u++ {
+		if enq[u] != 1 {
+			t.Errorf("tick %v before the pause: enqueued %d times, want 1", time.Unix(u, 0), enq[u])
+		}
+	}
+	if n := countResult(rec.all(), "rt", ResultMissed); n == 0 {
+		t.Errorf("no tick of the pause counted missed (catch_up skip)")
+	}
+}
