@@ -117,7 +117,10 @@ func TestRuntimeSchedulesOnThreeReplicas(t *testing.T) {
 		t.Fatalf("Update: %v", err)
 	}
 	updated := time.Now()
-	waitAll(t, "rt changed", reps, func(s *Scheduler) bool { v, ok := s.liveVersion("rt"); return ok && v != v0 && strings.HasSuffix(v, "|*/2 * * * * *") })
+	waitAll(t, "rt changed", reps, func(s *Scheduler) bool {
+		v, ok := s.liveVersion("rt")
+		return ok && v != v0 && strings.HasSuffix(v, "|*/2 * * * * *")
+	})
 	next := time.Unix(updated.Unix()+1, 0)
 	if next.Unix()%2 == 1 {
 		next = next.Add(time.Second)
