@@ -82,7 +82,7 @@ func (s *Scheduler) watermark(ctx context.Context, e *entry) (time.Time, bool, e
 // skip moves the watermark over the ticks up to last, which the policy
 // drops, and counts those this call moved it over as missed.
 func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) error {
-	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state}, last.Unix(), s.stateTTL.Milliseconds())
+	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, last.Unix(), s.stateTTL.Milliseconds(), historyLen)
 	if err != nil {
 		return err
 	}

@@ -187,6 +187,24 @@ func TestRuntimeSchedulesOnThreeReplicas(t *testing.T) {
 			t.Errorf("tick %v before the pause: enqueued %d times, want 1", time.Unix(u, 0), enq[u])
 		}
 	}
+	// The history: the trigger, done ticks with their leader and task id, the pause's skip.
+	ticks, err := st.Ticks(ctx, "rt", historyLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]int{}
+	for _, tk := range ticks {
+		states[tk.State]++
+		switch {
+		case tk.State == TickDone && tk.Leader == "trigger" && tk.TaskID != id:
+			t.Errorf("trigger record %+v, want task id %s", tk, id)
+		case tk.State == TickDone && tk.Leader != "trigger" && (tk.TaskID != TaskID("rt", tk.Tick) || !strings.HasPrefix(tk.Leader, "r")):
+			t.Errorf("done record %+v", tk)
+		}
+	}
+	if states[TickDone] < 5 || states[TickSkipped] < 1 {
+		t.Errorf("history states %v, want several done and a skip", states)
+	}
 	if n := countResult(rec.all(), "rt", ResultMissed); n == 0 {
 		t.Errorf("no tick of the pause counted missed (catch_up skip)")
 	}

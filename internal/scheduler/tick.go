@@ -142,7 +142,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		s.crash()
 		return nil
 	}
-	s.done(ctx, e, tick, token)
+	s.done(ctx, e, tick, token, tickRecord{Tick: tick, State: TickDone, Leader: s.id, TaskID: TaskID(e.name, t), LateMS: late.Milliseconds()})
 	s.m.SchedulerTicks.WithLabelValues(e.name, result).Inc()
 	s.emit(e, t, result, 1, late)
 	return nil
@@ -200,11 +200,12 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 // done removes the tick from the pending set and frees its lock. If it
 // fails, the tick stays pending: a takeover then finds its task id and
 // marks it done.
-func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string) {
+func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string, rec tickRecord) {
 	dctx, cancel := context.WithTimeout(ctx, s.lease)
 	defer cancel()
 	err := retry(dctx, func(ctx context.Context) error {
-		_, err := s.scripts.run(ctx, "done", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, token)
+		_, err := s.scripts.run(ctx, "done", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
+			tick, token, rec.json(), historyLen, s.stateTTL.Milliseconds())
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
@@ -216,7 +217,8 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string
 // have expired from asynq, so enqueuing it again could duplicate it.
 func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	tick := t.Unix()
-	res, err := s.scripts.run(ctx, "drop", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, "")
+	res, err := s.scripts.run(ctx, "drop", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
+		tick, "", tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}.json(), historyLen, s.stateTTL.Milliseconds())
 	if err != nil {
 		return err
 	}
