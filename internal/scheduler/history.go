@@ -108,4 +108,3 @@ func (st *Store) Ticks(ctx context.Context, schedule string, n int) ([]Tick, err
 	}
 	return out, nil
 }
-
