@@ -22,8 +22,9 @@ var (
 	scriptSkip  = redis.NewScript(skipLua)
 )
 
-// maxBatch bounds the script calls sent in one pipeline.
-const maxBatch = 256
+// maxBatch bounds the script calls sent in one pipeline (and the ticks one
+// batched claim takes).
+const maxBatch = 4096
 
 // runner is the one way scripts are called. Calls that arrive while a
 // pipeline is in flight go out together in the next one (natural batching,
@@ -32,8 +33,9 @@ const maxBatch = 256
 // that meets NOSCRIPT (Redis restarted, a failover) is retried alone with
 // EVALSHA-then-EVAL, which loads the script again.
 type runner struct {
-	client redis.UniversalClient
-	calls  chan *call
+	client  redis.UniversalClient
+	calls   chan *call
+	cluster bool // batch claims per hash slot, not per node
 }
 
 type call struct {
@@ -44,15 +46,36 @@ type call struct {
 	res    any
 	err    error
 	done   chan struct{}
+	// claim is set for one tick's claim: the runner merges the claims that
+	// are due together into one claim.lua call per slot.
+	claim *claimItem
+}
+
+// claimItem is one tick in a batched claim: its three keys, T and token;
+// common holds ARGV[1..4], the same for every claim of a replica.
+type claimItem struct {
+	keys   []string
+	tick   int64
+	token  string
+	common []any
 }
 
 func newRunner(c redis.UniversalClient) *runner {
-	return &runner{client: c, calls: make(chan *call)}
+	_, cluster := c.(*redis.ClusterClient)
+	return &runner{client: c, calls: make(chan *call), cluster: cluster}
 }
 
 // run calls script and names the operation and the schedule in its error.
 func (r *runner) run(ctx context.Context, op, schedule string, s *redis.Script, keys []string, args ...any) (any, error) {
-	c := &call{ctx: ctx, script: s, keys: keys, args: args, done: make(chan struct{})}
+	return r.send(ctx, op, schedule, &call{ctx: ctx, script: s, keys: keys, args: args, done: make(chan struct{})})
+}
+
+// runClaim claims one tick; its reply is claim.lua's reply for that tick.
+func (r *runner) runClaim(ctx context.Context, schedule string, it *claimItem) (any, error) {
+	return r.send(ctx, "claim", schedule, &call{ctx: ctx, script: scriptClaim, claim: it, done: make(chan struct{})})
+}
+
+func (r *runner) send(ctx context.Context, op, schedule string, c *call) (any, error) {
 	select {
 	case r.calls <- c:
 	case <-ctx.Done():
@@ -93,6 +116,7 @@ func (r *runner) loop(stop <-chan struct{}) {
 }
 
 func (r *runner) exec(batch []*call) {
+	batch = r.mergeClaims(batch)
 	live := batch[:0]
 	var deadline time.Time
 	for _, c := range batch {
@@ -132,6 +156,74 @@ func (r *runner) exec(batch []*call) {
 		c.res, c.err = cmds[i].Result()
 		if c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
 			c.res, c.err = c.script.Run(c.ctx, r.client, c.keys, c.args...).Result()
+		}
+		close(c.done)
+	}
+}
+
+// mergeClaims replaces the claims in batch by one call per slot (one in
+// all outside a Cluster) whose reply is split among them when it is done.
+func (r *runner) mergeClaims(batch []*call) []*call {
+	groups := map[uint16][]*call{}
+	var order []uint16
+	out := batch[:0:0]
+	for _, c := range batch {
+		if c.claim == nil {
+			out = append(out, c)
+			continue
+		}
+		if c.ctx.Err() != nil {
+			c.err = c.ctx.Err()
+			close(c.done)
+			continue
+		}
+		var g uint16
+		if r.cluster {
+			g = slot(c.claim.keys[0])
+		}
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], c)
+	}
+	for _, g := range order {
+		members := groups[g]
+		m := &call{ctx: members[0].ctx, script: scriptClaim, done: make(chan struct{})}
+		m.args = append(m.args, members[0].claim.common...)
+		var deadline time.Time
+		for _, c := range members {
+			m.keys = append(m.keys, c.claim.keys...)
+			m.args = append(m.args, c.claim.tick, c.claim.token)
+			if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+				deadline = d
+			}
+		}
+		// The merged call lives as long as its longest-lived member; a
+		// member whose caller left meanwhile simply gets no answer.
+		m.ctx = context.WithoutCancel(m.ctx)
+		cancel := func() {}
+		if !deadline.IsZero() {
+			m.ctx, cancel = context.WithDeadline(m.ctx, deadline)
+		}
+		go split(m, members, cancel)
+		out = append(out, m)
+	}
+	return out
+}
+
+// split hands each member its element of the merged claim's reply.
+func split(m *call, members []*call, cancel context.CancelFunc) {
+	<-m.done
+	cancel()
+	replies, _ := m.res.([]any)
+	for i, c := range members {
+		switch {
+		case m.err != nil:
+			c.err = m.err
+		case i < len(replies):
+			c.res = replies[i]
+		default:
+			c.err = fmt.Errorf("claim reply has %d elements, want %d", len(replies), len(members))
 		}
 		close(c.done)
 	}

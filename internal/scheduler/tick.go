@@ -40,9 +40,11 @@ type claimReply struct {
 }
 
 func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string) (claimReply, error) {
-	res, err := s.scripts.run(ctx, "claim", e.name, scriptClaim,
-		[]string{e.keys.tick(tick), e.keys.pending, e.keys.state},
-		tick, token, s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds())
+	res, err := s.scripts.runClaim(ctx, e.name, &claimItem{
+		keys: []string{e.keys.tick(tick), e.keys.pending, e.keys.state},
+		tick: tick, token: token,
+		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds()},
+	})
 	if err != nil {
 		return claimReply{}, err
 	}
