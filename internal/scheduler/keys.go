@@ -24,15 +24,16 @@ func (k keys) tick(t int64) string { return k.base + ":tick:" + strconv.FormatIn
 // storeKeys are the keys of the run-time schedules. They share the hash tag
 // {schedules}, so each change is one script on one Cluster slot.
 type storeKeys struct {
-	defs    string // hash: name -> definition (JSON) of each run-time schedule
-	meta    string // hash: name -> {"since","paused","spec","updated_ms"} (JSON), also for paused file schedules
-	file    string // hash: name -> definition (JSON) of the file schedules replicas started with
-	version string // counter, incremented by every change
-	channel string // pub/sub channel: a change's new version, published by the change's script
+	defs     string // hash: name -> definition (JSON) of each run-time schedule
+	meta     string // hash: name -> {"since","paused","spec","updated_ms"} (JSON), also for paused file schedules
+	file     string // hash: name -> definition (JSON) of the file schedules replicas started with
+	version  string // counter, incremented by every change
+	channel  string // pub/sub channel: a change's new version, published by the change's script
+	replicas string // zset: live scheduler replicas -> last heartbeat
 }
 
 func storeKeysFor(prefix string) storeKeys {
 	base := prefix + "{schedules}"
 	return storeKeys{defs: base + ":defs", meta: base + ":meta", file: base + ":file",
-		version: base + ":version", channel: base + ":changed"}
+		version: base + ":version", channel: base + ":changed", replicas: base + ":replicas"}
 }

@@ -93,6 +93,9 @@ type Scheduler struct {
 	paused  map[string]bool       // known schedules that are paused
 	shadow  map[string]bool       // run-time names that a file schedule shadows (logged once)
 	applied atomic.Int64          // version of the run-time schedules last applied
+
+	replicas atomic.Pointer[[]string] // the live replicas, from the last heartbeat
+	crashed  atomic.Bool              // test hook: died as by SIGKILL, so no clean leave
 }
 
 // liveEntry is a schedule whose loop runs.
@@ -253,6 +256,7 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 
 // crash ends the replica at once, as SIGKILL would (test hook).
 func (s *Scheduler) crash() {
+	s.crashed.Store(true)
 	s.running.Store(false)
 	s.stopLoops()
 	s.stopFires()

@@ -20,9 +20,21 @@ func (s *Scheduler) syncer(loops context.Context) {
 	defer t.Stop()
 	h := health{log: s.log, what: "schedule sync"}
 	registered := false
+	defer func() {
+		if !s.crashed.Load() { // a clean stop: the others take this replica's share at once
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, _ = s.store.heartbeat(ctx, s.id, false)
+		}
+	}()
 	for {
 		if !registered {
 			registered = s.store.registerFile(loops, s.file) == nil
+		}
+		if live, err := s.store.heartbeat(loops, s.id, true); err == nil {
+			s.replicas.Store(&live)
+		} else {
+			s.replicas.Store(nil) // claim everything while the view is unknown
 		}
 		v, err := s.store.version(loops)
 		if err == nil && v != s.applied.Load() {

@@ -77,6 +77,17 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	if k == takeover && s.clock.Now().Sub(t) > s.horizon {
 		return s.drop(ctx, e, t)
 	}
+	if k == onTime && !s.first(e.name) {
+		// Another replica claims this tick first; claim it only if that one
+		// has not (the claim then answers at once, done or held).
+		tm := time.NewTimer(claimGrace)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil
+		}
+	}
 	token := s.id + "/" + strconv.FormatUint(s.seq.Add(1), 10)
 
 	// A takeover tries once: the next sweep tries again.
