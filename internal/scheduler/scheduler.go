@@ -353,8 +353,8 @@ func (s *Scheduler) sweeper(loops, fires context.Context) {
 	t := time.NewTicker(s.sweep)
 	defer t.Stop()
 	h := health{log: s.log, what: "sweep"}
-	for {
-		s.sweepOnce(fires, &h)
+	for n := 0; ; n++ {
+		s.sweepOnce(fires, &h, n%fullSweepEvery == 0)
 		select {
 		case <-t.C:
 		case <-loops.Done():
@@ -363,8 +363,28 @@ func (s *Scheduler) sweeper(loops, fires context.Context) {
 	}
 }
 
-func (s *Scheduler) sweepOnce(ctx context.Context, h *health) {
-	entries := s.liveEntries()
+// fullSweepEvery is how many sweeps pass between two that read every
+// schedule of this replica's share; the others read only those with a tick
+// due lately, the only ones whose leader can have died just now.
+const fullSweepEvery = 20
+
+// sweepOnce reads the pending ticks of this replica's share of the
+// schedules (those it claims first): a dead replica's share passes to the
+// others with the live set, so every schedule is swept by a live replica
+// and none by all of them. Between full sweeps it reads only the schedules
+// with a tick due in the last 2 × tick_lock_ttl + max_clock_skew + 1s.
+func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
+	var entries []*entry
+	now := s.clock.Now()
+	recent := now.Add(-2*s.lease - s.lateAfter)
+	for _, e := range s.liveEntries() {
+		if !s.first(e.name) {
+			continue
+		}
+		if n := e.spec.Next(recent); full || (!n.IsZero() && !n.After(now)) {
+			entries = append(entries, e)
+		}
+	}
 	if len(entries) == 0 {
 		return
 	}
