@@ -46,17 +46,17 @@ type call struct {
 	res    any
 	err    error
 	done   chan struct{}
-	// claim is set for one tick's claim: the runner merges the claims that
-	// are due together into one claim.lua call per slot.
-	claim *claimItem
+	// item is set for one tick of a batched script (claim.lua, done.lua):
+	// the runner merges the calls of one script that are due together into
+	// one call per slot.
+	item *batchItem
 }
 
-// claimItem is one tick in a batched claim: its three keys, T and token;
-// common holds ARGV[1..4], the same for every claim of a replica.
-type claimItem struct {
+// batchItem is one tick in a batched script call: its keys and arguments;
+// common holds the leading ARGV, the same for every call of a replica.
+type batchItem struct {
 	keys   []string
-	tick   int64
-	token  string
+	args   []any
 	common []any
 }
 
@@ -70,9 +70,10 @@ func (r *runner) run(ctx context.Context, op, schedule string, s *redis.Script, 
 	return r.send(ctx, op, schedule, &call{ctx: ctx, script: s, keys: keys, args: args, done: make(chan struct{})})
 }
 
-// runClaim claims one tick; its reply is claim.lua's reply for that tick.
-func (r *runner) runClaim(ctx context.Context, schedule string, it *claimItem) (any, error) {
-	return r.send(ctx, "claim", schedule, &call{ctx: ctx, script: scriptClaim, claim: it, done: make(chan struct{})})
+// runBatched runs one tick of a batched script; its reply is the script's
+// reply for that tick.
+func (r *runner) runBatched(ctx context.Context, op, schedule string, s *redis.Script, it *batchItem) (any, error) {
+	return r.send(ctx, op, schedule, &call{ctx: ctx, script: s, item: it, done: make(chan struct{})})
 }
 
 func (r *runner) send(ctx context.Context, op, schedule string, c *call) (any, error) {
@@ -116,7 +117,7 @@ func (r *runner) loop(stop <-chan struct{}) {
 }
 
 func (r *runner) exec(batch []*call) {
-	batch = r.mergeClaims(batch)
+	batch = r.merge(batch)
 	live := batch[:0]
 	var deadline time.Time
 	for _, c := range batch {
@@ -161,14 +162,18 @@ func (r *runner) exec(batch []*call) {
 	}
 }
 
-// mergeClaims replaces the claims in batch by one call per slot (one in
-// all outside a Cluster) whose reply is split among them when it is done.
-func (r *runner) mergeClaims(batch []*call) []*call {
-	groups := map[uint16][]*call{}
-	var order []uint16
+// merge replaces the batched calls in batch by one call per script and
+// slot (per script outside a Cluster) whose reply is split among them.
+func (r *runner) merge(batch []*call) []*call {
+	type group struct {
+		script *redis.Script
+		slot   uint16
+	}
+	groups := map[group][]*call{}
+	var order []group
 	out := batch[:0:0]
 	for _, c := range batch {
-		if c.claim == nil {
+		if c.item == nil {
 			out = append(out, c)
 			continue
 		}
@@ -177,9 +182,9 @@ func (r *runner) mergeClaims(batch []*call) []*call {
 			close(c.done)
 			continue
 		}
-		var g uint16
+		g := group{script: c.script}
 		if r.cluster {
-			g = slot(c.claim.keys[0])
+			g.slot = slot(c.item.keys[0])
 		}
 		if _, ok := groups[g]; !ok {
 			order = append(order, g)
@@ -188,12 +193,12 @@ func (r *runner) mergeClaims(batch []*call) []*call {
 	}
 	for _, g := range order {
 		members := groups[g]
-		m := &call{ctx: members[0].ctx, script: scriptClaim, done: make(chan struct{})}
-		m.args = append(m.args, members[0].claim.common...)
+		m := &call{ctx: members[0].ctx, script: g.script, done: make(chan struct{})}
+		m.args = append(m.args, members[0].item.common...)
 		var deadline time.Time
 		for _, c := range members {
-			m.keys = append(m.keys, c.claim.keys...)
-			m.args = append(m.args, c.claim.tick, c.claim.token)
+			m.keys = append(m.keys, c.item.keys...)
+			m.args = append(m.args, c.item.args...)
 			if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
 				deadline = d
 			}
@@ -223,7 +228,7 @@ func split(m *call, members []*call, cancel context.CancelFunc) {
 		case i < len(replies):
 			c.res = replies[i]
 		default:
-			c.err = fmt.Errorf("claim reply has %d elements, want %d", len(replies), len(members))
+			c.err = fmt.Errorf("batched reply has %d elements, want %d", len(replies), len(members))
 		}
 		close(c.done)
 	}

@@ -40,9 +40,9 @@ type claimReply struct {
 }
 
 func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string) (claimReply, error) {
-	res, err := s.scripts.runClaim(ctx, e.name, &claimItem{
-		keys: []string{e.keys.tick(tick), e.keys.pending, e.keys.state},
-		tick: tick, token: token,
+	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
+		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.state},
+		args:   []any{tick, token},
 		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds()},
 	})
 	if err != nil {
@@ -217,8 +217,7 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string
 	dctx, cancel := context.WithTimeout(ctx, s.lease)
 	defer cancel()
 	err := retry(dctx, func(ctx context.Context) error {
-		_, err := s.scripts.run(ctx, "done", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
-			tick, token, rec.json(), historyLen, s.stateTTL.Milliseconds())
+		_, err := s.scripts.runBatched(ctx, "done", e.name, scriptDone, s.doneItem(e, tick, token, rec))
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
@@ -230,8 +229,8 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string
 // have expired from asynq, so enqueuing it again could duplicate it.
 func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	tick := t.Unix()
-	res, err := s.scripts.run(ctx, "drop", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
-		tick, "", tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}.json(), historyLen, s.stateTTL.Milliseconds())
+	res, err := s.scripts.runBatched(ctx, "drop", e.name, scriptDone,
+		s.doneItem(e, tick, "", tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}))
 	if err != nil {
 		return err
 	}
@@ -241,4 +240,13 @@ func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	s.log.Error("dropped unfinished tick older than the takeover horizon", "schedule", e.name, "tick", t, "horizon", s.horizon)
 	s.count(e, t, ResultMissed, 1)
 	return nil
+}
+
+// doneItem is one tick's part of a batched done.lua call.
+func (s *Scheduler) doneItem(e *entry, tick int64, token string, rec tickRecord) *batchItem {
+	return &batchItem{
+		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
+		args:   []any{tick, token, rec.json()},
+		common: []any{historyLen, s.stateTTL.Milliseconds()},
+	}
 }
