@@ -183,7 +183,6 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	bl.mu.Unlock()
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
-	srv.Client().ConfigResetStat(context.Background())
 	cpu0 := redisCPU(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
@@ -194,10 +193,6 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Followers' claims come claimGrace after each burst; let them land.
 	time.Sleep(claimGrace + 500*time.Millisecond)
 	cpu := redisCPU(b, srv.Client()) - cpu0
-	if testing.Verbose() {
-		st, _ := srv.Client().Info(context.Background(), "commandstats").Result()
-		fmt.Println(strings.ReplaceAll(st, "\r", ""))
-	}
 
 	bl.mu.Lock()
 	s := slices.Clone(bl.samples)
@@ -221,4 +216,90 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	b.ReportMetric(ms(s[len(s)-1]), "max-ms")
 	b.ReportMetric(float64(len(s))/float64(b.N), "ticks/op")
 	b.ReportMetric(cpu*1e6/float64(len(s)), "redis-cpu-us/tick")
+}
+
+// BenchmarkKillAtBurst: 10,000 schedules due in the same second on 3
+// replicas; just before each burst one replica dies as by SIGKILL (no clean
+// leave) and a new one takes its place. Reported: the max lateness of the
+// dead replica's share (its first-claimer schedules), which must be within
+// tick_lock_ttl + 1s, beside the same burst with no kill. One iteration is
+// one burst (10s).
+//
+//	go test -run '^$' -bench KillAtBurst -benchtime 2x ./internal/scheduler
+func BenchmarkKillAtBurst(b *testing.B) {
+	const n = 10_000
+	spec, _ := ParseSpec(burstSpec, nil)
+	for _, kill := range []bool{false, true} {
+		name := map[bool]string{false: "no_kill", true: "kill_one_replica"}[kill]
+		b.Run(name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			scheds := make([]config.Schedule, n)
+			for i := range scheds {
+				scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
+			}
+			lease := 5 * time.Second
+			c := testConfig(0, lease, scheds...)
+			bl := newBursts()
+			var mu sync.Mutex
+			var share map[string]bool
+			var shareMax time.Duration
+			hook := func(e event) {
+				bl.result(e.Result, e.Count)
+				if e.Result != ResultEnqueued && e.Result != ResultCaughtUp {
+					return
+				}
+				bl.add(e.Schedule, e.Tick, e.Lateness)
+				mu.Lock()
+				if share[e.Schedule] {
+					shareMax = max(shareMax, e.Lateness)
+				}
+				mu.Unlock()
+			}
+			var reps []*Scheduler
+			start := func(i int) *Scheduler {
+				return replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
+			}
+			for i := range 3 {
+				reps = append(reps, start(i))
+			}
+			tick := spec.Next(time.Now().Add(3 * time.Second))
+			bl.wait(b, tick, n) // warm up
+			var worst time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				tick = spec.Next(tick)
+				time.Sleep(time.Until(tick.Add(-100 * time.Millisecond)))
+				if kill {
+					dead := reps[0]
+					owned := map[string]bool{}
+					for _, s := range scheds {
+						if dead.first(s.Name) {
+							owned[s.Name] = true
+						}
+					}
+					mu.Lock()
+					share, shareMax = owned, 0
+					mu.Unlock()
+					dead.crash()
+					reps = append(reps[1:], start(3+i))
+				}
+				bl.wait(b, tick, n)
+				mu.Lock()
+				worst = max(worst, shareMax)
+				mu.Unlock()
+			}
+			b.StopTimer()
+			bl.mu.Lock()
+			s := slices.Clone(bl.samples)
+			bl.mu.Unlock()
+			slices.Sort(s)
+			if kill {
+				b.ReportMetric(float64(worst)/float64(time.Millisecond), "dead-share-max-ms")
+				if worst > lease+time.Second {
+					b.Errorf("the dead replica's share was enqueued %v late, want within tick_lock_ttl + 1s (%v)", worst, lease+time.Second)
+				}
+			}
+			b.ReportMetric(float64(s[len(s)-1])/float64(time.Millisecond), "max-ms")
+		})
+	}
 }
