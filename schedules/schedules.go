@@ -48,6 +48,12 @@ var (
 	ErrFileSchedule = scheduler.ErrFileSchedule
 )
 
+// FieldError is one problem with one field of a schedule that Add or
+// Update refused, e.g. `schedule (acme).cron: invalid cron expression ...`,
+// the same message as for a config file's entry. Several are joined; use
+// errors.As to get the first.
+type FieldError = config.Error
+
 // Client changes the run-time schedules in one Redis deployment.
 type Client struct{ st *scheduler.Store }
 
@@ -70,8 +76,7 @@ func New(redisClient redis.UniversalClient, opts ...Option) *Client {
 }
 
 // Add stores a new schedule. A bad one is refused with the config file's
-// message (errors.As gives a *config-like error naming the field); nothing
-// is stored then.
+// messages (*FieldError, naming the field), and nothing is stored.
 func (c *Client) Add(ctx context.Context, s Schedule) error { return c.st.Add(ctx, s.internal()) }
 
 // Update replaces a run-time schedule; see the package documentation for
