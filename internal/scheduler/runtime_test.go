@@ -3,13 +3,17 @@ package scheduler
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -207,5 +211,45 @@ func TestRuntimeSchedulesOnThreeReplicas(t *testing.T) {
 	}
 	if n := countResult(rec.all(), "rt", ResultMissed); n == 0 {
 		t.Errorf("no tick of the pause counted missed (catch_up skip)")
+	}
+}
+
+// Many run-time schedules: the tick series stay bounded (the first
+// maxLabeledRuntime by name, the rest under OtherSchedules), the schedules
+// gauge counts them by source and state, and removed schedules' series go.
+func TestRuntimeSeriesAreBounded(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	m := metrics.New(prometheus.NewRegistry())
+	c := testConfig(0, 2*time.Second, sched("from-file", "@every 1h", config.CatchUpSkip))
+	replica(t, srv, c, nil, "r0", WithMetrics(m))
+	st := NewStore(srv.Client(), "")
+	const n = maxLabeledRuntime + 50
+	for i := range n {
+		if err := st.Add(ctx, runtimeSched(fmt.Sprintf("rt-%03d", i), "@every 1h")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.SetPaused(ctx, "from-file", true, false); err != nil {
+		t.Fatal(err)
+	}
+	gauge := func(src, state string) float64 { return testutil.ToFloat64(m.SchedulerSchedules.WithLabelValues(src, state)) }
+	redistest.WaitFor(t, 2*time.Second, "all schedules applied", func() bool {
+		return gauge(SourceRuntime, "running") == n && gauge(SourceFile, "paused") == 1
+	})
+	series := func() int { return testutil.CollectAndCount(m.SchedulerTicks) }
+	// 100 named + _other, 5 results each; the paused file schedule keeps its series.
+	if got, want := series(), (maxLabeledRuntime+2)*len(tickResults); got != want {
+		t.Errorf("%d tick series, want %d", got, want)
+	}
+	for i := range n {
+		if err := st.Remove(ctx, fmt.Sprintf("rt-%03d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.WaitFor(t, 2*time.Second, "all removed", func() bool { return gauge(SourceRuntime, "running") == 0 })
+	if got, want := series(), 2*len(tickResults); got != want { // from-file and _other remain
+		t.Errorf("after removal: %d tick series, want %d", got, want)
 	}
 }

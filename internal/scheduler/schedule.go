@@ -31,7 +31,18 @@ type entry struct {
 	since int64
 	// version identifies the definition, to notice a change (file: "").
 	version string
+	// label is the schedule label of its tick series: its name, or
+	// OtherSchedules for run-time schedules beyond maxLabeledRuntime.
+	label string
 }
+
+// OtherSchedules is the schedule label of the tick series of the run-time
+// schedules beyond the first maxLabeledRuntime on a replica, so that 10,000
+// schedules do not make 50,000 series.
+const OtherSchedules = "_other"
+
+// maxLabeledRuntime is how many run-time schedules have their own series.
+const maxLabeledRuntime = 100
 
 // Where a schedule comes from.
 const (
@@ -110,7 +121,7 @@ func parseEntries(c *config.SchedulerConfig) ([]*entry, error) {
 		}
 		e, err := newEntry(*s, c.Lock.Prefix, set.MaxCatchUp)
 		if err == nil {
-			e.source = SourceFile
+			e.source, e.label = SourceFile, e.name
 			entries = append(entries, e)
 		}
 	}

@@ -92,6 +92,7 @@ type Scheduler struct {
 	live    map[string]*liveEntry // schedules whose loop runs, by name
 	paused  map[string]bool       // known schedules that are paused
 	shadow  map[string]bool       // run-time names that a file schedule shadows (logged once)
+	labeled int                   // run-time schedules with their own tick series
 	applied atomic.Int64          // version of the run-time schedules last applied
 
 	replicas atomic.Pointer[[]string] // the live replicas, from the last heartbeat
@@ -424,7 +425,7 @@ func (s *Scheduler) count(e *entry, tick time.Time, result string, n int) {
 	if n <= 0 {
 		return
 	}
-	s.m.SchedulerTicks.WithLabelValues(e.name, result).Add(float64(n))
+	s.m.SchedulerTicks.WithLabelValues(e.label, result).Add(float64(n))
 	if result == ResultMissed {
 		s.m.SchedulerTicksMissed.Add(float64(n))
 	}

@@ -115,6 +115,7 @@ func (s *Scheduler) apply(snap snapshot) {
 		if want[name] != cur.e {
 			cur.stop()
 			delete(s.live, name)
+			s.dropSeries(cur.e)
 			what := "removed"
 			switch {
 			case paused[name]:
@@ -139,6 +140,22 @@ func (s *Scheduler) apply(snap snapshot) {
 		s.wg.Go(func() { s.loop(ctx, s.fires, e) })
 	}
 	s.paused = paused
+	counts := map[[2]string]int{}
+	for _, l := range s.live {
+		counts[[2]string{l.e.source, "running"}]++
+	}
+	for name := range paused {
+		src := SourceRuntime
+		if slices.ContainsFunc(s.file, func(e *entry) bool { return e.name == name }) {
+			src = SourceFile
+		}
+		counts[[2]string{src, "paused"}]++
+	}
+	for _, src := range []string{SourceFile, SourceRuntime} {
+		for _, state := range []string{"running", "paused"} {
+			s.m.SchedulerSchedules.WithLabelValues(src, state).Set(float64(counts[[2]string{src, state}]))
+		}
+	}
 }
 
 // runtimeEntry builds the entry of a stored run-time schedule.
@@ -169,10 +186,34 @@ func (s *Scheduler) liveEntries() []*entry {
 	return out
 }
 
-// initSeries puts every tick series of e at zero, so that the first event
-// shows in rate().
+var tickResults = []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp}
+
+// initSeries chooses e's series label (its name for file schedules and the
+// first maxLabeledRuntime run-time ones, else OtherSchedules) and puts its
+// tick series at zero, so that the first event shows in rate(). Called with
+// liveMu held.
 func (s *Scheduler) initSeries(e *entry) {
-	for _, r := range []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp} {
-		s.m.SchedulerTicks.WithLabelValues(e.name, r)
+	if e.source == SourceRuntime { // a new entry; a file entry has its label from the start
+		e.label = e.name
+		if s.labeled >= maxLabeledRuntime {
+			e.label = OtherSchedules
+		} else {
+			s.labeled++
+		}
+	}
+	for _, r := range tickResults {
+		s.m.SchedulerTicks.WithLabelValues(e.label, r)
+	}
+}
+
+// dropSeries removes the series of a run-time schedule that stopped, so
+// that removed schedules do not accumulate. Called with liveMu held.
+func (s *Scheduler) dropSeries(e *entry) {
+	if e.source != SourceRuntime || e.label != e.name {
+		return
+	}
+	s.labeled--
+	for _, r := range tickResults {
+		s.m.SchedulerTicks.DeleteLabelValues(e.label, r)
 	}
 }

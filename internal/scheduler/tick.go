@@ -156,7 +156,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		return nil
 	}
 	s.done(ctx, e, tick, token, tickRecord{Tick: tick, State: TickDone, Leader: s.id, TaskID: TaskID(e.name, t), LateMS: late.Milliseconds()})
-	s.m.SchedulerTicks.WithLabelValues(e.name, result).Inc()
+	s.m.SchedulerTicks.WithLabelValues(e.label, result).Inc()
 	s.emit(e, t, result, 1, late)
 	return nil
 }
