@@ -234,7 +234,9 @@ func TestRuntimeSeriesAreBounded(t *testing.T) {
 	if _, err := st.SetPaused(ctx, "from-file", true, false); err != nil {
 		t.Fatal(err)
 	}
-	gauge := func(src, state string) float64 { return testutil.ToFloat64(m.SchedulerSchedules.WithLabelValues(src, state)) }
+	gauge := func(src, state string) float64 {
+		return testutil.ToFloat64(m.SchedulerSchedules.WithLabelValues(src, state))
+	}
 	redistest.WaitFor(t, 2*time.Second, "all schedules applied", func() bool {
 		return gauge(SourceRuntime, "running") == n && gauge(SourceFile, "paused") == 1
 	})
