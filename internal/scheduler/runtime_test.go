@@ -241,8 +241,8 @@ func TestRuntimeSeriesAreBounded(t *testing.T) {
 		return gauge(SourceRuntime, "running") == n && gauge(SourceFile, "paused") == 1
 	})
 	series := func() int { return testutil.CollectAndCount(m.SchedulerTicks) }
-	// 100 named + _other, 5 results each; the paused file schedule keeps its series.
-	if got, want := series(), (maxLabeledRuntime+2)*len(tickResults); got != want {
+	// 100 named + _other, 5 results each; the paused file schedule has none.
+	if got, want := series(), (maxLabeledRuntime+1)*len(tickResults); got != want {
 		t.Errorf("%d tick series, want %d", got, want)
 	}
 	for i := range n {
@@ -251,7 +251,7 @@ func TestRuntimeSeriesAreBounded(t *testing.T) {
 		}
 	}
 	redistest.WaitFor(t, 2*time.Second, "all removed", func() bool { return gauge(SourceRuntime, "running") == 0 })
-	if got, want := series(), 2*len(tickResults); got != want { // from-file and _other remain
+	if got, want := series(), len(tickResults); got != want { // _other remains
 		t.Errorf("after removal: %d tick series, want %d", got, want)
 	}
 }

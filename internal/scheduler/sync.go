@@ -206,13 +206,16 @@ func (s *Scheduler) initSeries(e *entry) {
 	}
 }
 
-// dropSeries removes the series of a run-time schedule that stopped, so
-// that removed schedules do not accumulate. Called with liveMu held.
+// dropSeries removes the series of a schedule that stopped (removed,
+// paused, changed), so that removed schedules do not accumulate and alerts
+// on silent schedules skip paused ones. Called with liveMu held.
 func (s *Scheduler) dropSeries(e *entry) {
-	if e.source != SourceRuntime || e.label != e.name {
-		return
+	if e.label != e.name {
+		return // OtherSchedules: shared
 	}
-	s.labeled--
+	if e.source == SourceRuntime {
+		s.labeled--
+	}
 	for _, r := range tickResults {
 		s.m.SchedulerTicks.DeleteLabelValues(e.label, r)
 	}
