@@ -255,3 +255,58 @@ func TestRuntimeSeriesAreBounded(t *testing.T) {
 		t.Errorf("after removal: %d tick series, want %d", got, want)
 	}
 }
+
+// A changed cron never replays old ticks, even with catch_up all: after a
+// pause, an update of the spec and a resume, only the pause's ticks after
+// the update are caught up, none of the new spec before it.
+func TestChangedSpecDoesNotReplay(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	rec := newRecorder()
+	replica(t, srv, testConfig(0, 2*time.Second), rec, "r0")
+	st := NewStore(srv.Client(), "")
+	s := runtimeSched("rt", "*/2 * * * * *")
+	s.CatchUp = config.CatchUpAll
+	if err := st.Add(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, 5*time.Second, "a tick of rt", func(evs []event) bool { return countResult(evs, "rt", ResultEnqueued) > 0 })
+	if _, err := st.SetPaused(ctx, "rt", true, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // ticks of the old spec come due while paused
+	s.Cron = "* * * * * *"
+	if err := st.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	updated := time.Now()
+	time.Sleep(2 * time.Second) // and ticks of the new spec, after the update
+	if _, err := st.SetPaused(ctx, "rt", false, false); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	rec.wait(t, 5*time.Second, "rt ticking again", func(evs []event) bool {
+		for _, e := range evs {
+			if e.Schedule == "rt" && e.Result == ResultEnqueued && e.Tick.After(resumed) {
+				return true
+			}
+		}
+		return false
+	})
+	caught := 0
+	for _, e := range rec.all() {
+		if e.Schedule != "rt" || e.Result != ResultCaughtUp && e.Result != ResultEnqueued {
+			continue
+		}
+		if e.Result == ResultCaughtUp {
+			caught++
+		}
+		if e.Tick.Unix() <= updated.Unix() && e.Tick.After(updated.Add(-3*time.Second)) {
+			t.Errorf("tick %v (%s) of the time before the update at %v was enqueued", e.Tick, e.Result, updated)
+		}
+	}
+	if caught == 0 {
+		t.Errorf("no tick after the update caught up on resume (catch_up all)")
+	}
+}
