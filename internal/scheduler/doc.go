@@ -78,10 +78,13 @@
 //     task is retained for task_retention after it completes. A pending tick
 //     is taken over only while it is younger than task_retention − 2 ×
 //     max_clock_skew − tick_lock_ttl, so its first task id is still known.
-//   - G2, at least once while a replica lives. A tick's leader that dies
-//     between claim and done leaves the tick pending; every replica sweeps
-//     the pending sets every tick_lock_ttl/2 and takes over ticks whose lock
-//     expired, within tick_lock_ttl + tick_lock_ttl/2 of the claim.
+//   - G2, at least once while a replica lives. A first claimer that dies
+//     before its claim leaves the tick to the others, which claim it
+//     claimGrace after T. A tick's leader that dies between claim and done
+//     leaves the tick pending; each replica sweeps the pending sets of its
+//     share every tick_lock_ttl/2 and takes over ticks whose lock expired,
+//     within max(tick_lock_ttl, replicaExpiry) + tick_lock_ttl/2 of the
+//     claim (the dead leader's share passes on when its heartbeat expires).
 //   - Skewed clocks. Leases are measured by Redis (PX, TIME), never by a
 //     replica's clock. A replica's clock only decides when it tries a tick:
 //     one that is ahead tries early, one that is behind finds the tick done.
