@@ -39,7 +39,7 @@ func benchBurst(b *testing.B, n int) {
 		for i := range scheds {
 			scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
 		}
-		c := testConfig(0, 5*time.Second, scheds...)
+		c := testConfig(2*time.Second, 5*time.Second, scheds...) // the default max_clock_skew
 		bl := newBursts()
 		hook := func(e event) {
 			bl.result(e.Result, e.Count)
@@ -238,7 +238,7 @@ func BenchmarkKillAtBurst(b *testing.B) {
 				scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
 			}
 			lease := 5 * time.Second
-			c := testConfig(0, lease, scheds...)
+			c := testConfig(2*time.Second, lease, scheds...)
 			bl := newBursts()
 			var mu sync.Mutex
 			var share map[string]bool
