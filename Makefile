@@ -34,6 +34,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 5000x -count 3 ./internal/jobs
 	$(GO) test -run '^$$' -bench 'Contention' -benchtime 3x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'TickLateness' -benchtime 20x ./internal/scheduler
+	$(GO) test -run '^$$' -bench 'Burst10k' -benchtime 2x ./internal/scheduler
+	$(GO) test -run '^$$' -bench 'KillAtBurst' -benchtime 2x ./internal/scheduler
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"time"
 )
 
@@ -29,7 +27,7 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 		return exitUsage
 	}
 	if *asJSON {
-		writeJSON(a.stdout, locks)
+		writeJSON(a, locks)
 	} else if len(locks) == 0 {
 		fmt.Fprintln(a.stderr, "no lock is held")
 	} else {
@@ -65,10 +63,4 @@ func ms(n int64) string {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
-}
-
-func writeJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }

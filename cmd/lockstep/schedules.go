@@ -2,18 +2,285 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-// cmdSchedules and cmdTicks are placeholders, replaced at merge by the
-// schedules and ticks subcommands.
+const schedulesUsage = `usage:
+  lockstep schedules [--json]                  list file and run-time schedules
+  lockstep schedules add NAME --cron SPEC --task TYPE [--payload JSON] [--timezone TZ] [--queue Q]
+                         [--max-retry N] [--timeout D] [--catch-up skip|once|all] [--max-catch-up N] [--update]
+  lockstep schedules pause NAME | resume NAME | rm NAME | trigger NAME
 
-func cmdSchedules(ctx context.Context, a *app, args []string) int {
-	fmt.Fprintln(a.stderr, "lockstep schedules: not yet available")
-	return 2
+Run-time schedules live in Redis; every scheduler replica applies a change
+within a second. File schedules (from --config) can be paused, resumed and
+triggered, not changed. Exit codes: 0 done, 1 not found or nothing to do,
+2 bad usage or a bad schedule.
+`
+
+// scheduleJSON is one schedule in `lockstep schedules --json`.
+type scheduleJSON struct {
+	Name     string     `json:"name"`
+	Cron     string     `json:"cron"`
+	Timezone string     `json:"timezone"`
+	Task     string     `json:"task"`
+	Paused   bool       `json:"paused"`
+	Source   string     `json:"source"`
+	LastTick *time.Time `json:"last_tick"`
+	NextTick *time.Time `json:"next_tick"`
 }
 
-func cmdTicks(ctx context.Context, a *app, args []string) int {
-	fmt.Fprintln(a.stderr, "lockstep ticks: not yet available")
-	return 2
+func cmdSchedules(ctx context.Context, a *app, args []string) int {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "add":
+			return schedulesAdd(ctx, a, args[1:])
+		case "pause", "resume", "rm", "trigger":
+			return schedulesByName(ctx, a, args[0], args[1:])
+		}
+		fmt.Fprintf(a.stderr, "lockstep schedules: unknown subcommand %q\n%s", args[0], schedulesUsage)
+		return 2
+	}
+	fs := newFlags(a, "schedules", schedulesUsage)
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	if _, code, ok := fs.parseN(args, 0, ""); !ok {
+		return code
+	}
+	file, code := fileSchedules(a)
+	if code != 0 {
+		return code
+	}
+	all, err := scheduler.NewStore(a.client, a.prefix).List(ctx, file)
+	if err != nil {
+		fmt.Fprintln(a.stderr, err)
+		return 1
+	}
+	if *asJSON {
+		out := make([]scheduleJSON, 0, len(all))
+		for _, in := range all {
+			out = append(out, scheduleJSON{Name: in.Schedule.Name, Cron: in.Schedule.Cron, Timezone: in.Schedule.Timezone,
+				Task: in.Schedule.Task, Paused: in.Paused, Source: in.Source, LastTick: timePtr(in.LastTick), NextTick: timePtr(in.NextTick)})
+		}
+		return writeJSON(a, out)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tTASK\tSOURCE\tPAUSED\tLAST TICK\tNEXT TICK")
+	for _, in := range all {
+		s := in.Schedule
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", s.Name, s.Cron, s.Timezone, s.Task, in.Source, in.Paused,
+			showTime(in.LastTick), showTime(in.NextTick))
+	}
+	_ = tw.Flush()
+	return 0
+}
+
+func schedulesAdd(ctx context.Context, a *app, args []string) int {
+	fs := newFlags(a, "schedules add", schedulesUsage)
+	s := config.NewSchedule()
+	fs.StringVar(&s.Cron, "cron", "", "cron expression (5 fields, or 6 with seconds first; @daily; @every 5m)")
+	fs.StringVar(&s.Task, "task", "", "asynq task type")
+	payload := fs.String("payload", "", "task payload, a JSON object")
+	fs.StringVar(&s.Timezone, "timezone", s.Timezone, "IANA time zone")
+	fs.StringVar(&s.Queue, "queue", s.Queue, "asynq queue")
+	fs.IntVar(&s.MaxRetry, "max-retry", s.MaxRetry, "retries of a failed task")
+	fs.DurationVar(&s.Timeout, "timeout", 0, "task timeout (0: asynq's default)")
+	catchUp := fs.String("catch-up", string(s.CatchUp), "missed ticks after an outage or a pause: skip, once or all")
+	fs.IntVar(&s.MaxCatchUp, "max-catch-up", 0, "cap for --catch-up all (0: the scheduler's max_catch_up)")
+	update := fs.Bool("update", false, "replace the run-time schedule NAME if it exists")
+	pos, code, ok := fs.parseN(args, 1, "one NAME")
+	if !ok {
+		return code
+	}
+	s.Name, s.CatchUp = pos[0], config.CatchUp(*catchUp)
+	if *payload != "" {
+		s.Payload = json.RawMessage(*payload)
+	}
+	file, code := fileSchedules(a)
+	if code != 0 {
+		return code
+	}
+	for _, f := range file {
+		if f.Name == s.Name {
+			fmt.Fprintf(a.stderr, "lockstep schedules add: %s is a file schedule (%s); change it there\n", s.Name, a.configPath)
+			return 2
+		}
+	}
+	st := scheduler.NewStore(a.client, a.prefix)
+	err := st.Add(ctx, s)
+	verb := "added"
+	if *update && errors.Is(err, scheduler.ErrExists) {
+		err, verb = st.Update(ctx, s), "updated"
+	}
+	switch {
+	case err == nil:
+		fmt.Fprintf(a.stdout, "schedule %s %s: %s, task %s, queue %s (every replica applies it within 1s)\n", s.Name, verb, s.Cron, s.Task, s.Queue)
+		return 0
+	case errors.Is(err, scheduler.ErrExists):
+		fmt.Fprintf(a.stderr, "lockstep schedules add: schedule %s exists already (use --update to replace it)\n", s.Name)
+		return 1
+	case errors.Is(err, scheduler.ErrFileSchedule):
+		fmt.Fprintf(a.stderr, "lockstep schedules add: %s is a file schedule; change it in the config file\n", s.Name)
+		return 2
+	}
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		fmt.Fprintf(a.stderr, "lockstep schedules add: %v\n", err)
+		return 2
+	}
+	fmt.Fprintln(a.stderr, err)
+	return 1
+}
+
+func schedulesByName(ctx context.Context, a *app, verb string, args []string) int {
+	fs := newFlags(a, "schedules "+verb, schedulesUsage)
+	pos, code, ok := fs.parseN(args, 1, "one NAME")
+	if !ok {
+		return code
+	}
+	name := pos[0]
+	file, code := fileSchedules(a)
+	if code != 0 {
+		return code
+	}
+	isFile := false
+	for _, f := range file {
+		isFile = isFile || f.Name == name
+	}
+	st := scheduler.NewStore(a.client, a.prefix)
+	var err error
+	switch verb {
+	case "pause", "resume":
+		var changed bool
+		changed, err = st.SetPaused(ctx, name, verb == "pause", isFile)
+		if err == nil && !changed {
+			fmt.Fprintf(a.stdout, "schedule %s was %sd already\n", name, verb)
+			return 1
+		}
+		if err == nil {
+			fmt.Fprintf(a.stdout, "schedule %s %sd\n", name, verb)
+		}
+	case "rm":
+		if isFile {
+			fmt.Fprintf(a.stderr, "lockstep schedules rm: %s is a file schedule; remove it from %s (or pause it)\n", name, a.configPath)
+			return 2
+		}
+		if err = st.Remove(ctx, name); err == nil {
+			fmt.Fprintf(a.stdout, "schedule %s removed\n", name)
+		}
+	case "trigger":
+		var id string
+		if id, err = st.Trigger(ctx, name, file); err == nil {
+			fmt.Fprintf(a.stdout, "schedule %s triggered: task %s\n", name, id)
+		}
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, scheduler.ErrNotFound):
+		fmt.Fprintf(a.stderr, "lockstep schedules %s: no schedule %q\n", verb, name)
+		return 1
+	}
+	fmt.Fprintln(a.stderr, err)
+	return 1
+}
+
+// fileSchedules loads the schedules of the config file, nil without one.
+func fileSchedules(a *app) ([]config.Schedule, int) {
+	if a.configPath == "" {
+		return nil, 0
+	}
+	cfg, err := config.LoadScheduler(a.configPath, os.LookupEnv)
+	if err != nil {
+		fmt.Fprintln(a.stderr, err)
+		return nil, 2
+	}
+	if cfg.Schedules == nil {
+		return []config.Schedule{}, 0
+	}
+	return cfg.Schedules, 0
+}
+
+// flags is one subcommand's flag set, with its usage text.
+type flags struct {
+	*flag.FlagSet
+	a     *app
+	usage string
+}
+
+func newFlags(a *app, name, usage string) *flags {
+	fs := flag.NewFlagSet("lockstep "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return &flags{FlagSet: fs, a: a, usage: usage}
+}
+
+// parse parses flags that may come before, between or after the positional
+// arguments, and returns those; ok is false when the command is over with
+// code: 0 after --help (usage on stdout), 2 for bad usage (on stderr).
+func (f *flags) parse(args []string) (pos []string, code int, ok bool) {
+	for {
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(f.a.stdout, f.usage, "\nflags:\n")
+				f.SetOutput(f.a.stdout)
+				f.PrintDefaults()
+				return nil, 0, false
+			}
+			fmt.Fprintf(f.a.stderr, "%s: %v\n%s", f.Name(), err, f.usage)
+			return nil, 2, false
+		}
+		if f.NArg() == 0 {
+			return pos, 0, true
+		}
+		pos = append(pos, f.Arg(0))
+		args = f.Args()[1:]
+	}
+}
+
+// parseN is parse for exactly n positional arguments, named what.
+func (f *flags) parseN(args []string, n int, what string) ([]string, int, bool) {
+	pos, code, ok := f.parse(args)
+	if ok && len(pos) != n {
+		if n == 0 {
+			fmt.Fprintf(f.a.stderr, "%s: unexpected argument %q\n%s", f.Name(), pos[0], f.usage)
+		} else {
+			fmt.Fprintf(f.a.stderr, "%s: want %s, got %d arguments\n%s", f.Name(), what, len(pos), f.usage)
+		}
+		return nil, 2, false
+	}
+	return pos, code, ok
+}
+
+func writeJSON(a *app, v any) int {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintln(a.stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func showTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

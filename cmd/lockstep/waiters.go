@@ -26,7 +26,7 @@ func cmdWaiters(ctx context.Context, a *app, args []string) int {
 		return exitUsage
 	}
 	if *asJSON {
-		writeJSON(a.stdout, ws)
+		writeJSON(a, ws)
 	} else if len(ws) == 0 {
 		fmt.Fprintf(a.stderr, "no task waits for %s\n", pos[0])
 	} else {

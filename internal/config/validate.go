@@ -108,37 +108,7 @@ func (c *SchedulerConfig) check(v *validator) {
 	positive(v, p.field("task_retention"), s.TaskRetention)
 	positive(v, p.field("max_catch_up"), s.MaxCatchUp)
 
-	first := make(map[string]int) // schedule name -> index of its first use
-	for i := range c.Schedules {
-		sc := &c.Schedules[i]
-		p := root.field("schedules").index(i, sc.Name)
-		switch j, dup := first[sc.Name]; {
-		case sc.Name == "":
-			v.fail(p.field("name"), "required")
-		case !scheduleName.MatchString(sc.Name):
-			v.fail(p.field("name"), "invalid name %q (use letters, digits, '_', '.' and '-')", sc.Name)
-		case dup:
-			v.fail(p.field("name"), "duplicate name %q, first used by schedules[%d]", sc.Name, j)
-		default:
-			first[sc.Name] = i
-		}
-		required(v, p, "cron", sc.Cron)
-		required(v, p, "task", sc.Task)
-		required(v, p, "queue", sc.Queue)
-		sc.Timezone = cmp.Or(sc.Timezone, "UTC")
-		if sc.Timezone == "Local" { // differs between hosts, so replicas would disagree on ticks
-			v.fail(p.field("timezone"), `"Local" is not allowed; name a zone such as UTC`)
-		} else if _, err := time.LoadLocation(sc.Timezone); err != nil {
-			v.fail(p.field("timezone"), "unknown time zone %q", sc.Timezone)
-		}
-		atLeast(v, p.field("max_retry"), sc.MaxRetry, 0)
-		atLeast(v, p.field("timeout"), sc.Timeout, 0)
-		oneOf(v, p.field("catch_up"), sc.CatchUp, CatchUpSkip, CatchUpOnce, CatchUpAll)
-		atLeast(v, p.field("max_catch_up"), sc.MaxCatchUp, 0)
-		if sc.MaxCatchUp == 0 {
-			sc.MaxCatchUp = s.MaxCatchUp
-		}
-	}
+	c.checkSchedules(v)
 }
 
 func (c *Common) check(v *validator) {

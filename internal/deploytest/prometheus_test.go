@@ -71,6 +71,11 @@ func observeAll(m *metrics.Metrics) {
 	m.SchedulerTickLateness.Observe(0.01)
 	m.SchedulerTicksMissed.Inc()
 	m.SchedulerLeaderChanges.Inc()
+	for _, src := range []string{"file", "runtime"} {
+		for _, state := range []string{"running", "paused"} {
+			m.SchedulerSchedules.WithLabelValues(src, state).Set(1)
+		}
+	}
 }
 
 // queueCollector exports asynq's queue metric families (asynqQueueMetrics)

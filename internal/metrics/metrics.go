@@ -56,6 +56,7 @@ type Metrics struct {
 	SchedulerTickLateness  prometheus.Histogram
 	SchedulerTicksMissed   prometheus.Counter
 	SchedulerLeaderChanges prometheus.Counter
+	SchedulerSchedules     *prometheus.GaugeVec // source (file, runtime), state (running, paused)
 }
 
 // New creates the collectors and registers them with reg. A nil reg leaves
@@ -124,6 +125,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "lockstep_scheduler_leader_changes_total",
 			Help: "Ticks this replica won when another replica had won the previous tick of the schedule; summed over replicas, the leader changes.",
 		}),
+		SchedulerSchedules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lockstep_scheduler_schedules",
+			Help: "Schedules this replica knows, by source (file, runtime) and state (running, paused).",
+		}, []string{"source", "state"}),
 	}
 	for _, r := range AcquireResults {
 		m.LockAcquire.WithLabelValues(r)
@@ -139,7 +144,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.LockAcquire, m.LockAcquireDuration, m.Renewals, m.RenewalDuration,
 			m.LocksHeld, m.LockLost, m.LockHeld, m.LockNotices, m.JobsProcessed, m.JobContended,
 			m.SchedulerTicks, m.SchedulerTickLateness, m.SchedulerTicksMissed,
-			m.SchedulerLeaderChanges,
+			m.SchedulerLeaderChanges, m.SchedulerSchedules,
 		)
 	}
 	return m

@@ -27,6 +27,9 @@ func (s *Scheduler) catchUp(loops, fires context.Context, e *entry, cutoff time.
 	if err != nil {
 		return fmt.Errorf("catch-up: read watermark: %w", err)
 	}
+	if since := time.Unix(e.since, 0).UTC(); e.since > 0 && (!ok || w.Before(since)) {
+		w, ok = since, true // a changed spec's ticks before the change are not due
+	}
 	if !ok || !w.Before(cutoff) {
 		return nil // a new schedule, or nothing missed
 	}
@@ -79,7 +82,7 @@ func (s *Scheduler) watermark(ctx context.Context, e *entry) (time.Time, bool, e
 // skip moves the watermark over the ticks up to last, which the policy
 // drops, and counts those this call moved it over as missed.
 func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) error {
-	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state}, last.Unix(), s.stateTTL.Milliseconds())
+	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, last.Unix(), s.stateTTL.Milliseconds(), historyLen)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,13 @@
 // Package scheduler runs Lockstep's cron schedules on any number of replicas
 // and enqueues each tick of each schedule into asynq exactly once.
 //
-// Every replica runs every schedule. At a tick's scheduled time T (not the
-// wall-clock time of the wake-up) each replica calls one Lua script that
-// claims the tick; the winner enqueues the schedule's task with the asynq
-// task id "<schedule>:<T as Unix seconds>" and then marks the tick done.
+// Every replica runs every schedule: those of its config file, and the
+// run-time ones stored in Redis (Store; the public package schedules). At a
+// tick's scheduled time T (not the wall-clock time of the wake-up) the
+// schedule's first claimer calls one Lua script that claims the tick; the
+// others call it claimGrace later, which answers at once unless the first
+// claimer is dead or slow. The winner enqueues the schedule's task with the
+// asynq task id "<schedule>:<T as Unix seconds>" and then marks the tick done.
 //
 // # Keys
 //
@@ -14,8 +17,25 @@
 //	P{schedule:N}:tick:<T>   the tick's leader lock: the winning attempt's token, PX tick_lock_ttl
 //	P{schedule:N}:pending    zset of ticks claimed and not yet done
 //	P{schedule:N}:state      hash: tick (the watermark: highest tick claimed or skipped), leader
+//	P{schedule:N}:history    list of the latest ticks' records (JSON), newest first (lockstep ticks)
 //
-// pending and state carry a TTL of at least 400 days, refreshed on every claim.
+// pending, state and history carry a TTL of at least 400 days, refreshed on
+// every claim. The run-time schedules share the tag {schedules}:
+//
+//	P{schedules}:defs       hash: name -> definition (JSON)
+//	P{schedules}:meta       hash: name -> since, paused, spec, updated_ms (JSON)
+//	P{schedules}:file       hash: name -> definition of the file schedules replicas run
+//	P{schedules}:version    counter of changes; P{schedules}:changed is the pub/sub channel
+//	P{schedules}:replicas   zset: live replica -> last heartbeat (server ms)
+//
+// # Run-time schedules
+//
+// put.lua, remove.lua and pause.lua change a schedule, increment the version
+// and publish it, atomically. Each replica reloads on a notice and checks the
+// version every 500ms (resyncInterval) in case a notice was lost, then starts
+// the loops of new or changed schedules and stops those of removed or paused
+// ones. since, set by put.lua when the cron or time zone is new, is the
+// effective watermark of a changed spec: no tick at or before it is due.
 //
 // # The tick claim
 //
@@ -58,10 +78,13 @@
 //     task is retained for task_retention after it completes. A pending tick
 //     is taken over only while it is younger than task_retention − 2 ×
 //     max_clock_skew − tick_lock_ttl, so its first task id is still known.
-//   - G2, at least once while a replica lives. A tick's leader that dies
-//     between claim and done leaves the tick pending; every replica sweeps
-//     the pending sets every tick_lock_ttl/2 and takes over ticks whose lock
-//     expired, within tick_lock_ttl + tick_lock_ttl/2 of the claim.
+//   - G2, at least once while a replica lives. A first claimer that dies
+//     before its claim leaves the tick to the others, which claim it
+//     claimGrace after T. A tick's leader that dies between claim and done
+//     leaves the tick pending; each replica sweeps the pending sets of its
+//     share every tick_lock_ttl/2 and takes over ticks whose lock expired,
+//     within max(tick_lock_ttl, replicaExpiry) + tick_lock_ttl/2 of the
+//     claim (the dead leader's share passes on when its heartbeat expires).
 //   - Skewed clocks. Leases are measured by Redis (PX, TIME), never by a
 //     replica's clock. A replica's clock only decides when it tries a tick:
 //     one that is ahead tries early, one that is behind finds the tick done.
@@ -110,9 +133,21 @@
 // # Redis calls
 //
 // A winning replica makes three calls per tick (claim, enqueue, done), a
-// follower one. Script calls of one replica that are due together (every
-// schedule firing in the same second) go out in one pipeline of EVALSHA; a
-// call that meets NOSCRIPT is sent again alone, which loads the script.
+// follower one, claimGrace after T. The claims (and dones) of one replica
+// that are due together (every schedule firing in the same second) are
+// merged into one claim.lua (done.lua) call per Cluster slot, one per node
+// outside a Cluster; other script calls go out in one pipeline of EVALSHA.
+// A call that meets NOSCRIPT is sent again alone, which loads the script.
+//
+// # First claimers
+//
+// Replicas heartbeat every 500ms (replicas.lua) and read the live set; a
+// schedule's first claimer is the live replica with the highest rendezvous
+// hash of (replica, schedule). Views that differ briefly give a tick two
+// first claimers (one wins) or none (the others claim after the grace). A
+// replica sweeps pending ticks only of its own share, so a dead replica's
+// pending ticks are swept by the new owners once its heartbeat expires
+// (replicaExpiry), and its unclaimed ticks are claimed after the grace.
 // Every retry is bounded: a claim by max_clock_skew + 1s, an enqueue and a
 // done by tick_lock_ttl.
 //

@@ -1,10 +1,10 @@
 package scheduler
 
 import (
-	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
-	"regexp"
+	"slices"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
@@ -22,14 +22,38 @@ type entry struct {
 	catchUp    config.CatchUp
 	maxCatchUp int
 	keys       keys
+	def        config.Schedule // as validated, defaults filled
+
+	source string // SourceFile or SourceRuntime
+	// since is when the current cron and time zone of a run-time schedule
+	// took effect (Unix seconds, Redis's clock; 0 for a file schedule): no
+	// tick at or before it is due, so a changed spec never replays old ticks.
+	since int64
+	// version identifies the definition, to notice a change (file: "").
+	version string
+	// label is the schedule label of its tick series: its name, or
+	// OtherSchedules for run-time schedules beyond maxLabeledRuntime.
+	label string
 }
 
-var scheduleName = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+// OtherSchedules is the schedule label of the tick series of the run-time
+// schedules beyond the first maxLabeledRuntime on a replica, so that 10,000
+// schedules do not make 50,000 series.
+const OtherSchedules = "_other"
 
-// Validate checks the scheduler settings of c and every schedule: the cron
-// expression and its time zone, and what the config package checks when it
-// loads a file (so that a configuration built by hand is held to the same
-// rules). Each problem is a *config.Error whose Field names the schedule and
+// maxLabeledRuntime is how many run-time schedules have their own series.
+const maxLabeledRuntime = 100
+
+// Where a schedule comes from.
+const (
+	SourceFile    = "file"    // the config file (or LOCKSTEP_SCHEDULES)
+	SourceRuntime = "runtime" // stored in Redis by the schedules API or the lockstep CLI
+)
+
+// Validate checks the scheduler settings of c and every schedule: what the
+// config package checks when it loads a file (so that a configuration built
+// by hand is held to the same rules), and the cron expression in its time
+// zone. Each problem is a *config.Error whose Field names the schedule and
 // field, e.g. "schedules[0] (settle-orders).cron"; several are joined with
 // errors.Join.
 func Validate(c *config.SchedulerConfig) error {
@@ -37,15 +61,32 @@ func Validate(c *config.SchedulerConfig) error {
 	return err
 }
 
+// CheckSchedule validates a schedule defined at run time exactly as a config
+// file's entry is validated (config.CheckSchedule), and its cron expression,
+// and fills its defaults. Fields are "schedule (NAME).FIELD".
+func CheckSchedule(s *config.Schedule) error {
+	errs := []error{config.CheckSchedule(s)}
+	if s.Cron != "" {
+		errs = append(errs, checkCron(s, "schedule ("+s.Name+")"))
+	}
+	return joinBare(errs)
+}
+
+// checkCron parses s's expression in its time zone (a bad zone is reported
+// by the config checks, so UTC stands in for it here).
+func checkCron(s *config.Schedule, at string) error {
+	loc, err := time.LoadLocation(s.Timezone)
+	if s.Timezone == "Local" || err != nil {
+		loc = time.UTC
+	}
+	if _, err := ParseSpec(s.Cron, loc); err != nil {
+		return &config.Error{Field: at + ".cron", Msg: err.Error()}
+	}
+	return nil
+}
+
 func parseEntries(c *config.SchedulerConfig) ([]*entry, error) {
 	var errs []error
-	fail := func(i int, name, field, format string, args ...any) {
-		at := fmt.Sprintf("schedules[%d]", i)
-		if name != "" {
-			at += " (" + name + ")"
-		}
-		errs = append(errs, &config.Error{Field: at + "." + field, Msg: fmt.Sprintf(format, args...)})
-	}
 	set := c.Scheduler
 	switch {
 	case set.MaxClockSkew < 0:
@@ -59,69 +100,71 @@ func parseEntries(c *config.SchedulerConfig) ([]*entry, error) {
 			"must be greater than 2 × scheduler.max_clock_skew + scheduler.tick_lock_ttl (%v), got %v",
 			2*set.MaxClockSkew+set.TickLockTTL, set.TaskRetention)})
 	}
-	first := make(map[string]int)
-	entries := make([]*entry, 0, len(c.Schedules))
-	for i, s := range c.Schedules {
-		switch j, dup := first[s.Name]; {
-		case !scheduleName.MatchString(s.Name):
-			fail(i, s.Name, "name", "invalid name %q (use letters, digits, '_', '.' and '-')", s.Name)
-		case dup:
-			fail(i, s.Name, "name", "duplicate name %q, first used by schedules[%d]", s.Name, j)
-		default:
-			first[s.Name] = i
+	if set.MaxCatchUp <= 0 {
+		errs = append(errs, &config.Error{Field: "scheduler.max_catch_up", Msg: fmt.Sprintf("must be greater than 0, got %d", set.MaxCatchUp)})
+	}
+	// The config package's checks, on a copy: the caller's config stays as it was.
+	cc := *c
+	cc.Schedules = slices.Clone(c.Schedules)
+	errs = append(errs, config.CheckSchedules(&cc))
+	entries := make([]*entry, 0, len(cc.Schedules))
+	for i := range cc.Schedules {
+		s := &cc.Schedules[i]
+		at := fmt.Sprintf("schedules[%d]", i)
+		if s.Name != "" {
+			at += " (" + s.Name + ")"
 		}
-		loc, err := time.LoadLocation(s.Timezone)
-		if s.Timezone == "Local" || err != nil {
-			fail(i, s.Name, "timezone", "unknown time zone %q", s.Timezone)
-			loc = time.UTC
-		}
-		spec, err := ParseSpec(s.Cron, loc)
-		if err != nil {
-			fail(i, s.Name, "cron", "%v", err)
-		}
-		if s.Task == "" {
-			fail(i, s.Name, "task", "required")
-		}
-		if s.Queue == "" {
-			fail(i, s.Name, "queue", "required")
-		}
-		if len(s.Payload) > 0 {
-			var obj map[string]json.RawMessage
-			if json.Unmarshal(s.Payload, &obj) != nil || obj == nil {
-				fail(i, s.Name, "payload", "must be a JSON object")
+		if s.Cron != "" {
+			if err := checkCron(s, at); err != nil {
+				errs = append(errs, err)
 			}
 		}
-		if s.MaxRetry < 0 {
-			fail(i, s.Name, "max_retry", "must be at least 0, got %d", s.MaxRetry)
+		e, err := newEntry(*s, c.Lock.Prefix, set.MaxCatchUp)
+		if err == nil {
+			e.source, e.label = SourceFile, e.name
+			entries = append(entries, e)
 		}
-		if s.Timeout < 0 {
-			fail(i, s.Name, "timeout", "must be at least 0, got %v", s.Timeout)
-		}
-		switch s.CatchUp {
-		case config.CatchUpSkip, config.CatchUpOnce, config.CatchUpAll:
-		case "":
-			s.CatchUp = config.CatchUpSkip
-		default:
-			fail(i, s.Name, "catch_up", "must be skip, once or all, got %q", s.CatchUp)
-		}
-		capN := s.MaxCatchUp
-		if capN == 0 {
-			capN = c.Scheduler.MaxCatchUp
-		}
-		if capN <= 0 {
-			fail(i, s.Name, "max_catch_up", "must be greater than 0, got %d", capN)
-		}
-		entries = append(entries, &entry{
-			name: s.Name, spec: spec, task: s.Task, payload: s.Payload, queue: s.Queue,
-			maxRetry: s.MaxRetry, timeout: s.Timeout, catchUp: s.CatchUp, maxCatchUp: capN,
-			keys: keysFor(c.Lock.Prefix, s.Name),
-		})
 	}
-	switch len(errs) {
+	if err := joinBare(errs); err != nil {
+		return nil, err
+	}
+	return entries, nil
+}
+
+// newEntry builds the entry of a validated schedule; a max_catch_up of 0 is
+// defaultCatchUp.
+func newEntry(s config.Schedule, prefix string, defaultCatchUp int) (*entry, error) {
+	loc, err := time.LoadLocation(s.Timezone)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := ParseSpec(s.Cron, loc)
+	if err != nil {
+		return nil, err
+	}
+	return &entry{
+		name: s.Name, spec: spec, task: s.Task, payload: s.Payload, queue: s.Queue,
+		maxRetry: s.MaxRetry, timeout: s.Timeout, catchUp: s.CatchUp,
+		maxCatchUp: cmp.Or(s.MaxCatchUp, defaultCatchUp), keys: keysFor(prefix, s.Name), def: s,
+	}, nil
+}
+
+// joinBare drops nil errors, flattens joined ones and keeps a single error
+// bare, so that callers can type-assert it.
+func joinBare(errs []error) error {
+	var flat []error
+	for _, err := range errs {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			flat = append(flat, j.Unwrap()...)
+		} else if err != nil {
+			flat = append(flat, err)
+		}
+	}
+	switch len(flat) {
 	case 0:
-		return entries, nil
+		return nil
 	case 1:
-		return nil, errs[0] // kept bare, so that callers can type-assert it
+		return flat[0]
 	}
-	return nil, errors.Join(errs...)
+	return errors.Join(flat...)
 }

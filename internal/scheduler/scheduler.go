@@ -54,7 +54,11 @@ type Scheduler struct {
 	client    redis.UniversalClient
 	scripts   *runner
 	enq       *asynq.Client
-	entries   []*entry
+	file      []*entry // the config's schedules
+	store     *Store
+	prefix    string
+	maxCatch  int           // scheduler.max_catch_up, for run-time schedules without their own
+	resync    time.Duration // how often the run-time schedules' version is checked
 	skew      time.Duration
 	lease     time.Duration
 	retention time.Duration
@@ -75,13 +79,35 @@ type Scheduler struct {
 	mu        sync.Mutex
 	started   bool
 	stopped   bool
+	loops     context.Context    // parent of every schedule's loop
+	fires     context.Context    // parent of every tick in flight
 	stopLoops context.CancelFunc // ends the waiting: no new ticks
 	stopFires context.CancelFunc // aborts ticks in flight
 	stopRun   chan struct{}      // ends the script runner, last
 	wg        sync.WaitGroup
 	runnerWG  sync.WaitGroup
 	running   atomic.Bool
+
+	liveMu  sync.Mutex
+	live    map[string]*liveEntry // schedules whose loop runs, by name
+	paused  map[string]bool       // known schedules that are paused
+	shadow  map[string]bool       // run-time names that a file schedule shadows (logged once)
+	labeled int                   // run-time schedules with their own tick series
+	applied atomic.Int64          // version of the run-time schedules last applied
+
+	replicas atomic.Pointer[[]string] // the live replicas, from the last heartbeat
+	crashed  atomic.Bool              // test hook: died as by SIGKILL, so no clean leave
 }
+
+// liveEntry is a schedule whose loop runs.
+type liveEntry struct {
+	e    *entry
+	stop context.CancelFunc
+}
+
+// resyncInterval is how often a replica checks the run-time schedules'
+// version, in case it missed a change's pub/sub notice (a reconnect).
+const resyncInterval = 500 * time.Millisecond
 
 // Option configures a Scheduler.
 type Option func(*Scheduler)
@@ -134,7 +160,14 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		client:    client,
 		scripts:   newRunner(client),
 		enq:       asynq.NewClientFromRedisClient(client),
-		entries:   entries,
+		file:      entries,
+		store:     NewStore(client, c.Lock.Prefix),
+		prefix:    c.Lock.Prefix,
+		maxCatch:  set.MaxCatchUp,
+		resync:    resyncInterval,
+		live:      map[string]*liveEntry{},
+		paused:    map[string]bool{},
+		shadow:    map[string]bool{},
 		skew:      set.MaxClockSkew,
 		lease:     set.TickLockTTL,
 		retention: set.TaskRetention,
@@ -153,12 +186,6 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.m = metrics.OrNop(s.m)
-	// Every series at zero from the start, so the first event shows in rate().
-	for _, e := range s.entries {
-		for _, r := range []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp} {
-			s.m.SchedulerTicks.WithLabelValues(e.name, r)
-		}
-	}
 	if s.id == "" {
 		s.id = defaultReplicaID()
 	}
@@ -190,11 +217,11 @@ func (s *Scheduler) Start(context.Context) error {
 	s.running.Store(true)
 	s.stopRun = make(chan struct{})
 	s.runnerWG.Go(func() { s.scripts.loop(s.stopRun) })
-	for _, e := range s.entries {
-		s.wg.Go(func() { s.loop(loops, fires, e) })
-	}
+	s.loops, s.fires = loops, fires
+	s.apply(snapshot{}) // the file's schedules, until Redis says more
+	s.wg.Go(func() { s.syncer(loops) })
 	s.wg.Go(func() { s.sweeper(loops, fires) })
-	s.log.Info("scheduler started", "schedules", len(s.entries), "max_clock_skew", s.skew,
+	s.log.Info("scheduler started", "schedules", len(s.file), "max_clock_skew", s.skew,
 		"tick_lock_ttl", s.lease, "task_retention", s.retention)
 	return nil
 }
@@ -230,6 +257,7 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 
 // crash ends the replica at once, as SIGKILL would (test hook).
 func (s *Scheduler) crash() {
+	s.crashed.Store(true)
 	s.running.Store(false)
 	s.stopLoops()
 	s.stopFires()
@@ -251,6 +279,9 @@ func (s *Scheduler) Ready(context.Context) error {
 func (s *Scheduler) loop(loops, fires context.Context, e *entry) {
 	h := health{log: s.log, what: "schedule " + e.name}
 	cursor := s.clock.Now().Add(-s.lateAfter)
+	if since := time.Unix(e.since, 0); e.since > 0 && cursor.Before(since) {
+		cursor = since // ticks of a new or changed spec start after it took effect
+	}
 	err := s.catchUp(loops, fires, e, cursor)
 	h.report(err)
 	pendingCatchUp := err != nil
@@ -334,8 +365,8 @@ func (s *Scheduler) sweeper(loops, fires context.Context) {
 	t := time.NewTicker(s.sweep)
 	defer t.Stop()
 	h := health{log: s.log, what: "sweep"}
-	for {
-		s.sweepOnce(fires, &h)
+	for n := 0; ; n++ {
+		s.sweepOnce(fires, &h, n%fullSweepEvery == 0)
 		select {
 		case <-t.C:
 		case <-loops.Done():
@@ -344,13 +375,34 @@ func (s *Scheduler) sweeper(loops, fires context.Context) {
 	}
 }
 
-func (s *Scheduler) sweepOnce(ctx context.Context, h *health) {
-	if len(s.entries) == 0 {
+// fullSweepEvery is how many sweeps pass between two that read every
+// schedule of this replica's share; the others read only those with a tick
+// due lately, the only ones whose leader can have died just now.
+const fullSweepEvery = 20
+
+// sweepOnce reads the pending ticks of this replica's share of the
+// schedules (those it claims first): a dead replica's share passes to the
+// others with the live set, so every schedule is swept by a live replica
+// and none by all of them. Between full sweeps it reads only the schedules
+// with a tick due in the last 2 × tick_lock_ttl + max_clock_skew + 1s.
+func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
+	var entries []*entry
+	now := s.clock.Now()
+	recent := now.Add(-2*s.lease - s.lateAfter)
+	for _, e := range s.liveEntries() {
+		if !s.first(e.name) {
+			continue
+		}
+		if n := e.spec.Next(recent); full || (!n.IsZero() && !n.After(now)) {
+			entries = append(entries, e)
+		}
+	}
+	if len(entries) == 0 {
 		return
 	}
-	cmds := make([]*redis.StringSliceCmd, len(s.entries))
+	cmds := make([]*redis.StringSliceCmd, len(entries))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, e := range s.entries {
+		for i, e := range entries {
 			cmds[i] = p.ZRange(ctx, e.keys.pending, 0, sweepLimit-1)
 		}
 		return nil
@@ -360,7 +412,7 @@ func (s *Scheduler) sweepOnce(ctx context.Context, h *health) {
 		return
 	}
 	h.report(nil)
-	for i, e := range s.entries {
+	for i, e := range entries {
 		for _, member := range cmds[i].Val() {
 			u, err := strconv.ParseInt(member, 10, 64)
 			if err != nil || ctx.Err() != nil {
@@ -384,7 +436,7 @@ func (s *Scheduler) count(e *entry, tick time.Time, result string, n int) {
 	if n <= 0 {
 		return
 	}
-	s.m.SchedulerTicks.WithLabelValues(e.name, result).Add(float64(n))
+	s.m.SchedulerTicks.WithLabelValues(e.label, result).Add(float64(n))
 	if result == ResultMissed {
 		s.m.SchedulerTicksMissed.Add(float64(n))
 	}

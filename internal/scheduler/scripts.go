@@ -22,8 +22,9 @@ var (
 	scriptSkip  = redis.NewScript(skipLua)
 )
 
-// maxBatch bounds the script calls sent in one pipeline.
-const maxBatch = 256
+// maxBatch bounds the script calls sent in one pipeline (and the ticks one
+// batched claim takes).
+const maxBatch = 4096
 
 // runner is the one way scripts are called. Calls that arrive while a
 // pipeline is in flight go out together in the next one (natural batching,
@@ -32,8 +33,9 @@ const maxBatch = 256
 // that meets NOSCRIPT (Redis restarted, a failover) is retried alone with
 // EVALSHA-then-EVAL, which loads the script again.
 type runner struct {
-	client redis.UniversalClient
-	calls  chan *call
+	client  redis.UniversalClient
+	calls   chan *call
+	cluster bool // batch claims per hash slot, not per node
 }
 
 type call struct {
@@ -44,15 +46,37 @@ type call struct {
 	res    any
 	err    error
 	done   chan struct{}
+	// item is set for one tick of a batched script (claim.lua, done.lua):
+	// the runner merges the calls of one script that are due together into
+	// one call per slot.
+	item *batchItem
+}
+
+// batchItem is one tick in a batched script call: its keys and arguments;
+// common holds the leading ARGV, the same for every call of a replica.
+type batchItem struct {
+	keys   []string
+	args   []any
+	common []any
 }
 
 func newRunner(c redis.UniversalClient) *runner {
-	return &runner{client: c, calls: make(chan *call)}
+	_, cluster := c.(*redis.ClusterClient)
+	return &runner{client: c, calls: make(chan *call), cluster: cluster}
 }
 
 // run calls script and names the operation and the schedule in its error.
 func (r *runner) run(ctx context.Context, op, schedule string, s *redis.Script, keys []string, args ...any) (any, error) {
-	c := &call{ctx: ctx, script: s, keys: keys, args: args, done: make(chan struct{})}
+	return r.send(ctx, op, schedule, &call{ctx: ctx, script: s, keys: keys, args: args, done: make(chan struct{})})
+}
+
+// runBatched runs one tick of a batched script; its reply is the script's
+// reply for that tick.
+func (r *runner) runBatched(ctx context.Context, op, schedule string, s *redis.Script, it *batchItem) (any, error) {
+	return r.send(ctx, op, schedule, &call{ctx: ctx, script: s, item: it, done: make(chan struct{})})
+}
+
+func (r *runner) send(ctx context.Context, op, schedule string, c *call) (any, error) {
 	select {
 	case r.calls <- c:
 	case <-ctx.Done():
@@ -93,6 +117,7 @@ func (r *runner) loop(stop <-chan struct{}) {
 }
 
 func (r *runner) exec(batch []*call) {
+	batch = r.merge(batch)
 	live := batch[:0]
 	var deadline time.Time
 	for _, c := range batch {
@@ -132,6 +157,78 @@ func (r *runner) exec(batch []*call) {
 		c.res, c.err = cmds[i].Result()
 		if c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
 			c.res, c.err = c.script.Run(c.ctx, r.client, c.keys, c.args...).Result()
+		}
+		close(c.done)
+	}
+}
+
+// merge replaces the batched calls in batch by one call per script and
+// slot (per script outside a Cluster) whose reply is split among them.
+func (r *runner) merge(batch []*call) []*call {
+	type group struct {
+		script *redis.Script
+		slot   uint16
+	}
+	groups := map[group][]*call{}
+	var order []group
+	out := batch[:0:0]
+	for _, c := range batch {
+		if c.item == nil {
+			out = append(out, c)
+			continue
+		}
+		if c.ctx.Err() != nil {
+			c.err = c.ctx.Err()
+			close(c.done)
+			continue
+		}
+		g := group{script: c.script}
+		if r.cluster {
+			g.slot = slot(c.item.keys[0])
+		}
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], c)
+	}
+	for _, g := range order {
+		members := groups[g]
+		m := &call{ctx: members[0].ctx, script: g.script, done: make(chan struct{})}
+		m.args = append(m.args, members[0].item.common...)
+		var deadline time.Time
+		for _, c := range members {
+			m.keys = append(m.keys, c.item.keys...)
+			m.args = append(m.args, c.item.args...)
+			if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+				deadline = d
+			}
+		}
+		// The merged call lives as long as its longest-lived member; a
+		// member whose caller left meanwhile simply gets no answer.
+		m.ctx = context.WithoutCancel(m.ctx)
+		cancel := func() {}
+		if !deadline.IsZero() {
+			m.ctx, cancel = context.WithDeadline(m.ctx, deadline)
+		}
+		go split(m, members, cancel)
+		out = append(out, m)
+	}
+	return out
+}
+
+// split hands each member its element of the merged claim's reply.
+func split(m *call, members []*call, cancel context.CancelFunc) {
+	<-m.done
+	cancel()
+	replies, _ := m.res.([]any)
+	for i, c := range members {
+		switch {
+		case m.err != nil:
+			c.err = m.err
+		case i < len(replies):
+			c.res = replies[i]
+		default:
+			c.err = fmt.Errorf("batched reply has %d elements, want %d", len(replies), len(members))
 		}
 		close(c.done)
 	}

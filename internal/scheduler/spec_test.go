@@ -166,7 +166,7 @@ func TestValidateNamesScheduleAndField(t *testing.T) {
 		{"duplicate", func(c *config.SchedulerConfig) { c.Schedules = append(c.Schedules, c.Schedules[0]) },
 			`schedules[1] (settle-orders).name: duplicate name "settle-orders", first used by schedules[0]`},
 		{"payload", func(c *config.SchedulerConfig) { c.Schedules[0].Payload = []byte(`[1,2]`) },
-			"schedules[0] (settle-orders).payload: must be a JSON object"},
+			"schedules[0] (settle-orders).payload: must be a mapping (JSON object), got a list"},
 		{"retention", func(c *config.SchedulerConfig) { c.Scheduler.TaskRetention = 5 * time.Second },
 			"scheduler.task_retention: must be greater than 2 × scheduler.max_clock_skew + scheduler.tick_lock_ttl (9s), got 5s"},
 		{"catch_up", func(c *config.SchedulerConfig) { c.Schedules[0].CatchUp = "sometimes" },

@@ -40,9 +40,11 @@ type claimReply struct {
 }
 
 func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string) (claimReply, error) {
-	res, err := s.scripts.run(ctx, "claim", e.name, scriptClaim,
-		[]string{e.keys.tick(tick), e.keys.pending, e.keys.state},
-		tick, token, s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds())
+	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
+		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.state},
+		args:   []any{tick, token},
+		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds()},
+	})
 	if err != nil {
 		return claimReply{}, err
 	}
@@ -74,6 +76,17 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	tick := t.Unix()
 	if k == takeover && s.clock.Now().Sub(t) > s.horizon {
 		return s.drop(ctx, e, t)
+	}
+	if k == onTime && !s.first(e.name) {
+		// Another replica claims this tick first; claim it only if that one
+		// has not (the claim then answers at once, done or held).
+		tm := time.NewTimer(claimGrace)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil
+		}
 	}
 	token := s.id + "/" + strconv.FormatUint(s.seq.Add(1), 10)
 
@@ -114,7 +127,8 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		if r.prevLeader != "" && r.prevLeader != s.id {
 			s.m.SchedulerLeaderChanges.Inc()
 		}
-		if prev, err := strconv.ParseInt(r.prevTick, 10, 64); err == nil {
+		if prev, err := strconv.ParseInt(r.prevTick, 10, 64); err == nil || e.since > 0 {
+			prev = max(prev, e.since) // ticks before a spec change are not due
 			// Ticks between the old watermark and t were claimed by nobody:
 			// the catch-up policy dropped them, or they were lost in a stall.
 			if _, n, _ := between(e.spec, time.Unix(prev, 0), t.Add(-time.Second), 0); n > 0 {
@@ -145,8 +159,8 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		s.crash()
 		return nil
 	}
-	s.done(ctx, e, tick, token)
-	s.m.SchedulerTicks.WithLabelValues(e.name, result).Inc()
+	s.done(ctx, e, tick, token, tickRecord{Tick: tick, State: TickDone, Leader: s.id, TaskID: TaskID(e.name, t), LateMS: late.Milliseconds()})
+	s.m.SchedulerTicks.WithLabelValues(e.label, result).Inc()
 	s.emit(e, t, result, 1, late)
 	return nil
 }
@@ -203,11 +217,11 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 // done removes the tick from the pending set and frees its lock. If it
 // fails, the tick stays pending: a takeover then finds its task id and
 // marks it done.
-func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string) {
+func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string, rec tickRecord) {
 	dctx, cancel := context.WithTimeout(ctx, s.lease)
 	defer cancel()
 	err := retry(dctx, func(ctx context.Context) error {
-		_, err := s.scripts.run(ctx, "done", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, token)
+		_, err := s.scripts.runBatched(ctx, "done", e.name, scriptDone, s.doneItem(e, tick, token, rec))
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
@@ -219,7 +233,8 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string
 // have expired from asynq, so enqueuing it again could duplicate it.
 func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	tick := t.Unix()
-	res, err := s.scripts.run(ctx, "drop", e.name, scriptDone, []string{e.keys.tick(tick), e.keys.pending}, tick, "")
+	res, err := s.scripts.runBatched(ctx, "drop", e.name, scriptDone,
+		s.doneItem(e, tick, "", tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}))
 	if err != nil {
 		return err
 	}
@@ -229,4 +244,13 @@ func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	s.log.Error("dropped unfinished tick older than the takeover horizon", "schedule", e.name, "tick", t, "horizon", s.horizon)
 	s.count(e, t, ResultMissed, 1)
 	return nil
+}
+
+// doneItem is one tick's part of a batched done.lua call.
+func (s *Scheduler) doneItem(e *entry, tick int64, token string, rec tickRecord) *batchItem {
+	return &batchItem{
+		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
+		args:   []any{tick, token, rec.json()},
+		common: []any{historyLen, s.stateTTL.Milliseconds()},
+	}
 }

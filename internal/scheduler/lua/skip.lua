@@ -2,7 +2,9 @@
 --
 -- KEYS[1]  state   lockstep:{schedule:N}:state   hash: tick = watermark, leader
 -- ARGV[1]  T in Unix seconds: the last tick to drop
--- ARGV[2]  ttl of state in milliseconds
+-- ARGV[2]  ttl of state (and history) in milliseconds
+-- KEYS[2]  history   lockstep:{schedule:N}:history   list of tick records (JSON), newest first
+-- ARGV[3]  how many records the history keeps
 --
 -- Returns
 --   {1, prev_tick}  the watermark moved from prev_tick to T: the caller counts the ticks in
@@ -16,4 +18,9 @@ if w and tonumber(w) >= tonumber(ARGV[1]) then
 end
 redis.call('HSET', KEYS[1], 'tick', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local rec = {t = tonumber(ARGV[1]), s = 'skipped'}
+if w then rec.from = tonumber(w) end
+redis.call('LPUSH', KEYS[2], cjson.encode(rec))
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return {1, w or ''}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/schedules"
+)
+
+// applyBound is how soon every replica must apply a run-time change. The
+// promise is 1s; processes on a loaded 2-core machine get some slack, and
+// the test logs what it measured.
+const applyBound = 2 * time.Second
+
+// lineCount is how many lines p has logged so far.
+func (p *proc) lineCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.lines)
+}
+
+// waitScheduleLog waits for a JSON line after line from whose msg is msg and
+// whose schedule is schedule, and returns when it was waited for.
+func (p *proc) waitScheduleLog(from int, msg, schedule string, timeout time.Duration) {
+	p.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for seen := from; ; {
+		p.mu.Lock()
+		lines, changed := p.lines[min(seen, len(p.lines)):], p.changed
+		seen = len(p.lines)
+		p.mu.Unlock()
+		for _, l := range lines {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == msg && rec["schedule"] == schedule {
+				return
+			}
+		}
+		select {
+		case <-changed:
+		case <-p.done:
+			p.t.Fatalf("process exited before logging %q for %s; output:\n%s", msg, schedule, p.output())
+		case <-deadline.C:
+			p.t.Fatalf("no %q log for %s within %v; output:\n%s", msg, schedule, timeout, p.output())
+		}
+	}
+}
+
+// Three scheduler processes; a schedule is added, paused, resumed, changed
+// and removed through the schedules package while they run. Every replica
+// logs each change within the bound; the queue holds each tick once, none
+// while paused, none of the old cron after the change; a bad change is
+// refused with the config's message and changes nothing.
+func TestRuntimeScheduleChangesOnThreeProcesses(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cfg := writeConfig(t, srv.Addr, "scheduler:\n  max_clock_skew: 200ms\n  tick_lock_ttl: 1s\n  task_retention: 1h\n")
+	var procs []*proc
+	for range 3 {
+		p := startProc(t, nil, "--config", cfg, "--http-addr", "127.0.0.1:0")
+		p.waitLog("scheduler started", 10*time.Second)
+		procs = append(procs, p)
+	}
+	ctx := t.Context()
+	c := schedules.New(srv.Client())
+	var slowest time.Duration
+	// change runs f and waits until every replica logged msg for "rt".
+	change := func(what, msg string, f func() error) time.Time {
+		t.Helper()
+		marks := make([]int, len(procs))
+		for i, p := range procs {
+			marks[i] = p.lineCount()
+		}
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		at := time.Now()
+		for i, p := range procs {
+			p.waitScheduleLog(marks[i], msg, "rt", applyBound)
+		}
+		slowest = max(slowest, time.Since(at))
+		return at
+	}
+	rt := schedules.Schedule{Name: "rt", Cron: "* * * * * *", Task: "test:tick", Queue: "rt", Payload: json.RawMessage(`{"n":1}`)}
+
+	added := change("add", "schedule started", func() error { return c.Add(ctx, rt) })
+	insp := asynq.NewInspectorFromRedisClient(srv.Client())
+	first := time.Unix(added.Unix()+1, 0)
+	waitQueued(t, insp, "rt", first.Add(2*time.Second), 5*time.Second)
+
+	bad := rt
+	bad.Cron, bad.Timezone = "0 0 25 * * *", "Mars/Olympus"
+	err := c.Update(ctx, bad)
+	for _, want := range []string{
+		`schedule (rt).cron: invalid cron expression "0 0 25 * * *"`,
+		`schedule (rt).timezone: unknown time zone "Mars/Olympus"`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad Update = %v, want %q", err, want)
+		}
+	}
+	if got, err := c.Get(ctx, "rt"); err != nil || got.Cron != rt.Cron || got.Timezone != "UTC" {
+		t.Errorf("after a refused update: %+v, %v", got, err)
+	}
+
+	paused := change("pause", "schedule paused", func() error { _, err := c.Pause(ctx, "rt"); return err })
+	time.Sleep(2500 * time.Millisecond) // the pause itself
+	resumed := change("resume", "schedule started", func() error { _, err := c.Resume(ctx, "rt"); return err })
+
+	rt.Cron = "*/2 * * * * *"
+	updated := change("update", "schedule changed", func() error { return c.Update(ctx, rt) })
+	next := time.Unix(updated.Unix()+2, 0)
+	next = next.Add(time.Duration(next.Unix()%2) * time.Second)
+	waitQueued(t, insp, "rt", next, 5*time.Second)
+
+	removed := change("remove", "schedule removed", func() error { return c.Remove(ctx, "rt") })
+	if err := c.Remove(ctx, "rt"); !errors.Is(err, schedules.ErrNotFound) {
+		t.Errorf("second Remove = %v, want ErrNotFound", err)
+	}
+	t.Logf("slowest replica applied a change %v after it was made", slowest)
+
+	for i, p := range procs {
+		if code := p.term(10 * time.Second); code != 0 {
+			t.Errorf("replica %d: exit code %d after SIGTERM; output:\n%s", i, code, p.output())
+		}
+	}
+
+	// The queue: each tick once (asynq keeps one task per id; a second
+	// enqueue would also have been logged as a duplicate).
+	got := map[int64]bool{}
+	tasks, err := insp.ListPendingTasks("rt", asynq.PageSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range tasks {
+		u, err := strconv.ParseInt(strings.TrimPrefix(ti.ID, "rt:"), 10, 64)
+		if err != nil {
+			t.Errorf("unexpected task id %q", ti.ID)
+			continue
+		}
+		got[u] = true
+		tick := time.Unix(u, 0)
+		switch late := time.Second + 200*time.Millisecond; { // max_clock_skew + 1s: still on time
+		case tick.Before(first):
+			t.Errorf("tick %v: before the add at %v", tick, added)
+		case tick.After(paused.Add(applyBound)) && tick.Before(resumed.Add(-late)):
+			t.Errorf("tick %v: enqueued while paused (%v..%v)", tick, paused, resumed)
+		case tick.After(updated.Add(applyBound)) && u%2 == 1:
+			t.Errorf("tick %v: of the old cron after the update at %v", tick, updated)
+		case tick.After(removed.Add(applyBound)):
+			t.Errorf("tick %v: after the removal at %v", tick, removed)
+		}
+	}
+	for u := first.Unix(); u < paused.Unix(); u++ {
+		if !got[u] {
+			t.Errorf("tick %v before the pause: no task", time.Unix(u, 0))
+		}
+	}
+	for _, p := range procs {
+		if strings.Contains(p.output(), "tick was enqueued already") {
+			t.Errorf("a replica enqueued a tick twice:\n%s", p.output())
+		}
+	}
+}
+
+// waitQueued waits until the task of schedule's tick is in queue schedule.
+func waitQueued(t *testing.T, insp *asynq.Inspector, schedule string, tick time.Time, timeout time.Duration) {
+	t.Helper()
+	id := schedule + ":" + strconv.FormatInt(tick.Unix(), 10)
+	redistest.WaitFor(t, timeout, "task "+id, func() bool {
+		_, err := insp.GetTaskInfo(schedule, id)
+		return err == nil
+	})
+}

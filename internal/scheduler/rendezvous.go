@@ -1,0 +1,68 @@
+package scheduler
+
+import (
+	"context"
+	_ "embed"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/replicas.lua
+	replicasLua    string
+	scriptReplicas = redis.NewScript(replicasLua)
+)
+
+const (
+	// claimGrace is how long a replica that is not a tick's first claimer
+	// waits before it claims the tick itself: by then the first claimer has
+	// claimed it (the claim answers "done" or "held" at once), or it is dead
+	// or slow and this replica takes the tick.
+	claimGrace = 200 * time.Millisecond
+	// replicaExpiry is how long a replica without a heartbeat counts as live.
+	replicaExpiry = 2 * time.Second
+)
+
+// heartbeat records this replica as live (or gone, join false) and returns
+// the live replicas.
+func (st *Store) heartbeat(ctx context.Context, id string, join bool) ([]string, error) {
+	return scriptReplicas.Run(ctx, st.client, []string{st.k.replicas}, id, replicaExpiry.Milliseconds(), b01(join)).StringSlice()
+}
+
+// first reports whether this replica is the first to claim the ticks of
+// schedule: the live replica with the highest rendezvous hash of (replica,
+// schedule). Replicas agree as long as they see the same live set; when they
+// do not, a tick has two first claimers (one wins the claim) or none (the
+// others claim it after claimGrace). With no view of the live set yet (or
+// one without itself), a replica claims every tick at once.
+func (s *Scheduler) first(schedule string) bool {
+	live := s.replicas.Load()
+	if live == nil || !slices.Contains(*live, s.id) {
+		return true
+	}
+	var best string
+	var bestH uint64
+	for _, id := range *live {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(id))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(schedule))
+		if v := mix(h.Sum64()); best == "" || v > bestH {
+			best, bestH = id, v
+		}
+	}
+	return best == s.id
+}
+
+// mix is splitmix64's finalizer: FNV alone orders ids that differ in one
+// byte the same way for every schedule.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}

@@ -1,0 +1,305 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// burstSpec fires every 10s: each tick is a burst of every schedule due in
+// the same second, as minute zero is, without waiting a minute per iteration.
+const burstSpec = "*/10 * * * * *"
+
+// BenchmarkBurst10k: 10,000 schedules due in the same second on 3 replicas
+// and one Redis, beside the baseline of asynq enqueuing the same 10,000
+// tasks (with task ids) from one process and no claims. Reported per burst:
+// p50/p99/max lateness (enqueue time − scheduled time), and Redis CPU per
+// tick (INFO's used_cpu_user + used_cpu_sys over the measured bursts). Every
+// tick must be enqueued exactly once. One iteration is one burst (10s).
+//
+//	go test -run '^$' -bench Burst10k -benchtime 2x ./internal/scheduler
+func BenchmarkBurst10k(b *testing.B) { benchBurst(b, 10_000) }
+
+func benchBurst(b *testing.B, n int) {
+	spec, _ := ParseSpec(burstSpec, nil)
+	b.Run("lockstep_3_replicas", func(b *testing.B) {
+		srv := redistest.Start(b)
+		scheds := make([]config.Schedule, n)
+		for i := range scheds {
+			scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
+		}
+		c := testConfig(2*time.Second, 5*time.Second, scheds...) // the default max_clock_skew
+		bl := newBursts()
+		hook := func(e event) {
+			bl.result(e.Result, e.Count)
+			switch e.Result {
+			case ResultEnqueued, ResultCaughtUp:
+				bl.add(e.Schedule, e.Tick, e.Lateness)
+			case ResultDuplicate:
+				bl.dup()
+			}
+		}
+		for i := range 3 {
+			replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
+		}
+		bl.run(b, srv, spec, n)
+	})
+	b.Run("asynq_enqueue_only", func(b *testing.B) {
+		srv := redistest.Start(b)
+		client := asynq.NewClientFromRedisClient(srv.Client())
+		bl := newBursts()
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		b.Cleanup(func() { cancel(); wg.Wait() })
+		wg.Go(func() {
+			for t := spec.Next(time.Now()); ; t = spec.Next(t) {
+				tm := time.NewTimer(time.Until(t))
+				select {
+				case <-ctx.Done():
+					tm.Stop()
+					return
+				case <-tm.C:
+				}
+				// As many enqueuers as a replica's loops keep busy: the pool size.
+				jobs := make(chan int)
+				var ew sync.WaitGroup
+				for range 20 {
+					ew.Go(func() {
+						for i := range jobs {
+							name := fmt.Sprintf("plain-%05d", i)
+							_, err := client.EnqueueContext(ctx, asynq.NewTask("test:tick", []byte(`{"n":1}`)),
+								asynq.TaskID(TaskID(name, t)), asynq.Retention(time.Hour))
+							if err == nil {
+								bl.add(name, t, time.Since(t))
+							}
+						}
+					})
+				}
+				for i := range n {
+					jobs <- i
+				}
+				close(jobs)
+				ew.Wait()
+			}
+		})
+		bl.run(b, srv, spec, n)
+	})
+}
+
+// bursts collects per-tick lateness and checks each (schedule, tick) once.
+type bursts struct {
+	mu      sync.Mutex
+	seen    map[string]int
+	perTick map[int64]int
+	samples []time.Duration
+	dups    int
+	results map[string]int
+	changed chan struct{}
+}
+
+func (bl *bursts) result(r string, n int) {
+	bl.mu.Lock()
+	bl.results[r] += max(n, 1)
+	bl.mu.Unlock()
+}
+
+func newBursts() *bursts {
+	return &bursts{seen: map[string]int{}, perTick: map[int64]int{}, results: map[string]int{}, changed: make(chan struct{}, 1)}
+}
+
+func (bl *bursts) add(schedule string, tick time.Time, late time.Duration) {
+	bl.mu.Lock()
+	bl.seen[schedule+":"+strconv.FormatInt(tick.Unix(), 10)]++
+	bl.perTick[tick.Unix()]++
+	bl.samples = append(bl.samples, late)
+	bl.mu.Unlock()
+	select {
+	case bl.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (bl *bursts) dup() {
+	bl.mu.Lock()
+	bl.dups++
+	bl.mu.Unlock()
+}
+
+// wait returns once n schedules enqueued tick, and fails after 15s.
+func (bl *bursts) wait(b *testing.B, tick time.Time, n int) {
+	deadline := time.NewTimer(15 * time.Second)
+	defer deadline.Stop()
+	for {
+		bl.mu.Lock()
+		got := bl.perTick[tick.Unix()]
+		bl.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-bl.changed:
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline.C:
+			bl.mu.Lock()
+			b.Fatalf("tick %v: %d of %d schedules enqueued within 15s (results so far: %v)", tick, got, n, bl.results)
+		}
+	}
+}
+
+func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return total
+}
+
+// run measures b.N bursts after one warm-up burst.
+func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
+	// Warm up on the first burst that starts at least 3s from now (start-up, connections, scripts).
+	warm := spec.Next(time.Now().Add(3 * time.Second))
+	bl.wait(b, warm, n)
+	bl.mu.Lock()
+	bl.samples = bl.samples[:0]
+	bl.mu.Unlock()
+	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
+	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
+	cpu0 := redisCPU(b, srv.Client())
+	b.ResetTimer()
+	for range b.N {
+		bl.wait(b, tick, n)
+		tick = spec.Next(tick)
+	}
+	b.StopTimer()
+	// Followers' claims come claimGrace after each burst; let them land.
+	time.Sleep(claimGrace + 500*time.Millisecond)
+	cpu := redisCPU(b, srv.Client()) - cpu0
+
+	bl.mu.Lock()
+	s := slices.Clone(bl.samples)
+	dups := bl.dups
+	for k, c := range bl.seen {
+		if c != 1 {
+			b.Errorf("%s enqueued %d times", k, c)
+		}
+	}
+	bl.mu.Unlock()
+	if dups > 0 {
+		b.Errorf("%d duplicate enqueues", dups)
+	}
+	slices.Sort(s)
+	if len(s) == 0 {
+		b.Fatal("no samples")
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(s[len(s)/2]), "p50-ms")
+	b.ReportMetric(ms(s[(len(s)-1)*99/100]), "p99-ms")
+	b.ReportMetric(ms(s[len(s)-1]), "max-ms")
+	b.ReportMetric(float64(len(s))/float64(b.N), "ticks/op")
+	b.ReportMetric(cpu*1e6/float64(len(s)), "redis-cpu-us/tick")
+}
+
+// BenchmarkKillAtBurst: 10,000 schedules due in the same second on 3
+// replicas; just before each burst one replica dies as by SIGKILL (no clean
+// leave) and a new one takes its place. Reported: the max lateness of the
+// dead replica's share (its first-claimer schedules), which must be within
+// tick_lock_ttl + 1s, beside the same burst with no kill. One iteration is
+// one burst (10s).
+//
+//	go test -run '^$' -bench KillAtBurst -benchtime 2x ./internal/scheduler
+func BenchmarkKillAtBurst(b *testing.B) {
+	const n = 10_000
+	spec, _ := ParseSpec(burstSpec, nil)
+	for _, kill := range []bool{false, true} {
+		name := map[bool]string{false: "no_kill", true: "kill_one_replica"}[kill]
+		b.Run(name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			scheds := make([]config.Schedule, n)
+			for i := range scheds {
+				scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
+			}
+			lease := 5 * time.Second
+			c := testConfig(2*time.Second, lease, scheds...)
+			bl := newBursts()
+			var mu sync.Mutex
+			var share map[string]bool
+			var shareMax time.Duration
+			hook := func(e event) {
+				bl.result(e.Result, e.Count)
+				if e.Result != ResultEnqueued && e.Result != ResultCaughtUp {
+					return
+				}
+				bl.add(e.Schedule, e.Tick, e.Lateness)
+				mu.Lock()
+				if share[e.Schedule] {
+					shareMax = max(shareMax, e.Lateness)
+				}
+				mu.Unlock()
+			}
+			var reps []*Scheduler
+			start := func(i int) *Scheduler {
+				return replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
+			}
+			for i := range 3 {
+				reps = append(reps, start(i))
+			}
+			tick := spec.Next(time.Now().Add(3 * time.Second))
+			bl.wait(b, tick, n) // warm up
+			var worst time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				tick = spec.Next(tick)
+				time.Sleep(time.Until(tick.Add(-100 * time.Millisecond)))
+				if kill {
+					dead := reps[0]
+					owned := map[string]bool{}
+					for _, s := range scheds {
+						if dead.first(s.Name) {
+							owned[s.Name] = true
+						}
+					}
+					mu.Lock()
+					share, shareMax = owned, 0
+					mu.Unlock()
+					dead.crash()
+					reps = append(reps[1:], start(3+i))
+				}
+				bl.wait(b, tick, n)
+				mu.Lock()
+				worst = max(worst, shareMax)
+				mu.Unlock()
+			}
+			b.StopTimer()
+			bl.mu.Lock()
+			s := slices.Clone(bl.samples)
+			bl.mu.Unlock()
+			slices.Sort(s)
+			if kill {
+				b.ReportMetric(float64(worst)/float64(time.Millisecond), "dead-share-max-ms")
+				if worst > lease+time.Second {
+					b.Errorf("the dead replica's share was enqueued %v late, want within tick_lock_ttl + 1s (%v)", worst, lease+time.Second)
+				}
+			}
+			b.ReportMetric(float64(s[len(s)-1])/float64(time.Millisecond), "max-ms")
+		})
+	}
+}

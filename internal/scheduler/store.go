@@ -1,0 +1,381 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/config"
+)
+
+var (
+	//go:embed lua/put.lua
+	putLua string
+	//go:embed lua/remove.lua
+	removeLua string
+	//go:embed lua/pause.lua
+	pauseLua string
+
+	scriptPut    = redis.NewScript(putLua)
+	scriptRemove = redis.NewScript(removeLua)
+	scriptPause  = redis.NewScript(pauseLua)
+)
+
+// Errors of the Store.
+var (
+	ErrNotFound     = errors.New("no such schedule")
+	ErrExists       = errors.New("schedule exists already")
+	ErrFileSchedule = errors.New("schedule is defined in the config file")
+)
+
+// Store holds the run-time schedules in Redis. Every change is one script
+// that also increments a version and publishes it, so that every replica
+// applies it at once (and a replica that missed the notice, at its next
+// resync). A Store is safe for concurrent use and does not need a running
+// scheduler, except that only replicas enqueue cron ticks.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+	k      storeKeys
+	enq    *asynq.Client
+}
+
+// NewStore returns the store of run-time schedules under prefix (""
+// means "lockstep:").
+func NewStore(client redis.UniversalClient, prefix string) *Store {
+	if prefix == "" {
+		prefix = "lockstep:"
+	}
+	return &Store{client: client, prefix: prefix, k: storeKeysFor(prefix), enq: asynq.NewClientFromRedisClient(client)}
+}
+
+// storedDef is a schedule as stored in Redis.
+type storedDef struct {
+	Name       string          `json:"name"`
+	Cron       string          `json:"cron"`
+	Timezone   string          `json:"timezone"`
+	Task       string          `json:"task"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+	Queue      string          `json:"queue"`
+	MaxRetry   int             `json:"max_retry"`
+	Timeout    string          `json:"timeout,omitempty"`
+	CatchUp    string          `json:"catch_up"`
+	MaxCatchUp int             `json:"max_catch_up,omitempty"`
+}
+
+func encodeDef(s config.Schedule) string {
+	d := storedDef{Name: s.Name, Cron: s.Cron, Timezone: s.Timezone, Task: s.Task, Payload: s.Payload,
+		Queue: s.Queue, MaxRetry: s.MaxRetry, CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp}
+	if s.Timeout > 0 {
+		d.Timeout = s.Timeout.String()
+	}
+	b, _ := json.Marshal(d)
+	return string(b)
+}
+
+func decodeDef(raw string) (config.Schedule, error) {
+	var d storedDef
+	if err := json.Unmarshal([]byte(raw), &d); err != nil {
+		return config.Schedule{}, err
+	}
+	s := config.Schedule{Name: d.Name, Cron: d.Cron, Timezone: d.Timezone, Task: d.Task, Payload: d.Payload,
+		Queue: d.Queue, MaxRetry: d.MaxRetry, CatchUp: config.CatchUp(d.CatchUp), MaxCatchUp: d.MaxCatchUp}
+	if d.Timeout != "" {
+		t, err := time.ParseDuration(d.Timeout)
+		if err != nil {
+			return config.Schedule{}, err
+		}
+		s.Timeout = t
+	}
+	return s, nil
+}
+
+// meta is what the store keeps beside a definition.
+type meta struct {
+	Since     int64  `json:"since"`
+	Paused    bool   `json:"paused"`
+	Spec      string `json:"spec"`
+	UpdatedMS int64  `json:"updated_ms"`
+}
+
+// Add stores a new run-time schedule after validating it as a config file's
+// entry (CheckSchedule); it fails with ErrExists if the name is taken by a
+// run-time schedule, ErrFileSchedule by a file schedule that a replica runs.
+func (st *Store) Add(ctx context.Context, s config.Schedule) error { return st.put(ctx, s, "add") }
+
+// Update replaces a run-time schedule (ErrNotFound if there is none). A
+// changed cron or time zone takes effect now: ticks of the new spec before
+// the change are not due, and none is replayed. Paused stays as it was.
+func (st *Store) Update(ctx context.Context, s config.Schedule) error {
+	return st.put(ctx, s, "update")
+}
+
+func (st *Store) put(ctx context.Context, s config.Schedule, mode string) error {
+	if err := CheckSchedule(&s); err != nil {
+		return err
+	}
+	res, err := scriptPut.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
+		s.Name, encodeDef(s), s.Cron+"\n"+s.Timezone, mode, st.k.channel).Slice()
+	if err != nil {
+		return fmt.Errorf("schedules: %s %s: %w", mode, s.Name, err)
+	}
+	if len(res) == 2 && res[0] == int64(1) {
+		return nil
+	}
+	reason := ""
+	if len(res) == 2 {
+		reason, _ = res[1].(string)
+	}
+	switch reason {
+	case "exists":
+		return fmt.Errorf("schedules: add %s: %w", s.Name, ErrExists)
+	case "missing":
+		return fmt.Errorf("schedules: update %s: %w", s.Name, ErrNotFound)
+	case "file":
+		return fmt.Errorf("schedules: add %s: %w", s.Name, ErrFileSchedule)
+	}
+	return fmt.Errorf("schedules: %s %s: unexpected reply %v", mode, s.Name, res)
+}
+
+// Remove deletes a run-time schedule (ErrNotFound if there is none). Its
+// watermark stays, so a schedule added again under its name claims no tick twice.
+func (st *Store) Remove(ctx context.Context, name string) error {
+	res, err := scriptRemove.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version}, name, st.k.channel).Slice()
+	if err != nil {
+		return fmt.Errorf("schedules: remove %s: %w", name, err)
+	}
+	if len(res) == 0 || res[0] != int64(1) {
+		return fmt.Errorf("schedules: remove %s: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+// SetPaused pauses or resumes a schedule, run-time or file (a file schedule
+// is known from the replicas' registry, or from isFile when the caller read
+// the config). It reports whether anything changed. A resumed schedule's
+// ticks missed while it was paused follow its catch-up policy.
+func (st *Store) SetPaused(ctx context.Context, name string, paused, isFile bool) (changed bool, err error) {
+	op := map[bool]string{true: "pause", false: "resume"}[paused]
+	res, err := scriptPause.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
+		name, b01(paused), st.k.channel, b01(isFile)).Slice()
+	if err != nil {
+		return false, fmt.Errorf("schedules: %s %s: %w", op, name, err)
+	}
+	switch {
+	case len(res) == 0 || res[0] == int64(0):
+		return false, fmt.Errorf("schedules: %s %s: %w", op, name, ErrNotFound)
+	case res[0] == int64(2):
+		return false, nil
+	}
+	return true, nil
+}
+
+func b01(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// TriggerTaskID is the asynq task id of a tick triggered by hand:
+// "<schedule>:trigger:<unix ms>-<random hex>". Cron ticks' ids are
+// "<schedule>:<unix seconds>", so the two never collide.
+func TriggerTaskID(schedule string, at time.Time) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return schedule + ":trigger:" + strconv.FormatInt(at.UnixMilli(), 10) + "-" + hex.EncodeToString(b)
+}
+
+// Trigger enqueues one task of the schedule now, paused or not, with a
+// TriggerTaskID, and returns that id. The schedule is looked up among the
+// run-time schedules, then file (the caller's, from its config), then in the
+// replicas' registry of file schedules.
+func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedule) (string, error) {
+	s, _, err := st.lookup(ctx, name, file)
+	if err != nil {
+		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
+	}
+	id := TriggerTaskID(name, time.Now())
+	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(s.Queue), asynq.MaxRetry(s.MaxRetry)}
+	if s.Timeout > 0 {
+		opts = append(opts, asynq.Timeout(s.Timeout))
+	}
+	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTask(s.Task, s.Payload), opts...); err != nil {
+		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
+	}
+	st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickDone, TaskID: id, Leader: "trigger"})
+	return id, nil
+}
+
+// lookup finds a schedule's definition and source.
+func (st *Store) lookup(ctx context.Context, name string, file []config.Schedule) (config.Schedule, string, error) {
+	raw, err := st.client.HGet(ctx, st.k.defs, name).Result()
+	if err == nil {
+		s, err := decodeDef(raw)
+		return s, SourceRuntime, err
+	} else if !errors.Is(err, redis.Nil) {
+		return config.Schedule{}, "", err
+	}
+	if i := slices.IndexFunc(file, func(s config.Schedule) bool { return s.Name == name }); i >= 0 {
+		return file[i], SourceFile, nil
+	}
+	raw, err = st.client.HGet(ctx, st.k.file, name).Result()
+	if errors.Is(err, redis.Nil) {
+		return config.Schedule{}, "", ErrNotFound
+	} else if err != nil {
+		return config.Schedule{}, "", err
+	}
+	s, err := decodeDef(raw)
+	return s, SourceFile, err
+}
+
+// snapshot is the stored state of all run-time schedules at one version.
+type snapshot struct {
+	version int64
+	defs    map[string]string
+	meta    map[string]meta
+}
+
+// load reads every run-time schedule and the version, atomically.
+func (st *Store) load(ctx context.Context) (snapshot, error) {
+	var ver *redis.StringCmd
+	var defs, metas *redis.MapStringStringCmd
+	_, err := st.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		ver = p.Get(ctx, st.k.version)
+		defs = p.HGetAll(ctx, st.k.defs)
+		metas = p.HGetAll(ctx, st.k.meta)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return snapshot{}, err
+	}
+	snap := snapshot{defs: defs.Val(), meta: map[string]meta{}}
+	snap.version, _ = ver.Int64()
+	for name, raw := range metas.Val() {
+		var m meta
+		if json.Unmarshal([]byte(raw), &m) == nil {
+			snap.meta[name] = m
+		}
+	}
+	return snap, nil
+}
+
+// version returns the store's change counter.
+func (st *Store) version(ctx context.Context) (int64, error) {
+	v, err := st.client.Get(ctx, st.k.version).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// registerFile records the file schedules a replica runs, so that the API
+// can pause and trigger them without the config file.
+func (st *Store) registerFile(ctx context.Context, file []*entry) error {
+	if len(file) == 0 {
+		return nil
+	}
+	vals := make([]any, 0, 2*len(file))
+	for _, e := range file {
+		vals = append(vals, e.name, encodeDef(e.def))
+	}
+	return st.client.HSet(ctx, st.k.file, vals...).Err()
+}
+
+// Info is one schedule as List reports it.
+type Info struct {
+	Schedule config.Schedule
+	Paused   bool
+	Source   string    // SourceFile or SourceRuntime
+	LastTick time.Time // the watermark: the latest tick claimed or skipped; zero if none
+	NextTick time.Time // the next tick due; zero when paused or there is none
+}
+
+// List returns every schedule by name: the run-time ones and the file ones
+// (file, from the caller's config; without one, the replicas' registry). A
+// file schedule shadows a run-time one of the same name, as on the replicas.
+func (st *Store) List(ctx context.Context, file []config.Schedule) ([]Info, error) {
+	snap, err := st.load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("schedules: list: %w", err)
+	}
+	if file == nil {
+		reg, err := st.client.HGetAll(ctx, st.k.file).Result()
+		if err != nil {
+			return nil, fmt.Errorf("schedules: list: %w", err)
+		}
+		for _, raw := range reg {
+			if s, err := decodeDef(raw); err == nil {
+				file = append(file, s)
+			}
+		}
+	}
+	byName := map[string]Info{}
+	for name, raw := range snap.defs {
+		s, err := decodeDef(raw)
+		if err != nil {
+			continue
+		}
+		byName[name] = Info{Schedule: s, Paused: snap.meta[name].Paused, Source: SourceRuntime}
+	}
+	for _, s := range file {
+		byName[s.Name] = Info{Schedule: s, Paused: snap.meta[s.Name].Paused, Source: SourceFile}
+	}
+	names := slices.Sorted(maps.Keys(byName))
+	cmds := make([]*redis.StringCmd, len(names))
+	_, err = st.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, name := range names {
+			cmds[i] = p.HGet(ctx, keysFor(st.prefix, name).state, "tick")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("schedules: list: %w", err)
+	}
+	now := time.Now()
+	out := make([]Info, 0, len(names))
+	for i, name := range names {
+		in := byName[name]
+		if u, err := cmds[i].Int64(); err == nil {
+			in.LastTick = time.Unix(u, 0).UTC()
+		}
+		if !in.Paused {
+			from := now
+			if since := snap.meta[name].Since; in.Source == SourceRuntime && since > now.Unix() {
+				from = time.Unix(since, 0)
+			}
+			loc, err := time.LoadLocation(in.Schedule.Timezone)
+			if err != nil {
+				loc = time.UTC
+			}
+			if spec, err := ParseSpec(in.Schedule.Cron, loc); err == nil {
+				in.NextTick = spec.Next(from)
+			}
+		}
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+// Get returns one schedule as List would (ErrNotFound if there is none).
+func (st *Store) Get(ctx context.Context, name string, file []config.Schedule) (Info, error) {
+	all, err := st.List(ctx, file)
+	if err != nil {
+		return Info{}, err
+	}
+	if i := slices.IndexFunc(all, func(in Info) bool { return in.Schedule.Name == name }); i >= 0 {
+		return all[i], nil
+	}
+	return Info{}, fmt.Errorf("schedules: %s: %w", name, ErrNotFound)
+}
