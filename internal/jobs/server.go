@@ -81,6 +81,10 @@ type Server struct {
 	cfg      Config
 	srv      *asynq.Server
 
+	// onWait, when set (tests, benchmarks), sees every task that joins a
+	// resource's waiters, with its first contention (Unix ms).
+	onWait func(job Job, since float64)
+
 	state    atomic.Int32
 	mu       sync.Mutex
 	holds    map[*watchdog.Hold]struct{}
@@ -256,23 +260,47 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, err)
 	}
 	if spec.Resource == nil {
-		return s.run(ctx, spec, job, payload, nil)
+		return s.run(ctx, spec, job, payload, nil, nil)
 	}
 	if job.Resource = spec.Resource(payload); job.Resource == "" {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
-	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
+	r, err := s.take(ctx, job, ttl, s.waitMode(spec, job))
 	switch {
-	case errors.Is(err, lock.ErrNotAcquired):
-		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
-		if lease, err = s.contended(ctx, t, spec, job, ttl); lease == nil {
-			return err
-		}
 	case err != nil:
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	case r.done:
+		return s.replay(job, r.outcome)
+	case r.lease == nil:
+		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		if r.lease, err = s.contended(ctx, t, spec, job, ttl, r); r.lease == nil {
+			return err
+		}
 	}
-	return s.run(ctx, spec, job, payload, lease)
+	return s.serve(ctx, spec, job, payload, r.lease)
+}
+
+// serve runs job under lease, then, in this same slot, every task the lock
+// is handed on to (chain.go).
+func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+	h := &handoff{mark: 'g'}
+	err := s.run(ctx, spec, job, payload, lease, h)
+	if h.next != nil {
+		s.chain(ctx, h.next, s.doneKey(job.Resource, job.Queue, job.ID))
+	}
+	return err
+}
+
+// waitMode is how a task of spec waits when its lock is busy.
+func (s *Server) waitMode(spec *Spec, job Job) string {
+	switch {
+	case spec.Contention == Skip:
+		return waitNot
+	case spec.Contention == Wait, job.Attempt > job.MaxRetry:
+		return waitInWorker
+	}
+	return waitRequeue
 }
 
 func (s *Server) invalid(job Job, err error) error {
@@ -281,42 +309,39 @@ func (s *Server) invalid(job Job, err error) error {
 	return fmt.Errorf("invalid payload for %s: %v: %w", job.Type, err, SkipRetry)
 }
 
-// contended applies the spec's contention policy to a busy lock. It returns
-// a lease to run with, or the task's result.
-func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration) (*lock.Lease, error) {
-	switch spec.Contention {
-	case Skip:
+// contended applies the spec's contention policy to a busy lock (take.lua
+// has put the task among the waiters, unless it skips). It returns a lease
+// to run with, or the task's result.
+func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration, r takeResult) (*lock.Lease, error) {
+	switch {
+	case spec.Contention == Skip:
 		s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()
 		s.log.Info("lock busy; task skipped as a duplicate", "type", job.Type, "id", job.ID, "resource", job.Resource)
 		if w := t.ResultWriter(); w != nil {
 			_, _ = w.Write([]byte(ResultSkipped)) // kept with the task when it has a retention
 		}
 		return nil, nil
-	case Wait:
-		lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff))
+	case spec.Contention == Wait:
+		lease, err := s.waitInWorker(ctx, job, ttl, spec.ContentionWait)
 		switch {
-		case err == nil:
-			return lease, nil
-		case !errors.Is(err, lock.ErrNotAcquired) || ctx.Err() != nil:
-			return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		case lease != nil || err != nil:
+			return lease, err
+		case job.Attempt <= job.MaxRetry:
+			return nil, s.requeue(job, r)
 		}
+	case job.Attempt <= job.MaxRetry:
+		return nil, s.requeue(job, r)
 	}
 	// asynq archives a task that fails with no retries left, even when
 	// IsFailure says it did not fail: such a task cannot be requeued and
 	// waits for its lock here instead.
-	if job.Attempt <= job.MaxRetry {
-		return nil, s.requeue(ctx, job)
-	}
 	s.log.Debug("lock busy and no retries left to requeue with; waiting", "type", job.Type, "id", job.ID, "resource", job.Resource)
-	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff))
-	switch {
-	case errors.Is(err, lock.ErrNotAcquired):
-		return nil, fmt.Errorf("jobs: %s: lock %q still busy when the task's context ended (no retries left to requeue with): %w",
-			job.Type, job.Resource, err)
-	case err != nil:
-		return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	lease, err := s.waitInWorker(ctx, job, ttl, 0)
+	if lease == nil && err == nil {
+		err = fmt.Errorf("jobs: %s: lock %q still busy when the task's context ended (no retries left to requeue with): %w",
+			job.Type, job.Resource, lock.ErrNotAcquired)
 	}
-	return lease, nil
+	return lease, err
 }
 
 // run runs the handler, under the watchdog when it holds lease, and turns the
@@ -324,7 +349,10 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 // (DESIGN.md G8): nil is done, even when the lock turns out lost afterwards
 // (counted and logged, never a reason to run the work again); an error is
 // retried, soon and recorded lock_lost when the lock was lost.
-func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+//
+// h, with a lease, is what the release does besides releasing: hand the
+// lock on to the next waiter (chain.go).
+func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease, h *handoff) error {
 	hctx := ctx
 	var hold *watchdog.Hold
 	if lease != nil {
@@ -339,16 +367,15 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 
 	var lost *lock.LostError
 	if hold != nil {
-		// Release (and wake the next waiter) even when ctx ended: shutdown.
+		// Release (and hand on to the next waiter) even when ctx ended: shutdown.
+		var opts []watchdog.FinishOption
+		if h != nil {
+			h.outcome = outcomeOf(ctx, err)
+			opts = append(opts, watchdog.ReleaseWith(s.release(lease, job, h)))
+		}
 		var relErr error
-		lost, relErr = hold.Finish(ctx)
-		switch {
-		case relErr != nil:
+		if lost, relErr = hold.Finish(ctx, opts...); relErr != nil {
 			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
-		case lost == nil:
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), watchdog.DefaultReleaseTimeout)
-			s.wake(wctx, job)
-			cancel()
 		}
 	}
 
