@@ -37,14 +37,14 @@ import (
 
 // grant is a lock handed on to a waiting task.
 type grant struct {
-	resource   string
-	member     string // the waiter, JSON ["queue","id"]
-	queue, id  string
-	token      string
-	fence      int64
-	ttl        time.Duration
-	sent       time.Time
-	inWorker   bool // the waiter waits in its worker (the Wait policy), not in the retry set
+	resource  string
+	member    string // the waiter, JSON ["queue","id"]
+	queue, id string
+	token     string
+	fence     int64
+	ttl       time.Duration
+	sent      time.Time
+	inWorker  bool // the waiter waits in its worker (the Wait policy), not in the retry set
 }
 
 // handoff is what the release at the end of one run does, and what it found.
