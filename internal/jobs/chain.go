@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -100,7 +99,7 @@ func (s *Server) handOn(ctx context.Context, resource, token string, ttl time.Du
 	}
 	next := newToken()
 	sent := time.Now()
-	v, err := run(ctx, s.client, scriptHandoff, []string{k.lock, k.fence, k.waiters, marker, drop, k.inWorker},
+	v, err := run(ctx, s.client, scriptHandoff, []string{k.lock, k.fence, k.waiters, marker, drop},
 		token, next, ttl.Milliseconds(), lock.DefaultFenceTTL.Milliseconds(),
 		outcome, string(rune(cmp.Or(h.mark, 'g'))), markerTTL.Milliseconds(), dropFlag)
 	if err != nil {
@@ -125,9 +124,6 @@ func (s *Server) handOn(ctx context.Context, resource, token string, ttl time.Du
 	m, _ := vals[1].(string)
 	fence, _ := vals[2].(int64)
 	g := &grant{resource: resource, member: m, token: next, fence: fence, ttl: ttl, sent: sent}
-	if len(vals) > 3 {
-		g.inWorker = vals[3] == int64(1)
-	}
 	var ok bool
 	if g.queue, g.id, ok = parseMember(m); !ok {
 		s.log.Warn("waiter not understood; lock handed past it", "resource", resource, "waiter", m)
@@ -175,18 +171,22 @@ func (s *Server) chain(ctx context.Context, g *grant, first string) {
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
-		if !s.chaining(ctx) || g.inWorker {
-			s.deliver(ctx, g)
+		if !s.chaining(ctx) {
+			s.deliver(ctx, g, false)
 			break
 		}
-		msg, err := s.claim(ctx, done, g, &drop)
+		msg, inWorker, err := s.claim(ctx, done, g, &drop)
 		done = nil
-		if err != nil {
+		switch {
+		case err != nil:
 			s.log.Warn("claiming the next waiter failed; its lock expires within its TTL", "resource", g.resource, "id", g.id, "err", err)
 			g = nil
-			break
-		}
-		if msg == nil {
+			continue
+		case inWorker:
+			s.deliver(ctx, g, true)
+			g = nil
+			continue
+		case msg == nil:
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
@@ -195,7 +195,7 @@ func (s *Server) chain(ctx context.Context, g *grant, first string) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if done != nil {
-		if _, err := s.claim(wctx, done, nil, &drop); err != nil {
+		if _, _, err := s.claim(wctx, done, nil, &drop); err != nil {
 			s.log.Warn("completing a handed-on task failed; its done marker keeps it from running again", "id", done.id, "err", err)
 		}
 	}
@@ -213,11 +213,12 @@ func (s *Server) chain(ctx context.Context, g *grant, first string) {
 
 // claim completes done (if set) and claims g's task in asynq, waiting a
 // moment for a task still on its way to the retry set. It returns the
-// task's message, or nil when g's task is not there to run (passed over).
-func (s *Server) claim(ctx context.Context, done *finished, g *grant, drop *string) ([]byte, error) {
+// task's message; or inWorker when the task waits in its worker (Wait);
+// or neither when g's task is not there to run (passed over).
+func (s *Server) claim(ctx context.Context, done *finished, g *grant, drop *string) (msg []byte, inWorker bool, err error) {
 	if done != nil && g != nil && done.queue != g.queue {
-		if _, err := s.claim(ctx, done, nil, drop); err != nil {
-			return nil, err
+		if _, _, err := s.claim(ctx, done, nil, drop); err != nil {
+			return nil, false, err
 		}
 		done = nil
 	}
@@ -228,55 +229,57 @@ func (s *Server) claim(ctx context.Context, done *finished, g *grant, drop *stri
 	case done != nil:
 		queue = done.queue
 	default:
-		return nil, nil
+		return nil, false, nil
 	}
 	p := asynqQueuePrefix(queue)
 	now := time.Now()
 	keys := []string{p + "retry", p + "t:", p + "processed:" + now.UTC().Format("2006-01-02"), p + "processed", p + "unique:", p + "t:"}
-	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), int64(math.MaxInt64), "", "", s.leaseUntil(now)}
+	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), "", "", s.leaseUntil(now)}
 	if done != nil {
 		keys[1], args[0] = p+"t:"+done.id, done.id
 		if done.unique != "" {
-			keys[4], args[3] = done.unique, "1"
+			keys[4], args[2] = done.unique, "1"
 		}
 	}
 	if g != nil {
-		keys[5], args[4] = p+"t:"+g.id, g.id
+		keys[5], args[3] = p+"t:"+g.id, g.id
 	}
 	wait, begin := 200*time.Microsecond, time.Now()
 	for {
 		v, err := run(ctx, s.client, scriptClaim, keys, args...)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		vals, _ := v.([]any)
 		if len(vals) < 2 {
-			return nil, fmt.Errorf("unexpected reply %v", v)
+			return nil, false, fmt.Errorf("unexpected reply %v", v)
 		}
 		if done != nil {
 			if vals[0] == int64(1) && done.marker != "" {
 				*drop = done.marker // complete now: its marker goes with the next handoff
 			}
-			keys[1], args[0], args[3] = p+"t:", "", ""
+			keys[1], args[0], args[2] = p+"t:", "", ""
 			done = nil
 		}
 		switch vals[1] {
 		case int64(1):
-			msg, _ := vals[2].(string)
-			return []byte(msg), nil
+			m, _ := vals[2].(string)
+			return []byte(m), false, nil
+		case int64(-2):
+			return nil, true, nil
 		case int64(-1):
 			// Still active: most likely on its way to the retry set (its
 			// worker is returning from take.lua). Bounded: a worker that
 			// died there leaves it to asynq's lease recovery.
 			if time.Since(begin) > claimPatience || ctx.Err() != nil {
 				s.log.Info("next waiter still active elsewhere; passed over", "resource", g.resource, "id", g.id)
-				return nil, nil
+				return nil, false, nil
 			}
 			time.Sleep(wait)
 			wait = min(2*wait, 10*time.Millisecond)
 			continue
 		}
-		return nil, nil
+		return nil, false, nil
 	}
 }
 
@@ -336,16 +339,16 @@ func (s *Server) pass(ctx context.Context, g *grant, drop *string) *grant {
 // and moves the task to the head of its queue, so that whichever worker
 // takes it takes the lock over (take.lua). For a chain that stops, a task
 // this worker has no handler for, and a waiter that waits in its worker
-// (which the grant's notice wakes).
-func (s *Server) deliver(ctx context.Context, g *grant) {
+// (inWorker: the grant's notice wakes it).
+func (s *Server) deliver(ctx context.Context, g *grant, inWorker bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	k := s.keys(g.resource)
-	if _, err := run(ctx, s.client, scriptGrant, []string{k.lock, k.grant}, g.token, g.member, g.ttl.Milliseconds()); err != nil {
+	if _, err := run(ctx, s.client, scriptGrant, []string{k.lock}, g.token, g.member, g.ttl.Milliseconds()); err != nil {
 		s.log.Warn("granting the lock to the next waiter failed; it expires within its TTL", "resource", g.resource, "err", err)
 		return
 	}
-	if g.inWorker {
+	if inWorker {
 		s.client.Publish(ctx, k.lock+":granted", g.member)
 		return
 	}
@@ -373,14 +376,14 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 	}
 	if err != nil {
 		s.log.Info("handed-on task not run here; left to asynq", "resource", g.resource, "id", g.id, "err", err)
-		s.deliver(ctx, g)
+		s.deliver(ctx, g, false)
 		return nil, nil
 	}
 	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.resource}
 	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.ttl)
 	lease, err := s.locker.Adopt(g.resource, g.token, g.fence, ttl, g.sent)
 	if err != nil {
-		s.deliver(ctx, g)
+		s.deliver(ctx, g, false)
 		return nil, nil
 	}
 	s.metrics.LockAcquire.WithLabelValues("acquired").Inc()

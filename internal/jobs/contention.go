@@ -45,13 +45,12 @@ func parseMember(m string) (queue, id string, ok bool) {
 
 // resourceKeys are the Redis keys of one resource that the job server uses:
 // the lock's own (internal/lock builds them) and, under the same hash tag,
-// the waiters and the grant.
-type resourceKeys struct{ lock, fence, waiters, grant, inWorker string }
+// the waiters.
+type resourceKeys struct{ lock, fence, waiters string }
 
 func (s *Server) keys(resource string) resourceKeys {
 	k := s.locker.Key(resource)
-	return resourceKeys{lock: k, fence: s.locker.FenceKey(resource), waiters: k + ":waiters", grant: k + ":grant",
-		inWorker: k + ":inworker"}
+	return resourceKeys{lock: k, fence: s.locker.FenceKey(resource), waiters: k + ":waiters"}
 }
 
 // waitersKey is the zset of tasks waiting for resource; it shares the lock's
@@ -78,18 +77,16 @@ type takeResult struct {
 	granted bool
 	outcome string        // the task already ran under a hand-off: its outcome
 	done    bool          // outcome is set
-	ahead   int           // busy: tasks waiting before this one
 	pttl    time.Duration // busy: the lock's remaining TTL
-	since   float64       // busy: first contention, Unix ms
+	since   float64       // busy: first contention, Unix ms, when it began now (else 0)
 }
 
 // take asks for job's lock in one call: acquired, granted by a hand-off,
 // already done, or busy (then the task is among the waiters).
 // Waiting modes of take.lua.
 const (
-	waitRequeue  = "q" // busy: join the waiters, parked in asynq's retry set
-	waitInWorker = "w" // busy: join the waiters, waiting in the worker
-	waitNot      = "n" // busy: do not wait
+	waitJoin = "q" // busy: join the waiters
+	waitNot  = "n" // busy: do not wait
 )
 
 func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode string) (takeResult, error) {
@@ -97,7 +94,7 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	token := newToken()
 	sent := time.Now()
 	v, err := run(ctx, s.client, scriptTake,
-		[]string{k.lock, k.fence, k.waiters, k.grant, s.doneKey(job.Resource, job.Queue, job.ID), k.inWorker},
+		[]string{k.lock, k.fence, k.waiters, s.doneKey(job.Resource, job.Queue, job.ID)},
 		token, ttl.Milliseconds(), lock.DefaultFenceTTL.Milliseconds(), waiter(job), s.waitersTTL().Milliseconds(), mode)
 	s.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
@@ -128,11 +125,10 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	case int64(0):
 		s.lockAcquire(metrics.AcquireBusy)
 		r := takeResult{}
-		if len(vals) == 4 {
-			a, _ := vals[1].(int64)
-			p, _ := vals[2].(int64)
-			r.ahead, r.pttl = int(a), time.Duration(p)*time.Millisecond
-			str, _ := vals[3].(string)
+		if len(vals) == 3 {
+			p, _ := vals[1].(int64)
+			r.pttl = time.Duration(p) * time.Millisecond
+			str, _ := vals[2].(string)
 			r.since, _ = strconv.ParseFloat(str, 64)
 		}
 		return r, nil
@@ -145,21 +141,22 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 // (take.lua has put it among the waiters) until a hand-off claims it.
 //
 // The backoff is only the fallback for a hand-off that cannot happen (a
-// holder that crashed wakes no one): it ends after the lock's remaining TTL,
-// so the first in line comes back when a dead holder's lock has expired,
-// and it grows with the waiters ahead, so the rest follow in order. A task
-// that comes back while the holder lives only waits again, in its place.
+// holder that crashed hands on to no one): it ends a jittered moment after
+// the lock's remaining TTL, so the waiters come back when a dead holder's
+// lock has expired, and the first of them to take it hands on to the rest
+// in order. A task that comes back while the holder lives only waits again,
+// in its place.
 func (s *Server) requeue(job Job, r takeResult) error {
-	d := s.cfg.Backoff.Nth(1 + r.ahead)
+	d := s.cfg.Backoff.Nth(1)
 	if r.pttl > 0 {
 		d += r.pttl
 	}
 	s.log.Debug("lock busy; task waits for a hand-off", "type", job.Type, "id", job.ID, "resource", job.Resource,
-		"ahead", r.ahead, "since_ms", r.since, "delay", d)
-	if s.onWait != nil {
+		"since_ms", r.since, "delay", d)
+	if s.onWait != nil && r.since > 0 {
 		s.onWait(job, r.since)
 	}
-	return &ContendedError{Resource: job.Resource, Ahead: r.ahead, Delay: d}
+	return &ContendedError{Resource: job.Resource, Delay: d}
 }
 
 // replay turns a done marker's outcome into the task's result, without
@@ -178,6 +175,10 @@ func (s *Server) replay(job Job, outcome string) error {
 	}
 	return fmt.Errorf("jobs: %s: %s", job.Type, outcome)
 }
+
+// waitsField, in a task's asynq hash, says that the task waits for its lock
+// in its worker (claim.lua).
+const waitsField = "lockstep_waits"
 
 // Outcomes in done markers.
 const (
@@ -210,6 +211,11 @@ func asynqQueuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
 // job among the waiters (parked in the retry set from then on).
 func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Duration) (*lock.Lease, error) {
 	k := s.keys(job.Resource)
+	// Tell a hand-off that this waiter waits here (claim.lua): it is woken
+	// by the grant's notice rather than claimed from the retry set.
+	task := asynqQueuePrefix(job.Queue) + "t:" + job.ID
+	s.client.HSet(ctx, task, waitsField, "1")
+	defer s.client.HDel(context.WithoutCancel(ctx), task, waitsField)
 	wctx := ctx
 	if maxWait > 0 {
 		var cancel context.CancelFunc
@@ -224,7 +230,7 @@ func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Du
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		r, err := s.take(ctx, job, ttl, waitInWorker)
+		r, err := s.take(ctx, job, ttl, waitJoin)
 		switch {
 		case err != nil:
 			return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
@@ -238,11 +244,11 @@ func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Du
 	wait:
 		select {
 		case <-wctx.Done():
-			// Park from now on: a chain claims parked waiters, not this one;
-			// a grant that came just now is taken over here.
-			s.client.SRem(context.WithoutCancel(ctx), k.inWorker, me)
+			// Park from now on: a chain claims parked waiters; a grant that
+			// came just now is taken over here.
+			s.client.HDel(context.WithoutCancel(ctx), task, waitsField)
 			if ctx.Err() == nil {
-				if r, err := s.take(ctx, job, ttl, waitRequeue); err == nil && r.lease != nil {
+				if r, err := s.take(ctx, job, ttl, waitJoin); err == nil && r.lease != nil {
 					return r.lease, nil
 				}
 			}

@@ -266,7 +266,7 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
-	r, err := s.take(ctx, job, ttl, s.waitMode(spec, job))
+	r, err := s.take(ctx, job, ttl, waitMode(spec))
 	switch {
 	case err != nil:
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
@@ -293,14 +293,11 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 }
 
 // waitMode is how a task of spec waits when its lock is busy.
-func (s *Server) waitMode(spec *Spec, job Job) string {
-	switch {
-	case spec.Contention == Skip:
+func waitMode(spec *Spec) string {
+	if spec.Contention == Skip {
 		return waitNot
-	case spec.Contention == Wait, job.Attempt > job.MaxRetry:
-		return waitInWorker
 	}
-	return waitRequeue
+	return waitJoin
 }
 
 func (s *Server) invalid(job Job, err error) error {

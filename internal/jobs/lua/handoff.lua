@@ -7,7 +7,6 @@
 -- KEYS[3]  waiters           lockstep:{R}:waiters
 -- KEYS[4]  done marker of the task that just ran   lockstep:{R}:done:<queue>:<id>
 -- KEYS[5]  done marker to drop (its task is now complete in asynq)
--- KEYS[6]  in-worker waiters   lockstep:{R}:inworker
 -- ARGV[1]  token of the releasing holder
 -- ARGV[2]  token for the next holder, or "" to release without handing on
 -- ARGV[3]  lock ttl in milliseconds
@@ -19,8 +18,8 @@
 --
 -- Returns
 --   {1}                  released; no one was waiting
---   {2, member, fence, w}  handed on to the waiter member (JSON ["queue","id"]),
---                          now holding it; w is 1 when it waits in its worker
+--   {2, member, fence}   handed on to the waiter member (JSON ["queue","id"]),
+--                        now holding it
 --   {0}                  the key is gone: the lease had expired (nothing changed)
 --   {-1}                 the key holds another token (left alone)
 --
@@ -49,4 +48,11 @@ if not head then
   return {1}
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return {2, head, next_fence(KEYS[2], ARGV[4]), redis.call('SREM', KEYS[6], head)}
+-- The counter was set by this holder's acquire or hand-off, so one more is
+-- the next fence; only a counter that is gone (a failover lost it) needs
+-- the full rule.
+local fence = redis.call('INCR', KEYS[2])
+if fence == 1 then
+  fence = next_fence(KEYS[2], ARGV[4])
+end
+return {2, head, fence}
