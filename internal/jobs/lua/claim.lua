@@ -46,7 +46,10 @@ if t[1] == 'active' then
   end
   return {done, -1}
 end
-if t[1] ~= 'retry' or redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[5], ARGV[4]) == 0 then
+-- CH counts a changed score; an unchanged one (the lease equals its retry
+-- time) is the rare case that needs a look.
+if t[1] ~= 'retry' or (redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[5], ARGV[4]) == 0
+    and not redis.call('ZSCORE', KEYS[1], ARGV[4])) then
   return {done, 0}
 end
 return {done, 1, t[2]}
