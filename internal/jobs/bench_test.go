@@ -512,4 +512,3 @@ func (w *wakeBaseline) process(ctx context.Context, t *asynq.Task, work time.Dur
 	}
 	return nil
 }
-
