@@ -78,6 +78,7 @@ type takeResult struct {
 	outcome string        // the task already ran under a hand-off: its outcome
 	done    bool          // outcome is set
 	pttl    time.Duration // busy: the lock's remaining TTL
+	ahead   int           // busy: waiters before this one
 	since   float64       // busy: first contention, Unix ms, when it began now (else 0)
 }
 
@@ -125,9 +126,10 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	case int64(0):
 		s.lockAcquire(metrics.AcquireBusy)
 		r := takeResult{}
-		if len(vals) == 3 {
+		if len(vals) == 4 {
 			p, _ := vals[1].(int64)
-			r.pttl = time.Duration(p) * time.Millisecond
+			a, _ := vals[3].(int64)
+			r.pttl, r.ahead = time.Duration(p)*time.Millisecond, int(a)
 			str, _ := vals[2].(string)
 			r.since, _ = strconv.ParseFloat(str, 64)
 		}
@@ -141,22 +143,23 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 // (take.lua has put it among the waiters) until a hand-off claims it.
 //
 // The backoff is only the fallback for a hand-off that cannot happen (a
-// holder that crashed hands on to no one): it ends a jittered moment after
-// the lock's remaining TTL, so the waiters come back when a dead holder's
-// lock has expired, and the first of them to take it hands on to the rest
-// in order. A task that comes back while the holder lives only waits again,
-// in its place.
+// holder that crashed hands on to no one): the first in line comes back a
+// jittered moment after the lock's remaining TTL, when a dead holder's lock
+// has expired, and takes it; the others come back at least a second later
+// (asynq keeps retry times in whole seconds), by which time the first has
+// handed on to them in order. A task that comes back while the holder lives
+// only waits again, in its place.
 func (s *Server) requeue(job Job, r takeResult) error {
-	d := s.cfg.Backoff.Nth(1)
-	if r.pttl > 0 {
-		d += r.pttl
+	d := max(r.pttl, 0) + s.cfg.Backoff.Nth(1)
+	if r.ahead > 0 {
+		d += time.Second + s.cfg.Backoff.Nth(1+r.ahead)
 	}
 	s.log.Debug("lock busy; task waits for a hand-off", "type", job.Type, "id", job.ID, "resource", job.Resource,
-		"since_ms", r.since, "delay", d)
+		"since_ms", r.since, "ahead", r.ahead, "delay", d)
 	if s.onWait != nil && r.since > 0 {
 		s.onWait(job, r.since)
 	}
-	return &ContendedError{Resource: job.Resource, Delay: d}
+	return &ContendedError{Resource: job.Resource, Ahead: r.ahead, Delay: d}
 }
 
 // replay turns a done marker's outcome into the task's result, without

@@ -17,8 +17,9 @@
 -- Returns
 --   {1, token, fence}   acquired afresh (same fence rule as internal/lock)
 --   {2, token, fence}   granted to this task (grant.lua): the lock's value is its token now
---   {0, pttl, since}    busy, waiting: the lock's remaining ttl (ms); the
---                       first contention if it began now, else ""
+--   {0, pttl, since, ahead}  busy, waiting: the lock's remaining ttl (ms);
+--                       the first contention if it began now, else ""; the
+--                       number of waiters before this one
 --   {3, outcome}        this task already ran under a hand-off (its done
 --                       marker, consumed): "ok", "fail:<msg>" or "skip:<msg>"
 local done = redis.call('GET', KEYS[4])
@@ -39,7 +40,7 @@ if string.sub(cur, 1, #granted) == granted then
   return {2, cur, tonumber(redis.call('GET', KEYS[2]))}
 end
 if ARGV[6] == 'n' then
-  return {0, redis.call('PTTL', KEYS[1]), ''}
+  return {0, redis.call('PTTL', KEYS[1]), '', 0}
 end
 local t = redis.call('TIME')
 local since = string.format('%d.%03d', t[1] * 1000 + math.floor(t[2] / 1000), t[2] % 1000)
@@ -48,4 +49,4 @@ if redis.call('ZADD', KEYS[3], 'NX', since, ARGV[4]) == 1 then
 else
   since = ''
 end
-return {0, redis.call('PTTL', KEYS[1]), since}
+return {0, redis.call('PTTL', KEYS[1]), since, redis.call('ZRANK', KEYS[3], ARGV[4])}
