@@ -123,10 +123,15 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	case int64(3):
 		out, _ := vals[1].(string)
 		return takeResult{done: true, outcome: out}, nil
-	case int64(0):
+	case int64(0), int64(4):
 		s.lockAcquire(metrics.AcquireBusy)
 		r := takeResult{}
-		if len(vals) == 4 {
+		if len(vals) == 5 {
+			// Granted to the longest waiter, which no one handed on to.
+			head, _ := vals[4].(string)
+			s.wakeGranted(ctx, job.Resource, head)
+		}
+		if len(vals) >= 4 {
 			p, _ := vals[1].(int64)
 			a, _ := vals[3].(int64)
 			r.pttl, r.ahead = time.Duration(p)*time.Millisecond, int(a)
@@ -137,6 +142,23 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	}
 	s.lockAcquire(metrics.AcquireError)
 	return takeResult{}, fmt.Errorf("lock: acquire %q: unexpected reply %v", job.Resource, v)
+}
+
+// wakeGranted brings the waiter head, which take.lua has just granted the
+// free lock to, to take it: from the retry set to the head of its queue, or
+// by the grant's notice when it waits in its worker.
+func (s *Server) wakeGranted(ctx context.Context, resource, head string) {
+	queue, id, ok := parseMember(head)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	s.log.Info("lock free with waiters left by a holder that did not hand on; granted to the first", "resource", resource, "id", id)
+	s.client.Publish(ctx, s.keys(resource).lock+":granted", head)
+	if _, err := run(ctx, s.client, scriptWake, asynqTaskKeys(queue, id), id, time.Now().UnixNano()); err != nil {
+		s.log.Warn("waking the first waiter failed; it comes back with its backoff", "resource", resource, "id", id, "err", err)
+	}
 }
 
 // requeue returns the error that has asynq park a task whose lock was busy
