@@ -45,16 +45,16 @@ type Config struct {
 	Concurrency     int           // handlers running at once; default 10
 	ShutdownTimeout time.Duration // all of Stop: handlers finish, leases are released; 0: no grace
 	LockTTL         time.Duration // for specs without a TTL; default 30s
-	// Backoff is the delay before a task whose lock was busy (or lost) is
-	// offered again, unless a release wakes it first: decorrelated jitter
-	// from Min, growing with the task's contentions and the waiters ahead of
-	// it, capped at Max. Default 100ms..10s.
+	// Backoff is the fallback delay of a task whose lock was busy, should
+	// no hand-off reach it first (added to the lock's remaining TTL, more
+	// for the waiters behind the first), and the retry delay after a lost
+	// lock: decorrelated jitter from Min, capped at Max. Default 100ms..10s.
 	Backoff lock.Backoff
 	// PollInterval is how often an idle worker looks for tasks (asynq sleeps
-	// 0.5 to 1.5 of it after finding every queue empty), which is also how
-	// soon a woken task starts, and how often due retries are moved back to
-	// their queues. Default Backoff.Min within [20ms, 1s]; asynq's own
-	// defaults are 1s and 5s.
+	// 0.5 to 1.5 of it after finding every queue empty) and how often due
+	// retries are moved back to their queues; a hand-off never waits for
+	// it. Default Backoff.Min within [20ms, 1s]; asynq's own defaults are 1s
+	// and 5s.
 	PollInterval time.Duration
 }
 
