@@ -22,3 +22,7 @@ func (l *Locker) Adopt(resource, token string, fence int64, ttl time.Duration, s
 // a release that also handed the lock on): later Renew calls return at once
 // and Release returns nil without calling Redis.
 func (s *Lease) MarkReleased() { s.state.set(errReleased) }
+
+// FenceTTL is how long the Locker keeps an unused fencing counter, for
+// callers' scripts that take locks in its layout.
+func (l *Locker) FenceTTL() time.Duration { return l.fenceTTL }
