@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
 
 // The hand-off chain. A worker that releases a lock someone waits for grants
@@ -100,7 +101,7 @@ func (s *Server) handOn(ctx context.Context, resource, token string, ttl time.Du
 	next := newToken()
 	sent := time.Now()
 	v, err := run(ctx, s.client, scriptHandoff, []string{k.lock, k.fence, k.waiters, marker, drop},
-		token, next, ttl.Milliseconds(), lock.DefaultFenceTTL.Milliseconds(),
+		token, next, ttl.Milliseconds(), s.locker.FenceTTL().Milliseconds(),
 		outcome, string(rune(cmp.Or(h.mark, 'g'))), markerTTL.Milliseconds(), dropFlag)
 	if err != nil {
 		return 0, nil, err
@@ -386,7 +387,7 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 		s.deliver(ctx, g, false)
 		return nil, nil
 	}
-	s.metrics.LockAcquire.WithLabelValues("acquired").Inc()
+	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := taskContext(ctx, m)
 	stop := s.keepClaim(m.Queue, m.ID)
 	h := &handoff{mark: 'a', drop: *drop}

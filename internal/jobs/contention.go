@@ -96,7 +96,7 @@ func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, mode stri
 	sent := time.Now()
 	v, err := run(ctx, s.client, scriptTake,
 		[]string{k.lock, k.fence, k.waiters, s.doneKey(job.Resource, job.Queue, job.ID)},
-		token, ttl.Milliseconds(), lock.DefaultFenceTTL.Milliseconds(), waiter(job), s.waitersTTL().Milliseconds(), mode)
+		token, ttl.Milliseconds(), s.locker.FenceTTL().Milliseconds(), waiter(job), s.waitersTTL().Milliseconds(), mode)
 	s.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
 		s.lockAcquire(metrics.AcquireError)
