@@ -239,3 +239,47 @@ func TestWaitPolicyWokenByRelease(t *testing.T) {
 		t.Errorf("waiter was requeued: %s", info.LastErr)
 	}
 }
+
+// Handed-on tasks without a retention are completed by the chain itself, as
+// asynq's Done does: gone from every state, counted processed, their
+// uniqueness lock freed.
+func TestHandoffCompletesTasksAsAsynqDoes(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		runs.Add(1)
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
+	const n = 5
+	for i := range n {
+		id := fmt.Sprintf("u%d", i)
+		if _, err := e.enq.Enqueue(asynq.NewTask("t:hot", []byte(id)), asynq.TaskID(id), asynq.Unique(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second)
+	}
+	close(release)
+	waitFor(t, 20*time.Second, "every task processed", func() bool {
+		q, err := e.insp.GetQueueInfo("default")
+		return err == nil && q.Processed == n+1 && q.Pending+q.Active+q.Retry+q.Scheduled == 0
+	})
+	if runs.Load() != n+1 {
+		t.Errorf("%d runs, want %d", runs.Load(), n+1)
+	}
+	for i := range n {
+		id := fmt.Sprintf("u%d", i)
+		if _, err := e.insp.GetTaskInfo("default", id); err == nil {
+			t.Errorf("task %s still listed after it completed without a retention", id)
+		}
+		if k := e.admin.Keys(ctx, "asynq:{default}:unique:*").Val(); len(k) != 0 {
+			t.Fatalf("uniqueness locks left: %v", k)
+		}
+	}
+}
