@@ -36,19 +36,22 @@ type Report struct {
 	Faults                        map[string]int `json:"faults"`
 
 	// Counts the README explains, and the sizes of what was checked.
-	OverlapsRedisUnhealthy      int            `json:"overlaps_redis_unhealthy"`
-	JobsCompletedTwiceExplained int            `json:"jobs_completed_twice_explained"`
-	JobsEnqueued                int            `json:"jobs_enqueued"`
-	JobsUnacked                 int            `json:"jobs_unacked"`
-	JobsCompleted               int            `json:"jobs_completed"`
-	JobsArchived                int            `json:"jobs_archived"`
-	JobsUnfinished              int            `json:"jobs_unfinished"`
-	Executions                  map[string]int `json:"executions"`
-	WritesChecked               int            `json:"writes_checked"`
-	TicksChecked                int            `json:"ticks_checked"`
-	TicksEnqueuedTwice          int            `json:"ticks_enqueued_twice"`
-	TicksTakenOver              int            `json:"ticks_taken_over"`
-	DurationSeconds             float64        `json:"duration_seconds"`
+	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
+	JobsCompletedTwiceExplained int `json:"jobs_completed_twice_explained"`
+	// ExecutionRecordsDuplicated counts ok records repeating a task's fence:
+	// one run recorded twice, not a second run.
+	ExecutionRecordsDuplicated int            `json:"execution_records_duplicated"`
+	JobsEnqueued               int            `json:"jobs_enqueued"`
+	JobsUnacked                int            `json:"jobs_unacked"`
+	JobsCompleted              int            `json:"jobs_completed"`
+	JobsArchived               int            `json:"jobs_archived"`
+	JobsUnfinished             int            `json:"jobs_unfinished"`
+	Executions                 map[string]int `json:"executions"`
+	WritesChecked              int            `json:"writes_checked"`
+	TicksChecked               int            `json:"ticks_checked"`
+	TicksEnqueuedTwice         int            `json:"ticks_enqueued_twice"`
+	TicksTakenOver             int            `json:"ticks_taken_over"`
+	DurationSeconds            float64        `json:"duration_seconds"`
 
 	// PerFault is, for each fault kind, what followed it.
 	PerFault map[string]*FaultStats `json:"per_fault"`
@@ -107,6 +110,28 @@ func Check(h History) *Report {
 	}
 	var found []Violation
 	add := func(v Violation) { found = append(found, v) }
+
+	// A run is one acquire: one fence. A record repeating a task's fence and
+	// outcome is one run recorded twice (the record's XADD retried after a
+	// timeout that hid its success), not a second run: it is counted and
+	// left out of the checks.
+	type run struct {
+		task    string
+		fence   int64
+		outcome string
+	}
+	seen := map[run]bool{}
+	execs := h.Executions[:0:0]
+	for _, e := range h.Executions {
+		k := run{e.TaskID, e.Fence, e.Outcome}
+		if seen[k] {
+			r.ExecutionRecordsDuplicated++
+			continue
+		}
+		seen[k] = true
+		execs = append(execs, e)
+	}
+	h.Executions = execs
 
 	for _, e := range h.Executions {
 		r.Executions[e.Outcome]++

@@ -183,3 +183,23 @@ func TestCheckReportsWhatItCouldNotCheck(t *testing.T) {
 		}
 	}
 }
+
+// One run recorded twice (the record's XADD retried after a timeout hid its
+// success: same task, same fence) is not a second run; a second ok run of
+// the task (another fence) with no kill in between still is.
+func TestCheckDuplicatedRecordIsOneRun(t *testing.T) {
+	h := clean()
+	dup := h.Executions[1] // j2, fence 11, recorded again as it was
+	h.Executions = append(h.Executions, dup)
+	r := Check(h)
+	if v := r.Violations(); v != 0 || r.ExecutionRecordsDuplicated != 1 {
+		t.Fatalf("violations %d, duplicated records %d; want 0 and 1: %+v", v, r.ExecutionRecordsDuplicated, r.Evidence)
+	}
+	again := dup
+	again.Fence = 99
+	again.Started, again.Finished = again.Started.Add(10*time.Second), again.Finished.Add(10*time.Second)
+	h.Executions = append(h.Executions, again)
+	if r := Check(h); r.JobsCompletedTwiceUnexplained != 1 {
+		t.Fatalf("a second run with another fence: unexplained %d, want 1", r.JobsCompletedTwiceUnexplained)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 )
 
 // The history checks below are the one definition of what the demo's
@@ -75,12 +76,15 @@ func StaleWrites(writes []Write) []error {
 	return errs
 }
 
-// CompletedTwice returns the task ids with more than one ok execution, and
-// how many each had.
+// CompletedTwice returns the task ids with more than one ok run, and how
+// many each had. A run is one acquire, one fence: records of a task that
+// repeat a fence are one run recorded twice (a retried XADD), not two.
 func CompletedTwice(execs []Execution) map[string]int {
 	n := map[string]int{}
+	seen := map[string]bool{}
 	for _, x := range execs {
-		if x.Outcome == OutcomeOK {
+		if k := x.TaskID + "\x00" + strconv.FormatInt(x.Fence, 10); x.Outcome == OutcomeOK && !seen[k] {
+			seen[k] = true
 			n[x.TaskID]++
 		}
 	}
