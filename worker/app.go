@@ -13,13 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
-	"go.uber.org/fx/fxevent"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/role"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -36,11 +36,7 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 		groupSpecs = append(groupSpecs, fx.Annotated{Group: jobs.Group, Target: s})
 	}
 	opts := []fx.Option{
-		fx.WithLogger(func() fxevent.Logger {
-			l := &fxevent.SlogLogger{Logger: log.With("component", "fx")}
-			l.UseLogLevel(slog.LevelDebug) // wiring details only when debugging
-			return l
-		}),
+		role.FxLogger(log),
 		fx.StopTimeout(cfg.Worker.ShutdownTimeout + stopSlack),
 		fx.Supply(cfg, log),
 		fx.Supply(groupSpecs...),
@@ -66,18 +62,16 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 // newRedisClient builds the one client that asynq, the locks, the watchdog
 // and the handlers share.
 func newRedisClient(lc fx.Lifecycle, cfg *config.WorkerConfig) (redis.UniversalClient, error) {
-	opts, err := cfg.Redis.UniversalOptions()
+	r := cfg.Redis
+	if r.PoolSize == 0 {
+		// Every handler may hold a connection while asynq's loops hold theirs.
+		r.PoolSize = max(10*runtime.GOMAXPROCS(0), cfg.Worker.Concurrency+10)
+	}
+	// Context deadlines (a renewal round's, a release's) bound its calls.
+	c, err := r.NewClient()
 	if err != nil {
 		return nil, err
 	}
-	// Context deadlines (a renewal round's, a release's) must bound calls;
-	// UniversalOptions says so already, and this must not depend on it.
-	opts.ContextTimeoutEnabled = true
-	if opts.PoolSize == 0 {
-		// Every handler may hold a connection while asynq's loops hold theirs.
-		opts.PoolSize = max(10*runtime.GOMAXPROCS(0), cfg.Worker.Concurrency+10)
-	}
-	c := redis.NewUniversalClient(opts)
 	lc.Append(fx.StopHook(c.Close))
 	return c, nil
 }

@@ -2,23 +2,15 @@ package worker
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
-	"net"
-	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/role"
 )
 
 // DefaultConfigPath is where Run looks for the configuration when --config is
@@ -28,15 +20,12 @@ const DefaultConfigPath = "configs/worker.yaml"
 
 // ErrConfig is matched (errors.Is) by Run's error when the flags or the
 // configuration are invalid. Main exits with status 2 for it.
-var ErrConfig = errors.New("invalid configuration")
-
-// errHelp ends Run after --help printed the usage.
-var errHelp = errors.New("help requested")
+var ErrConfig = role.ErrConfig
 
 // Main runs a worker with handlers until SIGTERM or SIGINT, then exits: 0
-// after a clean shutdown, 2 when the flags or the configuration are invalid
-// (after one line on stderr naming the file, field and problem), 1 on any
-// other error. It is the whole main function of a worker binary:
+// after a clean shutdown or --help, 2 when the flags or the configuration are
+// invalid (after one line on stderr naming the file, field and problem), 1 on
+// any other error. It is the whole main function of a worker binary:
 //
 //	func main() { worker.Main(worker.Handle("order:pay", pay).Lock(orderLock, 30*time.Second)) }
 //
@@ -45,66 +34,25 @@ var errHelp = errors.New("help requested")
 // LOCKSTEP_* variable, e.g. LOCKSTEP_REDIS_ADDR. A second signal during the
 // shutdown ends the process at once.
 func Main(handlers ...Handler) {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	go func() {
-		<-ctx.Done()
-		stop() // the next signal takes the default action: exit now
-	}()
-	err := Run(ctx, os.Args[1:], handlers...)
-	stop()
-	os.Exit(exitCode(err, os.Stderr))
-}
-
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, errHelp):
-		return 0
-	case errors.Is(err, ErrConfig):
-		fmt.Fprintln(stderr, err)
-		return 2
-	}
-	fmt.Fprintln(stderr, "worker:", oneLine(err.Error()))
-	return 1
+	role.Main("worker", func(ctx context.Context, env role.Env) error {
+		return Env(env).Run(ctx, handlers...)
+	})
 }
 
 // Run runs a worker with handlers until ctx ends, then shuts it down: it
 // stops taking tasks, lets running handlers finish within
 // worker.shutdown_timeout, releases every lock and returns nil. args are the
-// command-line flags without the program name (see Main). The built-in
-// demo:order.pay job is registered only when asked: DemoJob among handlers,
-// or worker.demo: true in the configuration.
+// command-line flags without the program name (see Main); the configuration
+// also reads the process's LOCKSTEP_* variables and the logs go to stderr
+// (Env.Run takes those as parameters). The built-in demo:order.pay job is
+// registered only when asked: DemoJob among handlers, or worker.demo: true in
+// the configuration.
 //
 // Run returns an error matching ErrConfig when the flags or the
 // configuration are invalid, and another error when the worker cannot start
 // (a busy HTTP address, a task type registered twice) or stop cleanly.
 func Run(ctx context.Context, args []string, handlers ...Handler) error {
-	cfg, err := loadConfig(args, os.Stderr)
-	if err != nil {
-		return err
-	}
-	hs, err := checkSpecs(cfg, handlers)
-	if err != nil {
-		return err
-	}
-	log := config.NewLogger(cfg.Log, os.Stderr)
-	app := fx.New(appOptions(cfg, hs, log))
-	if err := app.Err(); err != nil {
-		return err
-	}
-	startCtx, cancel := context.WithTimeout(ctx, app.StartTimeout())
-	err = app.Start(startCtx)
-	cancel()
-	if err != nil {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), app.StopTimeout())
-		defer cancel()
-		return errors.Join(err, app.Stop(stopCtx))
-	}
-	log.Info("lockstep worker running", "redis", cfg.Redis, "http", cfg.HTTP.Addr)
-	<-ctx.Done()
-	log.Info("shutting down", "cause", context.Cause(ctx))
-	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), app.StopTimeout())
-	defer stopCancel()
-	return app.Stop(stopCtx)
+	return Env{Args: args}.Run(ctx, handlers...)
 }
 
 // Check loads the configuration as Run would from args and validates the
@@ -112,7 +60,39 @@ func Run(ctx context.Context, args []string, handlers ...Handler) error {
 // it. A test of a worker binary can call it to catch a bad configuration file
 // or a task type registered twice before deploying.
 func Check(args []string, handlers ...Handler) error {
-	cfg, err := loadConfig(args, io.Discard)
+	return Env{Args: args, Stderr: io.Discard}.Check(handlers...)
+}
+
+// Env is what a worker reads from its process, as parameters: Run and Check
+// are Env{Args: args}.Run and .Check. A program that runs a worker beside
+// other things, or a test, sets the variables and the log output here
+// instead of in the process.
+type Env struct {
+	Args      []string                    // the flags, without the program name
+	LookupEnv func(string) (string, bool) // the LOCKSTEP_* variables; nil: os.LookupEnv
+	Stderr    io.Writer                   // logs and --help; nil: os.Stderr
+}
+
+// Run is Run with e's arguments, variables and log output.
+func (e Env) Run(ctx context.Context, handlers ...Handler) error {
+	env := role.Env(e)
+	cfg, err := loadConfig(env)
+	if err != nil {
+		return err
+	}
+	hs, err := checkSpecs(cfg, handlers)
+	if err != nil {
+		return err
+	}
+	log := config.NewLogger(cfg.Log, env.Errors())
+	app := fx.New(appOptions(cfg, hs, log))
+	return role.Run(ctx, app, log, "lockstep worker running", "redis", cfg.Redis, "http", cfg.HTTP.Addr)
+}
+
+// Check is Check with e's arguments and variables; it writes nothing but
+// --help's usage.
+func (e Env) Check(handlers ...Handler) error {
+	cfg, err := loadConfig(role.Env(e))
 	if err != nil {
 		return err
 	}
@@ -149,59 +129,18 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	return hs, nil
 }
 
-// configError is a configuration problem shown as one line: the first
-// problem, and how many more there are.
-type configError struct {
-	err error
-}
-
-func (e *configError) Error() string {
-	lines := strings.Split(strings.TrimSpace(e.err.Error()), "\n")
-	if len(lines) > 1 {
-		return fmt.Sprintf("%s (and %d more problems)", lines[0], len(lines)-1)
-	}
-	return lines[0]
-}
-
-func (e *configError) Unwrap() []error { return []error{ErrConfig, e.err} }
-
 // loadConfig parses the flags and loads the configuration they name.
-func loadConfig(args []string, usage io.Writer) (*config.WorkerConfig, error) {
-	flags := flag.NewFlagSet("worker", flag.ContinueOnError)
-	flags.SetOutput(io.Discard)
-	path := flags.String("config", DefaultConfigPath, "configuration file (YAML); LOCKSTEP_* variables override it")
-	httpAddr := flags.String("http-addr", "", "address of /metrics, /healthz and /readyz (overrides http.addr)")
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			flags.SetOutput(usage)
-			fmt.Fprintln(usage, "Usage: worker [--config FILE] [--http-addr HOST:PORT]")
-			flags.PrintDefaults()
-			return nil, errHelp
-		}
-		return nil, &configError{err}
-	}
-	if flags.NArg() > 0 {
-		return nil, &configError{fmt.Errorf("unexpected argument %q", flags.Arg(0))}
-	}
-	explicit := false
-	flags.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
-	file := *path
-	if !explicit {
-		if _, err := os.Stat(file); errors.Is(err, fs.ErrNotExist) {
-			file = ""
-		}
-	}
-	cfg, err := config.LoadWorker(file, os.LookupEnv)
+func loadConfig(env role.Env) (*config.WorkerConfig, error) {
+	f, err := role.Parse("worker", DefaultConfigPath, true, env)
 	if err != nil {
-		return nil, &configError{err}
+		return nil, err
 	}
-	if *httpAddr != "" {
-		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
-			return nil, &configError{fmt.Errorf("flag --http-addr: invalid address %q: %v", *httpAddr, err)}
-		}
-		cfg.HTTP.Addr = *httpAddr
+	cfg, err := config.LoadWorker(f.Config, env.Lookup())
+	if err != nil {
+		return nil, role.ConfigError(err)
+	}
+	if f.HTTPAddr != "" {
+		cfg.HTTP.Addr = f.HTTPAddr
 	}
 	return cfg, nil
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

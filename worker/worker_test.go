@@ -229,28 +229,3 @@ func TestDuplicateTaskTypeFails(t *testing.T) {
 		t.Fatalf("Check = %v", err)
 	}
 }
-
-func TestExitCode(t *testing.T) {
-	t.Parallel()
-	var out strings.Builder
-	for _, c := range []struct {
-		err  error
-		code int
-	}{
-		{nil, 0},
-		{errHelp, 0},
-		{&configError{errors.Join(errors.New("a.yaml: line 2: x: bad"), errors.New("a.yaml: y: bad"))}, 2},
-		{errors.New("listen tcp: address in use"), 1},
-	} {
-		out.Reset()
-		if got := exitCode(c.err, &out); got != c.code {
-			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.code)
-		}
-		if c.code != 0 && strings.Count(out.String(), "\n") != 1 {
-			t.Errorf("exitCode(%v) wrote %q, want one line", c.err, out.String())
-		}
-	}
-	if want := "a.yaml: line 2: x: bad (and 1 more problems)\n"; exitCode(&configError{errors.Join(errors.New("a.yaml: line 2: x: bad"), errors.New("a.yaml: y: bad"))}, &out) == 2 && !strings.HasSuffix(out.String(), want) {
-		t.Errorf("config error printed %q, want %q", out.String(), want)
-	}
-}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -129,6 +130,14 @@ func readRedis(t *testing.T, ctx context.Context, c redis.UniversalClient, res r
 // and the run exits 0.
 func TestRunEmbedded(t *testing.T) {
 	embeddedRedis(t)
+	// The roles get the embedded Redis's address as a parameter, so the run
+	// writes no configuration file anywhere: not even a temporary
+	// directory can be made.
+	notDir := filepath.Join(t.TempDir(), "not-a-dir")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", notDir)
 	var out, errOut buffer
 	var got *seen
 	code := run(t.Context(), configArgs("--duration", "6s", "--every", "1s"), &out, &errOut, hooks{

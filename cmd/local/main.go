@@ -8,11 +8,12 @@
 //	      [--page-addr 127.0.0.1:8089]
 //
 // Redis is embedded (miniredis, in memory, gone at exit) unless
-// LOCKSTEP_REDIS_ADDR names a real one. The roles are the real ones: the
-// schedulers are scheduler.New replicas, each with its own Redis client,
-// metrics registry and /metrics server; the workers run worker.Run, each with
-// its own --http-addr. Their logs (level warn by default, see the config
-// files) go to stderr, the summary to stdout.
+// LOCKSTEP_REDIS_ADDR names a real one. The roles are the real ones, as
+// cmd/scheduler and cmd/worker run them: each scheduler replica is
+// internal/scheduler.Run and each worker worker.Env.Run, with its own
+// --http-addr, and the run's variables (the embedded Redis's address among
+// them) passed as parameters: nothing is written to disk. Their logs (level
+// warn by default, see the config files) go to stderr, the summary to stdout.
 //
 // When a lockstep binary lies next to this one (make run builds both), the
 // run also serves the operator's page, `lockstep ui` as a child process on

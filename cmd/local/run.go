@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/demo"
@@ -81,10 +79,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, h hooks) 
 	case err == nil:
 		return 0
 	case errors.Is(err, errConfig):
-		fmt.Fprintln(stderr, "local:", oneLine(err))
+		fmt.Fprintln(stderr, "local:", config.OneLine(err))
 		return 2
 	}
-	fmt.Fprintln(stderr, "local:", oneLine(err))
+	fmt.Fprintln(stderr, "local:", config.OneLine(err))
 	return 1
 }
 
@@ -136,9 +134,10 @@ type localRun struct {
 	hooks  hooks
 	http   *http.Client
 
-	client     redis.UniversalClient // the run's own, for the demo stream and the queue
-	replicas   []*replica
-	workers    []*workerRole
+	env        func(string) (string, bool) // the roles' LOCKSTEP_* variables
+	client     redis.UniversalClient       // the run's own, for the demo stream and the queue
+	replicas   []*roleProc
+	workers    []*roleProc
 	schedulers []source // the replicas' registries, which outlive them
 	execs      *executions
 }
@@ -163,10 +162,7 @@ func (l *localRun) run(ctx context.Context) error {
 		}
 		return os.LookupEnv(k)
 	}
-	scfg, err := config.LoadScheduler(l.opts.schedulerConfig, env)
-	if err == nil {
-		err = scheduler.Validate(scfg)
-	}
+	scfg, err := scheduler.Load(l.opts.schedulerConfig, "", env)
 	if err != nil {
 		return configError(err)
 	}
@@ -174,32 +170,18 @@ func (l *localRun) run(ctx context.Context) error {
 	if err != nil {
 		return configError(err)
 	}
-	workerPath := l.opts.workerConfig
-	if !external {
-		// worker.Run reads its file and the process environment only: it
-		// gets a copy of the file with the embedded Redis's address.
-		dir, err := os.MkdirTemp("", "lockstep-local-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		if workerPath, err = writeWithRedisAddr(l.opts.workerConfig, dir, addr); err != nil {
-			return err
-		}
-	}
-	if err := worker.Check([]string{"--config", workerPath}); err != nil {
+	// The roles get the run's variables as parameters: nothing is written.
+	l.env = env
+	if err := (worker.Env{Args: []string{"--config", l.opts.workerConfig}, LookupEnv: env, Stderr: io.Discard}).Check(); err != nil {
 		if errors.Is(err, worker.ErrConfig) {
 			return fmt.Errorf("%w: %w", errConfig, err)
 		}
 		return err
 	}
 
-	opts, err := scfg.Redis.UniversalOptions()
-	if err != nil {
+	if l.client, err = scfg.Redis.NewClient(); err != nil {
 		return fmt.Errorf("%w: %w", errConfig, err)
 	}
-	opts.ContextTimeoutEnabled = true
-	l.client = redis.NewUniversalClient(opts)
 	defer l.client.Close()
 	from, err := streamStart(ctx, l.client)
 	if err != nil {
@@ -218,7 +200,7 @@ func (l *localRun) run(ctx context.Context) error {
 		}
 	}
 	defer l.stopRoles(wcfg.Worker.ShutdownTimeout) // after a failed start; a no-op after a clean stop
-	if err := l.startRoles(ctx, scfg, workerPath); err != nil {
+	if err := l.startRoles(ctx); err != nil {
 		return err
 	}
 	l.header(scfg, addr, !external)
@@ -249,59 +231,9 @@ func streamStart(ctx context.Context, c redis.UniversalClient) (string, error) {
 	return strconv.FormatInt(now.UnixMilli(), 10) + "-0", nil
 }
 
-// writeWithRedisAddr writes a copy of the configuration file at path into
-// dir with redis.addr set to addr, and returns the copy's path.
-func writeWithRedisAddr(path, dir, addr string) (string, error) {
-	src, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", errConfig, err)
-	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(src, &doc); err != nil {
-		return "", fmt.Errorf("%w: %s: %w", errConfig, path, err)
-	}
-	if len(doc.Content) == 0 { // an empty file
-		doc = yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
-	}
-	root := doc.Content[0]
-	if root.Kind != yaml.MappingNode {
-		return "", fmt.Errorf("%w: %s: not a mapping", errConfig, path)
-	}
-	setKey(setKey(root, "redis", nil), "addr", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: addr})
-	out, err := yaml.Marshal(&doc)
-	if err != nil {
-		return "", err
-	}
-	copyPath := filepath.Join(dir, filepath.Base(path))
-	return copyPath, os.WriteFile(copyPath, out, 0o600)
-}
-
-// setKey sets key in mapping m to v and returns v; a nil v keeps the value
-// there is (a new mapping when there is none).
-func setKey(m *yaml.Node, key string, v *yaml.Node) *yaml.Node {
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == key {
-			if v == nil {
-				if m.Content[i+1].Kind != yaml.MappingNode {
-					m.Content[i+1] = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-				}
-				return m.Content[i+1]
-			}
-			m.Content[i+1] = v
-			return v
-		}
-	}
-	if v == nil {
-		v = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-	}
-	m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key}, v)
-	return v
-}
-
-// startRoles starts the scheduler replicas, then the workers, each worker
+// startRoles starts the scheduler replicas, then the workers, each role
 // ready before the next starts.
-func (l *localRun) startRoles(ctx context.Context, scfg *config.SchedulerConfig, workerPath string) error {
-	log := config.NewLogger(scfg.Log, l.stderr)
+func (l *localRun) startRoles(ctx context.Context) error {
 	port := func(i int) int {
 		if l.opts.httpPort == 0 {
 			return 0
@@ -309,21 +241,23 @@ func (l *localRun) startRoles(ctx context.Context, scfg *config.SchedulerConfig,
 		return l.opts.httpPort + i
 	}
 	for i := range l.opts.schedulers {
-		r, err := newReplica(fmt.Sprintf("scheduler-%d", i+1), scfg, fmt.Sprintf("127.0.0.1:%d", port(i)), log)
-		if err != nil {
-			return fmt.Errorf("%w: %w", errConfig, err)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("interrupted while starting: %w", err)
 		}
-		l.replicas = append(l.replicas, r)
-		l.schedulers = append(l.schedulers, registrySource(r))
-		if err := r.start(ctx); err != nil {
+		name, reg := fmt.Sprintf("scheduler-%d", i+1), &registry{}
+		r, err := startRole(name, schedulerRun(name, reg), l.opts.schedulerConfig, l.env, l.stderr, port(i), l.http)
+		if err != nil {
 			return err
 		}
+		l.replicas = append(l.replicas, r)
+		l.schedulers = append(l.schedulers, registrySource(name, reg))
 	}
 	for i := range l.opts.workers {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("interrupted while starting: %w", err)
 		}
-		w, err := startWorker(fmt.Sprintf("worker-%d", i+1), workerPath, port(l.opts.schedulers+i), l.http)
+		w, err := startRole(fmt.Sprintf("worker-%d", i+1), workerRun, l.opts.workerConfig, l.env, l.stderr,
+			port(l.opts.schedulers+i), l.http)
 		if err != nil {
 			return err
 		}
@@ -360,7 +294,7 @@ func (l *localRun) header(scfg *config.SchedulerConfig, addr string, embedded bo
 // loop prints a summary line every opts.every until the duration passes, ctx
 // ends or a worker ends on its own (an error).
 func (l *localRun) loop(ctx context.Context, started time.Time) (reason string, err error) {
-	exited := make(chan *workerRole, len(l.workers)) // buffered: every worker ends eventually
+	exited := make(chan *roleProc, len(l.workers)) // buffered: every worker ends eventually
 	for _, w := range l.workers {
 		go func() { <-w.done; exited <- w }()
 	}
@@ -404,27 +338,24 @@ func (l *localRun) collect() snapshot {
 	return s
 }
 
-// stopRoles stops the schedulers, then the workers (all at once), then
-// closes the schedulers' servers and clients. It is safe to call again.
+// stopRoles stops the schedulers, then the workers (all at once). It is
+// safe to call again.
 func (l *localRun) stopRoles(shutdown time.Duration) error {
 	var errs []error
 	for _, r := range l.replicas {
-		errs = append(errs, r.stop())
+		errs = append(errs, r.stop(schedulerStopTimeout))
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, w := range l.workers {
 		wg.Go(func() {
-			err := w.stop(shutdown)
+			err := w.stop(shutdown + workerStopSlack)
 			mu.Lock()
 			errs = append(errs, err)
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	for _, r := range l.replicas {
-		errs = append(errs, r.close())
-	}
 	l.replicas, l.workers = nil, nil
 	return errors.Join(errs...)
 }
@@ -492,13 +423,4 @@ func configError(err error) error {
 			"--scheduler-config and --worker-config)", errConfig, err)
 	}
 	return fmt.Errorf("%w: %w", errConfig, err)
-}
-
-// oneLine is the first line of err, and how many more there are.
-func oneLine(err error) string {
-	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
-	if n := len(lines) - 1; n > 0 {
-		return fmt.Sprintf("%s (and %d more)", lines[0], n)
-	}
-	return lines[0]
 }

@@ -29,11 +29,11 @@ type source struct {
 	gather func(ctx context.Context) ([]*dto.MetricFamily, error)
 }
 
-func registrySource(r *replica) source {
-	return source{name: r.name, gather: func(context.Context) ([]*dto.MetricFamily, error) { return r.reg.Gather() }}
+func registrySource(name string, r *registry) source {
+	return source{name: name, gather: func(context.Context) ([]*dto.MetricFamily, error) { return r.Gather() }}
 }
 
-func scrapeSource(w *workerRole, hc *http.Client) source {
+func scrapeSource(w *roleProc, hc *http.Client) source {
 	url := w.metricsURL()
 	return source{name: w.name, gather: func(ctx context.Context) ([]*dto.MetricFamily, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

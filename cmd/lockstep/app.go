@@ -43,17 +43,17 @@ func newApp(configPath, prefix string, env func(string) (string, bool)) (*app, e
 	if err != nil {
 		return nil, err
 	}
-	opts, err := cfg.Redis.UniversalOptions()
-	if err != nil {
-		return nil, err
-	}
 	if prefix == "" {
 		prefix = cfg.Lock.Prefix
 	}
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("--prefix %q: must not contain '{' or '}'", prefix)
 	}
-	return &app{configPath: configPath, client: redis.NewUniversalClient(opts), prefix: prefix, config: cfg}, nil
+	client, err := cfg.Redis.NewClient()
+	if err != nil {
+		return nil, err
+	}
+	return &app{configPath: configPath, client: client, prefix: prefix, config: cfg}, nil
 }
 
 // flags returns a flag set for a subcommand whose usage is usage (the line

@@ -22,6 +22,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
 var (
@@ -225,7 +226,7 @@ func TestValidateApp(t *testing.T) {
 	t.Parallel()
 	cfg := config.DefaultScheduler()
 	cfg.Redis.Addr = "127.0.0.1:6379"
-	if err := fx.ValidateApp(options(cfg, slog.New(slog.DiscardHandler))...); err != nil {
+	if err := fx.ValidateApp(scheduler.AppOptions(cfg, slog.New(slog.DiscardHandler))); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -233,7 +234,22 @@ func TestValidateApp(t *testing.T) {
 // The example configuration in configs/ loads and its schedules are valid.
 func TestShippedConfigIsValid(t *testing.T) {
 	t.Parallel()
-	if _, err := load("../../configs/scheduler.yaml", "", func(string) (string, bool) { return "", false }); err != nil {
+	if _, err := scheduler.Load("../../configs/scheduler.yaml", "", func(string) (string, bool) { return "", false }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// --help prints the usage and exits 0, as the worker does.
+func TestHelpExits0(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, nil, "--help")
+	if code := p.exit(10 * time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	out := p.output()
+	for _, w := range []string{"Usage: scheduler [--config FILE] [--http-addr HOST:PORT]", "-config", "-http-addr"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("usage %q does not contain %q", out, w)
+		}
 	}
 }

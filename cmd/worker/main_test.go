@@ -439,3 +439,18 @@ func sum(m map[string]int) int {
 	}
 	return n
 }
+
+// --help prints the usage and exits 0, as the scheduler does.
+func TestHelpExits0(t *testing.T) {
+	t.Parallel()
+	p := startWorker(t, nil, "--help")
+	if st := p.wait(10 * time.Second); st.ExitCode() != 0 {
+		t.Errorf("exit code %d, want 0; output:\n%s", st.ExitCode(), p.allLogs())
+	}
+	out := p.allLogs()
+	for _, w := range []string{"Usage: worker [--config FILE] [--http-addr HOST:PORT]", "-config", "-http-addr"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("usage %q does not contain %q", out, w)
+		}
+	}
+}

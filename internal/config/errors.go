@@ -86,3 +86,25 @@ func (p fieldPath) index(i int, name string) fieldPath {
 	}
 	return q
 }
+
+// OneLine shows err on one line, as the binaries print it before exiting:
+// its first line (errors.Join puts one problem on each), white space
+// collapsed, and how many more problems there are.
+func OneLine(err error) string {
+	var lines []string
+	for l := range strings.Lines(err.Error()) {
+		if l = strings.Join(strings.Fields(l), " "); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	switch n := len(lines) - 1; {
+	case n == 1:
+		return lines[0] + " (and 1 more problem)"
+	case n > 1:
+		return lines[0] + " (and " + strconv.Itoa(n) + " more problems)"
+	}
+	return lines[0]
+}

@@ -136,6 +136,17 @@ func (r RedisConfig) UniversalOptions() (*redis.UniversalOptions, error) {
 	return o, nil
 }
 
+// NewClient returns the one kind of client every role uses for this Redis:
+// redis.NewUniversalClient on UniversalOptions, so context deadlines bound
+// every call. The caller closes it.
+func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
+	opts, err := r.UniversalOptions()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(opts), nil
+}
+
 // NodeOptions returns go-redis options for one server at addr (a Redlock node)
 // with this section's credentials, TLS, timeouts and pool size.
 func (r RedisConfig) NodeOptions(addr string) (*redis.Options, error) {

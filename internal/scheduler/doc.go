@@ -137,7 +137,8 @@
 // that are due together (every schedule firing in the same second) are
 // merged into one claim.lua (done.lua) call per Cluster slot, one per node
 // outside a Cluster; other script calls go out in one pipeline of EVALSHA.
-// A call that meets NOSCRIPT is sent again alone, which loads the script.
+// The calls that meet NOSCRIPT are sent again once their scripts are loaded
+// (script.RunPipelined); the others are not repeated.
 //
 // # First claimers
 //

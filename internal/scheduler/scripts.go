@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 var (
@@ -26,12 +28,13 @@ var (
 // batched claim takes).
 const maxBatch = 4096
 
-// runner is the one way scripts are called. Calls that arrive while a
+// runner batches the scheduler's script calls. Calls that arrive while a
 // pipeline is in flight go out together in the next one (natural batching,
 // no added wait), so the claims of all schedules due in the same second cost
-// one round trip instead of one each. A pipeline sends EVALSHA only; a call
-// that meets NOSCRIPT (Redis restarted, a failover) is retried alone with
-// EVALSHA-then-EVAL, which loads the script again.
+// one round trip instead of one each. Every pipeline, also of one call, goes
+// through script.RunPipelined: EVALSHA only, and the calls that meet
+// NOSCRIPT (Redis restarted, a failover) are sent again once their scripts
+// are loaded.
 type runner struct {
 	client  redis.UniversalClient
 	calls   chan *call
@@ -131,32 +134,27 @@ func (r *runner) exec(batch []*call) {
 		}
 		live = append(live, c)
 	}
-	switch len(live) {
-	case 0:
-		return
-	case 1:
-		c := live[0]
-		c.res, c.err = c.script.Run(c.ctx, r.client, c.keys, c.args...).Result()
-		close(c.done)
+	if len(live) == 0 {
 		return
 	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	cmds := make([]*redis.Cmd, len(live))
-	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range live {
-			cmds[i] = c.script.EvalSha(ctx, p, c.keys, c.args...)
+	ctx := live[0].ctx // one call: its own context
+	if len(live) > 1 {
+		ctx = context.Background()
+		if !deadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
 		}
-		return nil
-	})
+	}
+	calls := make([]script.Call, len(live))
+	for i, c := range live {
+		calls[i] = script.Call{Script: c.script, Keys: c.keys, Args: c.args}
+	}
+	cmds, err := script.RunPipelined(ctx, r.client, "scheduler scripts", calls, nil)
 	for i, c := range live {
 		c.res, c.err = cmds[i].Result()
-		if c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
-			c.res, c.err = c.script.Run(c.ctx, r.client, c.keys, c.args...).Result()
+		if err != nil && c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
+			c.err = err // its script could not be loaded again
 		}
 		close(c.done)
 	}

@@ -21,3 +21,57 @@ func Run(ctx context.Context, c redis.Scripter, s *redis.Script, op string, keys
 	}
 	return v, err
 }
+
+// Call is one script call in a pipeline.
+type Call struct {
+	Script *redis.Script
+	Keys   []string
+	Args   []any
+}
+
+// RunPipelined sends every call as EVALSHA in one pipeline on c, then after
+// (if not nil) adds its own commands to the same pipeline (e.g. WAIT). A
+// pipeline can only send EVALSHA, so the calls that meet NOSCRIPT (the server
+// restarted or failed over) have their scripts loaded and are sent again, in
+// one more pipeline (with after again); the calls that ran are not repeated.
+// It returns one command per call; a failed load is err, naming op.
+func RunPipelined(ctx context.Context, c redis.Cmdable, op string, calls []Call, after func(redis.Pipeliner)) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	if len(calls) == 0 {
+		return cmds, nil
+	}
+	send := func(idx []int) {
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = calls[i].Script.EvalSha(ctx, p, calls[i].Keys, calls[i].Args...)
+			}
+			if after != nil {
+				after(p)
+			}
+			return nil
+		})
+	}
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	var again []int
+	loaded := map[*redis.Script]bool{}
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			continue
+		}
+		again = append(again, i)
+		if s := calls[i].Script; !loaded[s] {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return cmds, fmt.Errorf("%s: load script: %w", op, err)
+			}
+			loaded[s] = true
+		}
+	}
+	if len(again) > 0 {
+		send(again)
+	}
+	return cmds, nil
+}
