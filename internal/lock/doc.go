@@ -17,9 +17,32 @@
 // through Locker.NotifyLoss.
 //
 // On Redis, a lease is taken with one Lua call that does SET key token NX PX
-// ttl and, on success, advances the resource's fencing counter. Release and
-// renew are Lua compare-token scripts, so a holder can never delete or extend
-// a lock that has passed to someone else, and both are safe to repeat.
+// ttl and, on success, advances the resource's fencing counter (one SET ...
+// GET of the counter and TIME). Release and renew are Lua compare-token
+// scripts, so a holder can never delete or extend a lock that has passed to
+// someone else, and both are safe to repeat.
+//
+// # Shared calls
+//
+// acquire.lua and release.lua each take any number of locks. On one server
+// (not a Cluster, whose locks live in different slots) concurrent acquires
+// of a Locker share one script call, and so do concurrent releases
+// (batch.go): a caller that finds no call in flight sends its own at once,
+// callers arriving meanwhile go together in the next call. A lone caller
+// pays nothing; 64 concurrent cycles cost a few script calls per round trip
+// instead of 128, on both sides of the connection.
+//
+// # Waiting
+//
+// Acquire on one Redis deployment waits in the resource's queue, in arrival
+// order, and is woken by the release (wait.go): the release pushes to the
+// first live waiter's wake list, on which it blocks (BLPOP, at most half the
+// pool's connections at a time). While waiters are queued the lock is free
+// only for the first of them, TryAcquire included. The backoff bounds each
+// blocking wait, the fallback for a lost wake-up; a waiter keeps a key of
+// its own alive for its TTL, so a crashed one is dropped after that; a
+// waiter whose Acquire ends leaves the queue. Redlock and etcd retry with
+// the backoff.
 //
 // # Guarantees
 //
@@ -110,6 +133,8 @@
 //
 // For resource R and prefix P (default "lockstep:"): the lock P{R}, its
 // fencing counter P{R}:fence and, for reentrant holds, P{R}:owners, a hash of
-// owner id to hold count. All three share the hash tag {R}. Redlock uses the
-// same keys on every node.
+// owner id to hold count; while Acquire calls wait, the queue P{R}:queue (a
+// zset of waiter ids by arrival), each waiter's keep-alive P{R}:queue:W and
+// wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
+// Redlock uses the same lock, counter and owners keys on every node.
 package lock

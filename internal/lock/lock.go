@@ -119,7 +119,7 @@ func newLocker(kind string, s settings, be backend) (*Locker, error) {
 // programming error, which configuration loading rejects.
 func New(client redis.UniversalClient, opts ...Option) *Locker {
 	s := newSettings(opts)
-	l, err := newLocker("single", s, &single{client: client, fenceTTL: s.fenceTTL, replicas: s.replicas, replWait: s.replWait})
+	l, err := newLocker("single", s, newSingle(client, s))
 	if err != nil {
 		panic(err.Error())
 	}
@@ -166,6 +166,7 @@ type Lease struct {
 	fence    int64
 	ttl      time.Duration
 	owner    string // reentrant owner id, "" for a plain lease
+	waiter   string // the waiter id of the Acquire that took it, "" for TryAcquire
 	reentry  bool   // this lease entered a lock its owner already held
 	sent     time.Time
 
@@ -206,6 +207,12 @@ func (s *Lease) Reentrant() bool { return s.reentry }
 // (WithOwner) and that owner already holds the lock, the hold count grows and
 // the returned lease shares the holder's token and fence.
 func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
+	return l.tryAcquire(ctx, resource, ttl, "")
+}
+
+// tryAcquire is TryAcquire for the waiter of an Acquire ("" for none), which
+// a busy lock queues (see wait.go).
+func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, waiter string) (*Lease, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("lock: acquire %q: ttl %v is below 1ms", resource, ttl)
 	}
@@ -217,6 +224,7 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 		token:    tokenFor(ctx, now),
 		ttl:      ttl,
 		owner:    OwnerFrom(ctx),
+		waiter:   waiter,
 		sent:     now,
 	}
 	ok, err := l.be.acquire(ctx, lease) // a back end may move lease.sent earlier: see AcquiredAt
@@ -233,10 +241,15 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 	return lease, nil
 }
 
-// Acquire waits for the lock on resource, retrying TryAcquire with
-// decorrelated-jitter backoff until it succeeds, the max wait passes
-// (ErrNotAcquired) or ctx ends (an error matching both ErrNotAcquired and the
-// context's error). Redis errors end the wait at once.
+// Acquire waits for the lock on resource until it succeeds, the max wait
+// passes (ErrNotAcquired) or ctx ends (an error matching both ErrNotAcquired
+// and the context's error). Redis errors end the wait at once.
+//
+// On one Redis deployment (New) waiters are served in arrival order and
+// woken when the holder releases (see wait.go); the decorrelated-jitter
+// backoff only bounds each wait, the fallback for a lost wake-up. A waiter
+// that gives up leaves the queue. On Redlock and etcd, Acquire retries
+// TryAcquire with the backoff.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait}
 	for _, o := range opts {
@@ -247,27 +260,46 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		ctx, cancel = context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
 		defer cancel()
 	}
+	fw, fair := l.be.(fairWaiter)
+	var turn *Lease // what waitTurn and leave need: keys, ttl, waiter id
+	if fair {
+		turn = &Lease{keys: l.keysFor(resource), ttl: ttl, waiter: newToken()[:16]}
+	}
+	queued := false
+	giveUp := func() {
+		if queued {
+			fw.leave(ctx, turn)
+		}
+	}
 	var delay time.Duration
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
 	for attempt := 1; ; attempt++ {
-		lease, err := l.TryAcquire(ctx, resource, ttl)
+		waiter := ""
+		if fair {
+			waiter = turn.waiter
+		}
+		lease, err := l.tryAcquire(ctx, resource, ttl, waiter)
 		if !errors.Is(err, ErrNotAcquired) {
-			if err != nil && ctx.Err() != nil {
-				return nil, waitEnded(ctx, resource, attempt)
+			if err != nil {
+				giveUp()
+				if ctx.Err() != nil {
+					return nil, waitEnded(ctx, resource, attempt)
+				}
 			}
 			return lease, err
 		}
+		queued = fair
 		if w.attempts != nil {
 			*w.attempts = attempt
 		}
 		delay = w.backoff.Next(delay)
-		timer.Reset(delay)
-		select {
-		case <-ctx.Done():
+		if fair {
+			fw.waitTurn(ctx, turn, delay)
+		} else {
+			sleep(ctx, delay)
+		}
+		if ctx.Err() != nil {
+			giveUp()
 			return nil, waitEnded(ctx, resource, attempt)
-		case <-timer.C:
 		}
 	}
 }

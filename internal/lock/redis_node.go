@@ -12,7 +12,7 @@ import (
 // release and raise a fence. Each is one script; the statuses are the
 // scripts' return values (see their headers in lua/).
 
-// grant is one node's answer to acquire.lua.
+// grant is one node's answer to acquire.lua for one lock.
 type grant struct {
 	node   int
 	status int64 // 1 acquired, 2 re-entered, 0 busy
@@ -22,48 +22,69 @@ type grant struct {
 }
 
 func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
-	return []string{s.keys.lock, s.keys.fence, s.keys.owners}, []any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner}
+	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
+		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiter}
 }
 
-// parseGrant reads acquire.lua's reply.
-func parseGrant(node int, reply any, err error) grant {
+// one returns the only reply of a one-lock call of acquire.lua or release.lua.
+func one(reply any, err error) (any, error) {
+	if err != nil {
+		return nil, err
+	}
+	vals, ok := reply.([]any)
+	if !ok || len(vals) != 1 {
+		return nil, fmt.Errorf("unexpected reply %v", reply)
+	}
+	return vals[0], nil
+}
+
+// parseGrant reads acquire.lua's reply for one lock, taken with token.
+func parseGrant(node int, token string, reply any, err error) grant {
 	g := grant{node: node, err: err}
 	if err != nil {
 		return g
 	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) == 0 {
-		g.err = fmt.Errorf("unexpected reply %v", reply)
-		return g
-	}
-	g.status, _ = vals[0].(int64)
-	switch g.status {
-	case 0:
-	case 1, 2:
-		if len(vals) != 3 {
-			g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
-			return g
+	switch v := reply.(type) {
+	case int64:
+		if v > 0 {
+			g.status, g.token, g.fence = 1, token, v
 		}
-		g.token, _ = vals[1].(string)
-		g.fence, _ = vals[2].(int64)
-	default:
-		g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
+		return g
+	case []any:
+		if len(v) == 2 {
+			g.token, _ = v[0].(string)
+			g.fence, _ = v[1].(int64)
+			if g.token != "" {
+				g.status = 2
+				return g
+			}
+		}
 	}
+	g.err = fmt.Errorf("unexpected reply %v", reply)
 	return g
 }
 
-// releaseOn runs release.lua for token and owner on c: 1 released, 2 one
+func releaseArgs(k keys, token, owner string) ([]string, []any) {
+	return []string{k.lock, k.owners, k.queue}, []any{token, owner}
+}
+
+// releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
 // reentrant hold given back, 0 the key is gone, -1 another token holds it.
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string) (int64, error) {
-	v, err := run(ctx, c, scriptRelease, []string{k.lock, k.owners}, token, owner)
+func releaseStatus(reply any, err error) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	st, ok := v.(int64)
+	st, ok := reply.(int64)
 	if !ok {
-		return 0, fmt.Errorf("unexpected reply %v", v)
+		return 0, fmt.Errorf("unexpected reply %v", reply)
 	}
 	return st, nil
+}
+
+// releaseOn runs release.lua for token and owner on c (see releaseStatus).
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string) (int64, error) {
+	keys, args := releaseArgs(k, token, owner)
+	return releaseStatus(one(run(ctx, c, scriptRelease, keys, args...)))
 }
 
 // raiseFenceOn lifts c's fencing counter of s to fence while c holds s's
