@@ -165,9 +165,9 @@ type Lease struct {
 	token    string
 	fence    int64
 	ttl      time.Duration
-	owner    string // reentrant owner id, "" for a plain lease
-	waiter   string // the waiter id of the Acquire that took it, "" for TryAcquire
-	reentry  bool   // this lease entered a lock its owner already held
+	owner    string     // reentrant owner id, "" for a plain lease
+	wait     *waitState // the waiting Acquire that takes it; nil for TryAcquire
+	reentry  bool       // this lease entered a lock its owner already held
 	sent     time.Time
 
 	state leaseState
@@ -207,26 +207,17 @@ func (s *Lease) Reentrant() bool { return s.reentry }
 // (WithOwner) and that owner already holds the lock, the hold count grows and
 // the returned lease shares the holder's token and fence.
 func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
-	return l.tryAcquire(ctx, resource, ttl, "")
+	return l.tryAcquire(ctx, resource, ttl, nil)
 }
 
 // tryAcquire is TryAcquire for the waiter of an Acquire ("" for none), which
 // a busy lock queues (see wait.go).
-func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, waiter string) (*Lease, error) {
+func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, wait *waitState) (*Lease, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("lock: acquire %q: ttl %v is below 1ms", resource, ttl)
 	}
 	now := time.Now()
-	lease := &Lease{
-		locker:   l,
-		keys:     l.keysFor(resource),
-		resource: resource,
-		token:    tokenFor(ctx, now),
-		ttl:      ttl,
-		owner:    OwnerFrom(ctx),
-		waiter:   waiter,
-		sent:     now,
-	}
+	lease := l.newLease(ctx, resource, ttl, wait, now)
 	ok, err := l.be.acquire(ctx, lease) // a back end may move lease.sent earlier: see AcquiredAt
 	l.metrics.LockAcquireDuration.Observe(time.Since(now).Seconds())
 	switch {
@@ -239,6 +230,19 @@ func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Durat
 	}
 	l.acquired.Inc()
 	return lease, nil
+}
+
+func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duration, wait *waitState, now time.Time) *Lease {
+	return &Lease{
+		locker:   l,
+		keys:     l.keysFor(resource),
+		resource: resource,
+		token:    tokenFor(ctx, now),
+		ttl:      ttl,
+		owner:    OwnerFrom(ctx),
+		wait:     wait,
+		sent:     now,
+	}
 }
 
 // Acquire waits for the lock on resource until it succeeds, the max wait
@@ -261,23 +265,18 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		defer cancel()
 	}
 	fw, fair := l.be.(fairWaiter)
-	var turn *Lease // what waitTurn and leave need: keys, ttl, waiter id
+	var wait *waitState
 	if fair {
-		turn = &Lease{keys: l.keysFor(resource), ttl: ttl, waiter: newToken()[:16]}
+		wait = &waitState{id: newToken()[:16]}
 	}
-	queued := false
 	giveUp := func() {
-		if queued {
-			fw.leave(ctx, turn)
+		if wait != nil && !wait.sent.IsZero() { // queued
+			fw.leave(ctx, l.newLease(ctx, resource, ttl, wait, time.Now()))
 		}
 	}
 	var delay time.Duration
 	for attempt := 1; ; attempt++ {
-		waiter := ""
-		if fair {
-			waiter = turn.waiter
-		}
-		lease, err := l.tryAcquire(ctx, resource, ttl, waiter)
+		lease, err := l.tryAcquire(ctx, resource, ttl, wait)
 		if !errors.Is(err, ErrNotAcquired) {
 			if err != nil {
 				giveUp()
@@ -287,13 +286,23 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 			}
 			return lease, err
 		}
-		queued = fair
 		if w.attempts != nil {
 			*w.attempts = attempt
 		}
 		delay = w.backoff.Next(delay)
 		if fair {
-			fw.waitTurn(ctx, turn, delay)
+			// Woken by the release that hands the lock over; the backoff's
+			// longest delay bounds the wait, the fallback for a lost wake-up.
+			lease := l.newLease(ctx, resource, ttl, wait, time.Now())
+			ok, err := fw.waitTurn(ctx, lease, max(delay, w.backoff.Max))
+			if ok {
+				l.acquired.Inc()
+				return lease, nil
+			}
+			if err != nil && ctx.Err() == nil {
+				giveUp()
+				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
+			}
 		} else {
 			sleep(ctx, delay)
 		}
@@ -403,6 +412,13 @@ func (s *Lease) Lost() *LostError {
 // Err returns nil while the lease is believed held, errReleased after a
 // release, or the *LostError that ended it.
 func (s *Lease) Err() error { return s.state.err() }
+
+func (s *Lease) waiterID() string {
+	if s.wait == nil {
+		return ""
+	}
+	return s.wait.id
+}
 
 func (s *Lease) reentrantFlag() string {
 	if s.owner != "" {

@@ -3,6 +3,8 @@ package lock
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,15 +17,16 @@ import (
 // grant is one node's answer to acquire.lua for one lock.
 type grant struct {
 	node   int
-	status int64 // 1 acquired, 2 re-entered, 0 busy
+	status int64 // 1 acquired, 2 re-entered, 3 handed to the waiter earlier, 0 busy
 	token  string
 	fence  int64
+	at     int64 // server time in µs: of a hand-off (3), or of a waiter's busy attempt (0)
 	err    error
 }
 
 func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
 	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
-		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiter}
+		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiterID()}
 }
 
 // one returns the only reply of a one-lock call of acquire.lua or release.lua.
@@ -50,8 +53,16 @@ func parseGrant(node int, token string, reply any, err error) grant {
 			g.status, g.token, g.fence = 1, token, v
 		}
 		return g
+	case string: // a hand-off: "fence|at|token"
+		if parseHandoff(&g, v) {
+			return g
+		}
 	case []any:
 		if len(v) == 2 {
+			if busy, ok := v[0].(int64); ok && busy == 0 { // a waiter's busy attempt: {0, now}
+				g.at, _ = v[1].(int64)
+				return g
+			}
 			g.token, _ = v[0].(string)
 			g.fence, _ = v[1].(int64)
 			if g.token != "" {
@@ -64,8 +75,21 @@ func parseGrant(node int, token string, reply any, err error) grant {
 	return g
 }
 
-func releaseArgs(k keys, token, owner string) ([]string, []any) {
-	return []string{k.lock, k.owners, k.queue}, []any{token, owner}
+// parseHandoff reads a hand-off "fence|at|token" (acquire.lua) into g.
+func parseHandoff(g *grant, v string) bool {
+	f, rest, ok1 := strings.Cut(v, "|")
+	at, token, ok2 := strings.Cut(rest, "|")
+	fence, err1 := strconv.ParseInt(f, 10, 64)
+	t, err2 := strconv.ParseInt(at, 10, 64)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil || token == "" {
+		return false
+	}
+	g.status, g.token, g.fence, g.at = 3, token, fence, t
+	return true
+}
+
+func releaseArgs(k keys, token, owner string, fenceTTL int64) ([]string, []any) {
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, fenceTTL}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
@@ -82,8 +106,8 @@ func releaseStatus(reply any, err error) (int64, error) {
 }
 
 // releaseOn runs release.lua for token and owner on c (see releaseStatus).
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string) (int64, error) {
-	keys, args := releaseArgs(k, token, owner)
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64) (int64, error) {
+	keys, args := releaseArgs(k, token, owner, fenceTTL)
 	return releaseStatus(one(run(ctx, c, scriptRelease, keys, args...)))
 }
 

@@ -61,8 +61,17 @@ func (b *single) acquire(ctx context.Context, s *Lease) (bool, error) {
 		reply, err := b.call(ctx, b.acquires, scriptAcquire, keys, args)
 		g = parseGrant(0, s.token, reply, err)
 	}
-	if g.err != nil || g.status == 0 {
+	if g.err != nil {
 		return false, g.err
+	}
+	if s.wait != nil && g.status == 0 {
+		s.wait.busy(s.sent, g.at)
+	}
+	if g.status == 0 {
+		return false, nil
+	}
+	if g.status == 3 {
+		s.sent = s.wait.handedAt(g.at)
 	}
 	s.token, s.fence, s.reentry = g.token, g.fence, g.status == 2
 	return true, nil
@@ -92,7 +101,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	}
 	if err != nil {
 		// Leave nothing behind: the lock we took is not safe to use.
-		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner)
+		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, b.fenceTTL.Milliseconds())
 		return grant{err: errors.Join(err, relErr)}
 	}
 	return g
@@ -168,7 +177,7 @@ func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, ke
 }
 
 func (b *single) release(ctx context.Context, s *Lease) error {
-	keys, args := releaseArgs(s.keys, s.token, s.owner)
+	keys, args := releaseArgs(s.keys, s.token, s.owner, b.fenceTTL.Milliseconds())
 	status, err := releaseStatus(b.call(ctx, b.releases, scriptRelease, keys, args))
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", s.resource, err)

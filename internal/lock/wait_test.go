@@ -177,9 +177,9 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 
 // TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL puts a waiter at the head of
 // the queue that will never come back (what a killed process leaves: its
-// entry and its keep-alive key, with the lock's TTL) and checks that the next
-// waiter gets the released lock once that key expired, within the TTL and
-// one fallback wait, not before.
+// entry and its hash with its token, alive for its TTL). The release hands
+// the lock to it, as to any waiter; the lock then expires after that TTL and
+// the next waiter gets it, within the TTL and one fallback wait.
 func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
@@ -190,13 +190,8 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := l.Key("crash") + ":queue"
-	if err := c.ZAdd(ctx, q, redis.Z{Score: 1, Member: "dead"}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Set(ctx, q+":dead", 1, ttl).Err(); err != nil {
-		t.Fatal(err)
-	}
-	crashed := time.Now()
+	addDeadWaiter(t, c, q, "dead", ttl)
+	addDeadWaiter(t, c, q, "long-dead", 0) // its hash already expired: skipped
 	got := make(chan error, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, "crash", ttl, lock.WithWaitBackoff(lock.Backoff{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}),
@@ -206,9 +201,13 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 		}
 		got <- err
 	}()
-	eventually(t, 5*time.Second, "the live waiter behind the dead one", func() bool { return queued(c, l, "crash") == 2 })
+	eventually(t, 5*time.Second, "the live waiter behind the dead ones", func() bool { return queued(c, l, "crash") == 3 })
+	released := time.Now()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if v := c.Get(ctx, l.Key("crash")).Val(); v != "dead-token" {
+		t.Fatalf("after the release the lock holds %q, want the first waiter's token", v)
 	}
 	select {
 	case err := <-got:
@@ -218,10 +217,26 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a crashed waiter at the head held the queue up for 5s")
 	}
-	if d := time.Since(crashed); d > ttl+time.Second {
-		t.Fatalf("the live waiter got the lock %v after the crash, want within the TTL %v and one fallback wait", d, ttl)
+	if d := time.Since(released); d > ttl+time.Second {
+		t.Fatalf("the live waiter got the lock %v after the release, want within the TTL %v and one fallback wait", d, ttl)
 	}
-	if c.Exists(ctx, q+":dead").Val() != 0 {
-		t.Fatal("the live waiter got the lock while the crashed one still stood first")
+}
+
+// addDeadWaiter queues waiter id as a crashed process leaves it (the layout
+// of acquire.lua's header), its hash alive for ttl (0: already expired).
+func addDeadWaiter(t *testing.T, c *redis.Client, q, id string, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	n, _ := c.ZCard(ctx, q).Result()
+	if err := c.ZAdd(ctx, q, redis.Z{Score: float64(n + 1), Member: id}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ttl > 0 {
+		if err := c.HSet(ctx, q+":"+id, "token", id+"-token", "ttl", ttl.Milliseconds(), "owner", "").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PExpire(ctx, q+":"+id, ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -7,21 +7,28 @@
 -- KEYS[4i-3]  lock key            lockstep:{R}
 -- KEYS[4i-2]  fencing counter     lockstep:{R}:fence
 -- KEYS[4i-1]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
--- KEYS[4i]    wait queue          lockstep:{R}:queue   (zset: waiter id -> arrival, server µs;
---                                 each live waiter W keeps lockstep:{R}:queue:W alive, and is
---                                 woken by a push to the list lockstep:{R}:queue:W:wake)
+-- KEYS[4i]    wait queue          lockstep:{R}:queue   (see below)
 -- ARGV[5i-4]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
 -- ARGV[5i-3]  lock ttl in milliseconds
 -- ARGV[5i-2]  fencing counter ttl in milliseconds
 -- ARGV[5i-1]  owner id for a reentrant acquire, or ""
--- ARGV[5i]    waiter id of an Acquire that waits, or "" (TryAcquire)
+-- ARGV[5i]    waiter id W of an Acquire that waits, or "" (TryAcquire)
 --
 -- Returns one reply per lock, in order:
---   fence            acquired afresh: fence (> 0) is the new fencing token
---   {token, fence}   re-entered: the holder's token and fence; hold count + 1
---   0                busy: held by someone else, or free with an earlier waiter
---                    queued (a waiter's id is then in the queue, kept alive for
---                    its ttl)
+--   fence              acquired afresh: fence (> 0) is the new fencing token
+--   {token, fence}     re-entered: the holder's token and fence; hold count + 1
+--   0                  busy (TryAcquire): held, or free for an earlier waiter
+--   {0, now}           busy (waiter W): queued; now is the server's TIME in µs
+--   "fence|at|token"   (waiter W) a release handed the lock to W's earlier
+--                      attempt, taken with token, at the server's time at (µs)
+--
+-- The queue: the zset lockstep:{R}:queue holds waiter ids by arrival (server
+-- µs); each live waiter W keeps the hash lockstep:{R}:queue:W (its latest
+-- token, ttl and owner) alive for its ttl, refreshed by every attempt, and is
+-- woken through the list lockstep:{R}:queue:W:wake. While the queue has live
+-- waiters the lock is free only for the first: a release (release.lua), or
+-- an attempt that finds the lock free, hands it to that waiter directly. The
+-- hand-off below is the same in release.lua.
 --
 -- The fence is max(counter + 1, the server's TIME in microseconds), stored
 -- back with the counter's TTL refreshed. Fences so keep increasing when the
@@ -37,20 +44,48 @@ local function time()
   return now
 end
 
--- head returns the first live waiter of queue q, dropping the ones whose
--- keep-alive key expired (crashed waiters), or nil.
-local function head(q)
+local function nextfence(fencekey, fencettl)
+  local fence = time()
+  local last = tonumber(redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl, 'GET') or '0')
+  if last >= fence then
+    fence = last + 1
+    redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl)
+  end
+  return fence
+end
+
+-- own binds the reentrancy hash to a fresh hold's token for owner: a previous
+-- holder's hash that outlived its lock by a moment is replaced, never inherited.
+local function own(owners, token, ttl, owner)
+  if owner ~= '' then
+    redis.call('DEL', owners)
+    redis.call('HSET', owners, 't', token, 'o:' .. owner, 1)
+    redis.call('PEXPIRE', owners, ttl)
+  end
+end
+
+-- handoff gives the free lock to the first live waiter of q, if any (a
+-- crashed waiter's hash expired: it is dropped), and wakes it.
+local function handoff(lock, fencekey, owners, q, fencettl)
   for _ = 1, 16 do
     local first = redis.call('ZRANGE', q, 0, 0)[1]
     if not first then
-      return nil
-    end
-    if redis.call('EXISTS', q .. ':' .. first) == 1 then
-      return first
+      return false
     end
     redis.call('ZREM', q, first)
+    local w = redis.call('HMGET', q .. ':' .. first, 'token', 'ttl', 'owner')
+    if w[1] then
+      redis.call('SET', lock, w[1], 'PX', w[2])
+      own(owners, w[1], w[2], w[3])
+      local fence = nextfence(fencekey, fencettl)
+      redis.call('DEL', q .. ':' .. first)
+      local wake = q .. ':' .. first .. ':wake'
+      redis.call('RPUSH', wake, string.format('%.0f|%.0f|', fence, time()) .. w[1])
+      redis.call('PEXPIRE', wake, w[2])
+      return true
+    end
   end
-  return nil
+  return false
 end
 
 local out = {}
@@ -59,34 +94,26 @@ for i = 0, #KEYS / 4 - 1 do
   local token, ttl, fencettl, owner, waiter =
     ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4], ARGV[5 * i + 5]
   local reply = 0
-  local first = nil
-  if redis.call('EXISTS', q) == 1 then
-    first = head(q)
+  local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+  if granted then
+    reply = granted
+  elseif redis.call('EXISTS', q) == 0 then
+    if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
+      own(owners, token, ttl, owner)
+      reply = nextfence(fencekey, fencettl)
+    end
+  elseif redis.call('EXISTS', lock) == 0 then
+    -- Free with waiters queued: the first live one's, perhaps the caller's
+    -- (then this very attempt hands it over).
+    handoff(lock, fencekey, owners, q, fencettl)
+    if waiter ~= '' then
+      granted = redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+      if granted then
+        reply = granted
+      end
+    end
   end
-  local got = false
-  if first == nil or first == waiter then
-    got = redis.call('SET', lock, token, 'NX', 'PX', ttl)
-  end
-  if got then
-    local fence = time()
-    local last = tonumber(redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl, 'GET') or '0')
-    if last >= fence then
-      fence = last + 1
-      redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl)
-    end
-    if first ~= nil then
-      redis.call('ZREM', q, waiter)
-      redis.call('DEL', q .. ':' .. waiter, q .. ':' .. waiter .. ':wake')
-    end
-    if owner ~= '' then
-      -- The hash is bound to this hold's token: a previous holder's hash that
-      -- outlived its lock by a moment is replaced, never inherited.
-      redis.call('DEL', owners)
-      redis.call('HSET', owners, 't', token, 'o:' .. owner, 1)
-      redis.call('PEXPIRE', owners, ttl)
-    end
-    reply = fence
-  elseif owner ~= '' then
+  if reply == 0 and owner ~= '' then
     local cur = redis.call('GET', lock)
     if cur and redis.call('HGET', owners, 't') == cur
         and redis.call('HEXISTS', owners, 'o:' .. owner) == 1 then
@@ -96,19 +123,13 @@ for i = 0, #KEYS / 4 - 1 do
   end
   if reply == 0 and waiter ~= '' then
     redis.call('ZADD', q, 'NX', string.format('%.0f', time()), waiter)
-    redis.call('SET', q .. ':' .. waiter, 1, 'PX', ttl)
+    local w = q .. ':' .. waiter
+    redis.call('HSET', w, 'token', token, 'ttl', ttl, 'owner', owner)
+    redis.call('PEXPIRE', w, ttl)
     if redis.call('PTTL', q) < tonumber(ttl) then
       redis.call('PEXPIRE', q, ttl)
     end
-    if first ~= nil and first ~= waiter and redis.call('EXISTS', lock) == 0 then
-      -- The lock is free but an earlier waiter has not taken it: wake it, in
-      -- case its wake-up was lost.
-      local wake = q .. ':' .. first .. ':wake'
-      if redis.call('EXISTS', wake) == 0 then
-        redis.call('RPUSH', wake, 1)
-        redis.call('PEXPIRE', wake, ttl)
-      end
-    end
+    reply = {0, time()}
   end
   out[#out + 1] = reply
 end
