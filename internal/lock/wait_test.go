@@ -240,3 +240,56 @@ func addDeadWaiter(t *testing.T, c *redis.Client, q, id string, ttl time.Duratio
 		}
 	}
 }
+
+// TestHandedOffLeaseNeverOutlivesItsKey: a lease handed over by a release
+// starts its validity no later than the hand-off, so its local deadline
+// (AcquiredAt + TTL) never passes the key's real expiry, and not much before.
+func TestHandedOffLeaseNeverOutlivesItsKey(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	const ttl = 5 * time.Second
+	for i := range 3 {
+		holder, err := l.TryAcquire(ctx, "validity", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *lock.Lease, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, "validity", ttl, slowFallback, lock.MaxWait(20*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lease
+		}()
+		eventually(t, 5*time.Second, "the waiter in the queue", func() bool { return queued(c, l, "validity") == 1 })
+		time.Sleep(time.Duration(i) * 100 * time.Millisecond) // the waiter blocks a while before the hand-off
+		before := time.Now()
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := <-got
+		if lease == nil {
+			t.FailNow()
+		}
+		after := time.Now()
+		pttl := c.PTTL(ctx, lease.RedisKey()).Val()
+		expiry := time.Now().Add(pttl) // the key's expiry, to the millisecond
+		deadline := lease.AcquiredAt().Add(ttl)
+		if deadline.After(expiry.Add(time.Millisecond)) {
+			t.Fatalf("hand-off %d: local deadline %v after the key's expiry %v", i, deadline, expiry)
+		}
+		if lease.AcquiredAt().Before(before.Add(-50*time.Millisecond)) || lease.AcquiredAt().After(after) {
+			t.Fatalf("hand-off %d: AcquiredAt %v, want within the release [%v, %v]", i, lease.AcquiredAt(), before, after)
+		}
+		if got := c.Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
+			t.Fatalf("hand-off %d: key holds %q, want the lease's token", i, got)
+		}
+		if lease.Fence() <= holder.Fence() {
+			t.Fatalf("hand-off %d: fence %d <= the releasing holder's %d", i, lease.Fence(), holder.Fence())
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
