@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -161,7 +162,8 @@ type sample struct {
 	ops                     int64
 	elapsed                 time.Duration
 	cmds, trips, serverCmds int64
-	cpu                     time.Duration
+	cpu                     time.Duration // Redis's
+	self                    time.Duration // this process's (the peer's client code)
 	p50, p99                time.Duration // contended: wait for the lock
 	perMin, perMax          int64         // contended: acquisitions per goroutine
 }
@@ -203,6 +205,7 @@ func (s server) measure(p peer, goroutines int, d time.Duration, body func(ctx c
 	ctx := context.Background()
 	calls0, cpu0 := s.stats(ctx)
 	cmds0, trips0 := p.cnt.cmds.Load(), p.cnt.trips.Load()
+	self0 := processCPU()
 	var stop atomic.Bool
 	counts := make([]int64, goroutines)
 	waits := make([][]time.Duration, goroutines)
@@ -214,7 +217,7 @@ func (s server) measure(p peer, goroutines int, d time.Duration, body func(ctx c
 	}
 	wg.Wait()
 	timer.Stop()
-	out := sample{elapsed: time.Since(start)}
+	out := sample{elapsed: time.Since(start), self: processCPU() - self0}
 	calls1, cpu1 := s.stats(ctx)
 	out.cmds, out.trips = p.cnt.cmds.Load()-cmds0, p.cnt.trips.Load()-trips0
 	out.serverCmds, out.cpu = calls1-calls0-1, cpu1-cpu0 // -1: the INFO before is counted
@@ -311,4 +314,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "repetition %d of %d done\n", rep+1, *reps)
 	}
 	report(names, results)
+}
+
+// processCPU returns this process's user+sys CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		fail(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

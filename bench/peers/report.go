@@ -51,8 +51,8 @@ func ratio(a, b []sample) []float64 {
 func report(names []string, r map[string]map[string][]sample) {
 	raw, bsm := names[0], names[1]
 	fmt.Printf("\n### Uncontended acquire + release (each goroutine on its own key), medians of %d interleaved repetitions (min–max)\n\n", *reps)
-	fmt.Println("| peer | goroutines | cycles/s | vs raw | vs redislock | client cmds/cycle | round trips/cycle | server cmds/cycle | Redis CPU µs/cycle |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| peer | goroutines | cycles/s | vs raw | vs redislock | client cmds/cycle | round trips/cycle | server cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, kind := range []string{"cycle/1", "cycle/64"} {
 		g := strings.TrimPrefix(kind, "cycle/")
 		for _, n := range names {
@@ -60,14 +60,15 @@ func report(names []string, r map[string]map[string][]sample) {
 			if len(ss) == 0 {
 				continue
 			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.1f |\n", n, g,
+			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f |\n", n, g,
 				spread(each(ss, sample.rate), "%.0f"),
 				spread(ratio(ss, r[kind][raw]), "%.2f×"),
 				spread(ratio(ss, r[kind][bsm]), "%.2f×"),
 				median(each(ss, func(s sample) float64 { return s.per(s.cmds) })),
 				median(each(ss, func(s sample) float64 { return s.per(s.trips) })),
 				median(each(ss, func(s sample) float64 { return s.per(s.serverCmds) })),
-				median(each(ss, func(s sample) float64 { return float64(s.cpu.Microseconds()) / float64(max(s.ops, 1)) })))
+				median(each(ss, func(s sample) float64 { return float64(s.cpu.Microseconds()) / float64(max(s.ops, 1)) })),
+				median(each(ss, func(s sample) float64 { return float64(s.self.Microseconds()) / float64(max(s.ops, 1)) })))
 		}
 	}
 	cont := fmt.Sprintf("contended/%d", *contenders)

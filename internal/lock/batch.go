@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -83,8 +84,10 @@ func (b *batcher) send(batch []*batchItem) {
 	}
 	if len(live) > 0 {
 		// The items' callers share the call: no single caller's cancellation
-		// may fail the others.
-		reply, err := run(context.WithoutCancel(live[0].ctx), b.client, b.script, keys, args...)
+		// may fail the others, and it may take until the latest deadline.
+		ctx, cancel := sharedContext(live)
+		reply, err := run(ctx, b.client, b.script, keys, args...)
+		cancel()
 		vals, ok := reply.([]any)
 		if err == nil && (!ok || len(vals) != len(live)) {
 			err = fmt.Errorf("%s returned %v for %d locks", b.name, reply, len(live))
@@ -120,4 +123,21 @@ func (b *batcher) send(batch []*batchItem) {
 			close(it.done)
 		}
 	}
+}
+
+// sharedContext is the context of a call made for items: not cancelled by any
+// of them, with the latest of their deadlines when every one has a deadline.
+func sharedContext(items []*batchItem) (context.Context, context.CancelFunc) {
+	ctx := context.WithoutCancel(items[0].ctx)
+	var latest time.Time
+	for _, it := range items {
+		d, ok := it.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(ctx, latest)
 }

@@ -35,14 +35,17 @@
 // # Waiting
 //
 // Acquire on one Redis deployment waits in the resource's queue, in arrival
-// order, and is woken by the release (wait.go): the release pushes to the
-// first live waiter's wake list, on which it blocks (BLPOP, at most half the
-// pool's connections at a time). While waiters are queued the lock is free
-// only for the first of them, TryAcquire included. The backoff bounds each
-// blocking wait, the fallback for a lost wake-up; a waiter keeps a key of
-// its own alive for its TTL, so a crashed one is dropped after that; a
-// waiter whose Acquire ends leaves the queue. Redlock and etcd retry with
-// the backoff.
+// order (wait.go): the release hands the lock to the first live waiter (the
+// lock key is set to that waiter's token, with a fresh fence: one write) and
+// pushes the hand-off to the waiter's wake list, on which it blocks (BLPOP,
+// at most half the pool's connections at a time), so it wakes holding the
+// lock. While waiters are queued the lock is free only for the first of
+// them, TryAcquire included. The backoff's longest delay bounds each
+// blocking wait, the fallback for a holder that crashed instead of
+// releasing; a waiter keeps its entry alive for its TTL, so a crashed one is
+// skipped after that (or, handed the lock just before it crashed, holds it
+// for its TTL like any crashed holder); a waiter whose Acquire ends leaves
+// the queue. Redlock, etcd and WaitReplicas retry with the backoff.
 //
 // # Guarantees
 //
@@ -134,7 +137,7 @@
 // For resource R and prefix P (default "lockstep:"): the lock P{R}, its
 // fencing counter P{R}:fence and, for reentrant holds, P{R}:owners, a hash of
 // owner id to hold count; while Acquire calls wait, the queue P{R}:queue (a
-// zset of waiter ids by arrival), each waiter's keep-alive P{R}:queue:W and
-// wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
+// zset of waiter ids by arrival), each waiter's hash P{R}:queue:W (its token,
+// TTL and owner) and wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
 // Redlock uses the same lock, counter and owners keys on every node.
 package lock

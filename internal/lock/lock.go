@@ -252,8 +252,8 @@ func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duratio
 // On one Redis deployment (New) waiters are served in arrival order and
 // woken when the holder releases (see wait.go); the decorrelated-jitter
 // backoff only bounds each wait, the fallback for a lost wake-up. A waiter
-// that gives up leaves the queue. On Redlock and etcd, Acquire retries
-// TryAcquire with the backoff.
+// that gives up leaves the queue. On Redlock and etcd, and with
+// WaitReplicas, Acquire retries TryAcquire with the backoff.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait}
 	for _, o := range opts {
@@ -265,6 +265,7 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		defer cancel()
 	}
 	fw, fair := l.be.(fairWaiter)
+	fair = fair && fw.fairWaiting()
 	var wait *waitState
 	if fair {
 		wait = &waitState{id: newToken()[:16]}

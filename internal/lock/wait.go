@@ -56,6 +56,9 @@ func (w *waitState) handedAt(at int64) time.Time {
 // fairWaiter is implemented by back ends whose Acquire waits in a queue
 // that releases hand the lock over from.
 type fairWaiter interface {
+	// fairWaiting reports whether this back end's Acquire waits in the queue
+	// (not with WaitReplicas: a hand-off is not followed by WAIT).
+	fairWaiting() bool
 	// waitTurn blocks until a hand-off reaches s's waiter (then s holds the
 	// lock and it reports true), d passes or ctx ends.
 	waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool, error)
@@ -63,6 +66,8 @@ type fairWaiter interface {
 	// reached it meanwhile.
 	leave(ctx context.Context, s *Lease)
 }
+
+func (b *single) fairWaiting() bool { return b.replicas == 0 }
 
 func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool, error) {
 	d = min(d, b.maxBlock, s.ttl/2)
