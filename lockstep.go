@@ -165,11 +165,16 @@ const DefaultTTL = 30 * time.Second
 // TTL sets the lease's time to live (default DefaultTTL).
 func TTL(d time.Duration) LockOption { return func(c *lockCall) { c.ttl = d } }
 
-// Wait makes WithLock wait up to d for a busy lock, retrying with jittered
-// backoff; without it, a busy lock fails at once with ErrNotAcquired.
+// Wait makes WithLock wait up to d for a busy lock; without it, a busy lock
+// fails at once with ErrNotAcquired. On one Redis deployment waiters are
+// served in arrival order, the releasing holder handing the lock to the first
+// of them, which wakes holding it; the backoff only bounds each wait, the
+// fallback for a wake-up that never comes (a holder that crashed). On Redlock
+// and etcd the wait retries with jittered backoff.
 func Wait(d time.Duration) LockOption { return func(c *lockCall) { c.wait = d } }
 
-// Backoff sets the delays between attempts while waiting (default 10ms..500ms).
+// Backoff sets the delays between attempts while waiting (default 10ms..500ms;
+// with fair waiting on Redis, its maximum bounds each wait for a hand-off).
 func Backoff(min, max time.Duration) LockOption {
 	return func(c *lockCall) { c.backoff = lock.Backoff{Min: min, Max: max} }
 }

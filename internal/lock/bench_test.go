@@ -176,3 +176,25 @@ func redisCPU(b *testing.B, c *redis.Client) time.Duration {
 	}
 	return time.Duration(total * float64(time.Second))
 }
+
+// commandStats returns the server's calls per command (INFO commandstats).
+func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, found := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !found {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				out[name], _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return out, nil
+}

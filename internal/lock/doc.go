@@ -17,9 +17,35 @@
 // through Locker.NotifyLoss.
 //
 // On Redis, a lease is taken with one Lua call that does SET key token NX PX
-// ttl and, on success, advances the resource's fencing counter. Release and
-// renew are Lua compare-token scripts, so a holder can never delete or extend
-// a lock that has passed to someone else, and both are safe to repeat.
+// ttl and, on success, advances the resource's fencing counter (one SET ...
+// GET of the counter and TIME). Release and renew are Lua compare-token
+// scripts, so a holder can never delete or extend a lock that has passed to
+// someone else, and both are safe to repeat.
+//
+// # Shared calls
+//
+// acquire.lua and release.lua each take any number of locks. On one server
+// (not a Cluster, whose locks live in different slots) concurrent acquires
+// of a Locker share one script call, and so do concurrent releases
+// (batch.go): a caller that finds no call in flight sends its own at once,
+// callers arriving meanwhile go together in the next call. A lone caller
+// pays nothing; 64 concurrent cycles cost a few script calls per round trip
+// instead of 128, on both sides of the connection.
+//
+// # Waiting
+//
+// Acquire on one Redis deployment waits in the resource's queue, in arrival
+// order (wait.go): the release hands the lock to the first live waiter (the
+// lock key is set to that waiter's token, with a fresh fence: one write) and
+// pushes the hand-off to the waiter's wake list, on which it blocks (BLPOP,
+// at most half the pool's connections at a time), so it wakes holding the
+// lock. While waiters are queued the lock is free only for the first of
+// them, TryAcquire included. The backoff's longest delay bounds each
+// blocking wait, the fallback for a holder that crashed instead of
+// releasing; a waiter keeps its entry alive for its TTL, so a crashed one is
+// skipped after that (or, handed the lock just before it crashed, holds it
+// for its TTL like any crashed holder); a waiter whose Acquire ends leaves
+// the queue. Redlock, etcd and WaitReplicas retry with the backoff.
 //
 // # Guarantees
 //
@@ -110,6 +136,8 @@
 //
 // For resource R and prefix P (default "lockstep:"): the lock P{R}, its
 // fencing counter P{R}:fence and, for reentrant holds, P{R}:owners, a hash of
-// owner id to hold count. All three share the hash tag {R}. Redlock uses the
-// same keys on every node.
+// owner id to hold count; while Acquire calls wait, the queue P{R}:queue (a
+// zset of waiter ids by arrival), each waiter's hash P{R}:queue:W (its token,
+// TTL and owner) and wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
+// Redlock uses the same lock, counter and owners keys on every node.
 package lock

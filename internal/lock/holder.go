@@ -30,13 +30,13 @@ func WithJob(ctx context.Context, taskID, taskType string) context.Context {
 	return context.WithValue(ctx, jobKey{}, jobInfo{taskID, taskType})
 }
 
-// processID names this process in the tokens it writes.
+// processID names this process in the tokens it writes (query-escaped once).
 var processID = func() string {
 	host, err := os.Hostname()
 	if err != nil {
 		host = "unknown"
 	}
-	return host + ":" + strconv.Itoa(os.Getpid())
+	return url.QueryEscape(host + ":" + strconv.Itoa(os.Getpid()))
 }()
 
 // tokenFor returns a fresh token for an acquire at now by ctx's job, if any.
@@ -48,8 +48,13 @@ func NewToken(ctx context.Context, now time.Time) string { return tokenFor(ctx, 
 
 func tokenFor(ctx context.Context, now time.Time) string {
 	j, _ := ctx.Value(jobKey{}).(jobInfo)
-	return newToken() + "|" + strconv.FormatInt(now.UnixMilli(), 10) + "|" +
-		url.QueryEscape(processID) + "|" + url.QueryEscape(j.taskID) + "|" + url.QueryEscape(j.taskType)
+	t := newToken() + "|" + strconv.FormatInt(now.UnixMilli(), 10) + "|" + processID + "|"
+	if j != (jobInfo{}) {
+		t += url.QueryEscape(j.taskID) + "|" + url.QueryEscape(j.taskType)
+	} else {
+		t += "|"
+	}
+	return t
 }
 
 // TokenInfo is what a lock's stored value says about its holder.

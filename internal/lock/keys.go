@@ -6,12 +6,13 @@ type keys struct {
 	lock   string // the token, with the lease's TTL
 	fence  string // the fencing counter
 	owners string // reentrancy: owner id -> hold count
+	queue  string // waiters of Acquire, in arrival order (see acquire.lua)
 }
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
 func (l *Locker) keysFor(resource string) keys {
 	base := l.prefix + "{" + resource + "}"
-	return keys{lock: base, fence: base + ":fence", owners: base + ":owners"}
+	return keys{lock: base, fence: base + ":fence", owners: base + ":owners", queue: base + ":queue"}
 }
 
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):

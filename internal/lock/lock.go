@@ -119,7 +119,7 @@ func newLocker(kind string, s settings, be backend) (*Locker, error) {
 // programming error, which configuration loading rejects.
 func New(client redis.UniversalClient, opts ...Option) *Locker {
 	s := newSettings(opts)
-	l, err := newLocker("single", s, &single{client: client, fenceTTL: s.fenceTTL, replicas: s.replicas, replWait: s.replWait})
+	l, err := newLocker("single", s, newSingle(client, s))
 	if err != nil {
 		panic(err.Error())
 	}
@@ -175,8 +175,9 @@ type Lease struct {
 	token    string
 	fence    int64
 	ttl      time.Duration
-	owner    string // reentrant owner id, "" for a plain lease
-	reentry  bool   // this lease entered a lock its owner already held
+	owner    string     // reentrant owner id, "" for a plain lease
+	wait     *waitState // the waiting Acquire that takes it; nil for TryAcquire
+	reentry  bool       // this lease entered a lock its owner already held
 	sent     time.Time
 
 	state leaseState
@@ -216,19 +217,17 @@ func (s *Lease) Reentrant() bool { return s.reentry }
 // (WithOwner) and that owner already holds the lock, the hold count grows and
 // the returned lease shares the holder's token and fence.
 func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
+	return l.tryAcquire(ctx, resource, ttl, nil)
+}
+
+// tryAcquire is TryAcquire for the waiter of an Acquire ("" for none), which
+// a busy lock queues (see wait.go).
+func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, wait *waitState) (*Lease, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("lock: acquire %q: ttl %v is below 1ms", resource, ttl)
 	}
 	now := time.Now()
-	lease := &Lease{
-		locker:   l,
-		keys:     l.keysFor(resource),
-		resource: resource,
-		token:    tokenFor(ctx, now),
-		ttl:      ttl,
-		owner:    OwnerFrom(ctx),
-		sent:     now,
-	}
+	lease := l.newLease(ctx, resource, ttl, wait, now)
 	ok, err := l.be.acquire(ctx, lease) // a back end may move lease.sent earlier: see AcquiredAt
 	l.metrics.LockAcquireDuration.Observe(time.Since(now).Seconds())
 	switch {
@@ -243,10 +242,28 @@ func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Durat
 	return lease, nil
 }
 
-// Acquire waits for the lock on resource, retrying TryAcquire with
-// decorrelated-jitter backoff until it succeeds, the max wait passes
-// (ErrNotAcquired) or ctx ends (an error matching both ErrNotAcquired and the
-// context's error). Redis errors end the wait at once.
+func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duration, wait *waitState, now time.Time) *Lease {
+	return &Lease{
+		locker:   l,
+		keys:     l.keysFor(resource),
+		resource: resource,
+		token:    tokenFor(ctx, now),
+		ttl:      ttl,
+		owner:    OwnerFrom(ctx),
+		wait:     wait,
+		sent:     now,
+	}
+}
+
+// Acquire waits for the lock on resource until it succeeds, the max wait
+// passes (ErrNotAcquired) or ctx ends (an error matching both ErrNotAcquired
+// and the context's error). Redis errors end the wait at once.
+//
+// On one Redis deployment (New) waiters are served in arrival order and
+// woken when the holder releases (see wait.go); the decorrelated-jitter
+// backoff only bounds each wait, the fallback for a lost wake-up. A waiter
+// that gives up leaves the queue. On Redlock and etcd, and with
+// WaitReplicas, Acquire retries TryAcquire with the backoff.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait}
 	for _, o := range opts {
@@ -257,15 +274,26 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		ctx, cancel = context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
 		defer cancel()
 	}
+	fw, fair := l.be.(fairWaiter)
+	fair = fair && fw.fairWaiting()
+	var wait *waitState
+	if fair {
+		wait = &waitState{id: newToken()[:16]}
+	}
+	giveUp := func() {
+		if wait != nil && !wait.sent.IsZero() { // queued
+			fw.leave(ctx, l.newLease(ctx, resource, ttl, wait, time.Now()))
+		}
+	}
 	var delay time.Duration
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
 	for attempt := 1; ; attempt++ {
-		lease, err := l.TryAcquire(ctx, resource, ttl)
+		lease, err := l.tryAcquire(ctx, resource, ttl, wait)
 		if !errors.Is(err, ErrNotAcquired) {
-			if err != nil && ctx.Err() != nil {
-				return nil, waitEnded(ctx, resource, attempt)
+			if err != nil {
+				giveUp()
+				if ctx.Err() != nil {
+					return nil, waitEnded(ctx, resource, attempt)
+				}
 			}
 			return lease, err
 		}
@@ -273,11 +301,25 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 			*w.attempts = attempt
 		}
 		delay = w.backoff.Next(delay)
-		timer.Reset(delay)
-		select {
-		case <-ctx.Done():
+		if fair {
+			// Woken by the release that hands the lock over; the backoff's
+			// longest delay bounds the wait, the fallback for a lost wake-up.
+			lease := l.newLease(ctx, resource, ttl, wait, time.Now())
+			ok, err := fw.waitTurn(ctx, lease, max(delay, w.backoff.Max))
+			if ok {
+				l.acquired.Inc()
+				return lease, nil
+			}
+			if err != nil && ctx.Err() == nil {
+				giveUp()
+				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
+			}
+		} else {
+			sleep(ctx, delay)
+		}
+		if ctx.Err() != nil {
+			giveUp()
 			return nil, waitEnded(ctx, resource, attempt)
-		case <-timer.C:
 		}
 	}
 }
@@ -381,6 +423,13 @@ func (s *Lease) Lost() *LostError {
 // Err returns nil while the lease is believed held, errReleased after a
 // release, or the *LostError that ended it.
 func (s *Lease) Err() error { return s.state.err() }
+
+func (s *Lease) waiterID() string {
+	if s.wait == nil {
+		return ""
+	}
+	return s.wait.id
+}
 
 func (s *Lease) reentrantFlag() string {
 	if s.owner != "" {

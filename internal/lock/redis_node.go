@@ -3,6 +3,8 @@ package lock
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -12,58 +14,101 @@ import (
 // release and raise a fence. Each is one script; the statuses are the
 // scripts' return values (see their headers in lua/).
 
-// grant is one node's answer to acquire.lua.
+// grant is one node's answer to acquire.lua for one lock.
 type grant struct {
 	node   int
-	status int64 // 1 acquired, 2 re-entered, 0 busy
+	status int64 // 1 acquired, 2 re-entered, 3 handed to the waiter earlier, 0 busy
 	token  string
 	fence  int64
+	at     int64 // server time in µs: of a hand-off (3), or of a waiter's busy attempt (0)
 	err    error
 }
 
 func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
-	return []string{s.keys.lock, s.keys.fence, s.keys.owners}, []any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner}
+	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
+		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiterID()}
 }
 
-// parseGrant reads acquire.lua's reply.
-func parseGrant(node int, reply any, err error) grant {
+// one returns the only reply of a one-lock call of acquire.lua or release.lua.
+func one(reply any, err error) (any, error) {
+	if err != nil {
+		return nil, err
+	}
+	vals, ok := reply.([]any)
+	if !ok || len(vals) != 1 {
+		return nil, fmt.Errorf("unexpected reply %v", reply)
+	}
+	return vals[0], nil
+}
+
+// parseGrant reads acquire.lua's reply for one lock, taken with token.
+func parseGrant(node int, token string, reply any, err error) grant {
 	g := grant{node: node, err: err}
 	if err != nil {
 		return g
 	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) == 0 {
-		g.err = fmt.Errorf("unexpected reply %v", reply)
+	switch v := reply.(type) {
+	case int64:
+		if v > 0 {
+			g.status, g.token, g.fence = 1, token, v
+		}
 		return g
-	}
-	g.status, _ = vals[0].(int64)
-	switch g.status {
-	case 0:
-	case 1, 2:
-		if len(vals) != 3 {
-			g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
+	case string: // a hand-off: "fence|at|token"
+		if parseHandoff(&g, v) {
 			return g
 		}
-		g.token, _ = vals[1].(string)
-		g.fence, _ = vals[2].(int64)
-	default:
-		g.status, g.err = 0, fmt.Errorf("unexpected reply %v", reply)
+	case []any:
+		if len(v) == 2 {
+			if busy, ok := v[0].(int64); ok && busy == 0 { // a waiter's busy attempt: {0, now}
+				g.at, _ = v[1].(int64)
+				return g
+			}
+			g.token, _ = v[0].(string)
+			g.fence, _ = v[1].(int64)
+			if g.token != "" {
+				g.status = 2
+				return g
+			}
+		}
 	}
+	g.err = fmt.Errorf("unexpected reply %v", reply)
 	return g
 }
 
-// releaseOn runs release.lua for token and owner on c: 1 released, 2 one
+// parseHandoff reads a hand-off "fence|at|token" (acquire.lua) into g.
+func parseHandoff(g *grant, v string) bool {
+	f, rest, ok1 := strings.Cut(v, "|")
+	at, token, ok2 := strings.Cut(rest, "|")
+	fence, err1 := strconv.ParseInt(f, 10, 64)
+	t, err2 := strconv.ParseInt(at, 10, 64)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil || token == "" {
+		return false
+	}
+	g.status, g.token, g.fence, g.at = 3, token, fence, t
+	return true
+}
+
+func releaseArgs(k keys, token, owner string, fenceTTL int64) ([]string, []any) {
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, fenceTTL}
+}
+
+// releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
 // reentrant hold given back, 0 the key is gone, -1 another token holds it.
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string) (int64, error) {
-	v, err := run(ctx, c, scriptRelease, []string{k.lock, k.owners}, token, owner)
+func releaseStatus(reply any, err error) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	st, ok := v.(int64)
+	st, ok := reply.(int64)
 	if !ok {
-		return 0, fmt.Errorf("unexpected reply %v", v)
+		return 0, fmt.Errorf("unexpected reply %v", reply)
 	}
 	return st, nil
+}
+
+// releaseOn runs release.lua for token and owner on c (see releaseStatus).
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64) (int64, error) {
+	keys, args := releaseArgs(k, token, owner, fenceTTL)
+	return releaseStatus(one(run(ctx, c, scriptRelease, keys, args...)))
 }
 
 // raiseFenceOn lifts c's fencing counter of s to fence while c holds s's

@@ -137,8 +137,8 @@ func (r *redlock) acquire(ctx context.Context, s *Lease) (bool, error) {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			reply, err := run(nctx, c, scriptAcquire, keys, args...)
-			g := parseGrant(i, reply, err)
+			reply, err := one(run(nctx, c, scriptAcquire, keys, args...))
+			g := parseGrant(i, s.token, reply, err)
 			if g.err != nil {
 				g.err = fmt.Errorf("node %d: %w", i, g.err)
 			}
@@ -307,7 +307,7 @@ func (r *redlock) releaseOn(ctx context.Context, gs []grant, token, owner string
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(ttl))
 			defer cancel()
-			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner)
+			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner, r.fenceTTL.Milliseconds())
 			if err != nil {
 				errs[i] = fmt.Errorf("node %d: %w", g.node, err)
 			}

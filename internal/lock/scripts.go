@@ -19,12 +19,15 @@ var (
 	renewBatchLua string
 	//go:embed lua/fence_raise.lua
 	fenceRaiseLua string
+	//go:embed lua/leave.lua
+	leaveLua string
 
 	scriptAcquire    = redis.NewScript(acquireLua)
 	scriptRelease    = redis.NewScript(releaseLua)
 	scriptRenew      = redis.NewScript(renewLua)
 	scriptRenewBatch = redis.NewScript(renewBatchLua)
 	scriptFenceRaise = redis.NewScript(fenceRaiseLua)
+	scriptLeave      = redis.NewScript(leaveLua)
 )
 
 // run is the one way a script is called alone: EVALSHA, falling back to EVAL

@@ -17,6 +17,37 @@ type single struct {
 	fenceTTL time.Duration
 	replicas int // WaitReplicas: 0 = no WAIT
 	replWait time.Duration
+
+	// acquires and releases: concurrent calls share a script call, except
+	// on a Cluster (nil there).
+	acquires, releases *batcher
+
+	waits    chan struct{} // one slot per blocking wait a pool connection may serve
+	maxBlock time.Duration // the longest blocking wait the client's read timeout allows
+}
+
+func newSingle(client redis.UniversalClient, s settings) *single {
+	b := &single{client: client, fenceTTL: s.fenceTTL, replicas: s.replicas, replWait: s.replWait}
+	if _, cluster := client.(*redis.ClusterClient); !cluster {
+		b.acquires = &batcher{client: client, script: scriptAcquire, name: "acquire"}
+		b.releases = &batcher{client: client, script: scriptRelease, name: "release"}
+	}
+	pool, read := 10, 3*time.Second
+	switch c := client.(type) {
+	case *redis.Client:
+		pool, read = c.Options().PoolSize, c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		pool, read = c.Options().PoolSize, c.Options().ReadTimeout
+	}
+	// Blocking waits hold a pool connection each: at most half the pool, so
+	// that the releases that wake them always find one.
+	b.waits = make(chan struct{}, max(1, pool/2))
+	// A blocking read must end before the client's read timeout would.
+	b.maxBlock = time.Hour
+	if read > 0 {
+		b.maxBlock = read / 2
+	}
+	return b
 }
 
 func (*single) options() []string { return []string{optFenceTTL, optWaitReplicas} }
@@ -27,11 +58,20 @@ func (b *single) acquire(ctx context.Context, s *Lease) (bool, error) {
 	if b.replicas > 0 {
 		g = b.acquireAndWait(ctx, s, keys, args)
 	} else {
-		reply, err := run(ctx, b.client, scriptAcquire, keys, args...)
-		g = parseGrant(0, reply, err)
+		reply, err := b.call(ctx, b.acquires, scriptAcquire, keys, args)
+		g = parseGrant(0, s.token, reply, err)
 	}
-	if g.err != nil || g.status == 0 {
+	if g.err != nil {
 		return false, g.err
+	}
+	if s.wait != nil && g.status == 0 {
+		s.wait.busy(s.sent, g.at)
+	}
+	if g.status == 0 {
+		return false, nil
+	}
+	if g.status == 3 {
+		s.sent = s.wait.handedAt(g.at)
 	}
 	s.token, s.fence, s.reentry = g.token, g.fence, g.status == 2
 	return true, nil
@@ -49,7 +89,8 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	if err != nil {
 		return grant{err: err}
 	}
-	g := parseGrant(0, cmds[0].Val(), cmds[0].Err())
+	reply, err := one(cmds[0].Val(), cmds[0].Err())
+	g := parseGrant(0, s.token, reply, err)
 	if g.err != nil || g.status != 1 {
 		return g
 	}
@@ -60,7 +101,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	}
 	if err != nil {
 		// Leave nothing behind: the lock we took is not safe to use.
-		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner)
+		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, b.fenceTTL.Milliseconds())
 		return grant{err: errors.Join(err, relErr)}
 	}
 	return g
@@ -126,8 +167,18 @@ func settleRenewals(leases []*Lease, statuses []int64, errs []error, results []e
 	}
 }
 
+// call runs script for one lock through bt, or alone when bt is nil.
+func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, keys []string, args []any) (any, error) {
+	if bt != nil {
+		return bt.do(ctx, keys, args)
+	}
+	reply, err := run(ctx, b.client, script, keys, args...)
+	return one(reply, err)
+}
+
 func (b *single) release(ctx context.Context, s *Lease) error {
-	status, err := releaseOn(ctx, b.client, s.keys, s.token, s.owner)
+	keys, args := releaseArgs(s.keys, s.token, s.owner, b.fenceTTL.Milliseconds())
+	status, err := releaseStatus(b.call(ctx, b.releases, scriptRelease, keys, args))
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", s.resource, err)
 	}

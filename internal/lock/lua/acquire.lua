@@ -1,46 +1,136 @@
--- acquire: take the lock if it is free, or enter it again for the same owner.
+-- acquire: take each of one or more locks if it is free and nobody waits ahead
+-- of the caller, or enter it again for the same owner. One lock per call on a
+-- Cluster or a Redlock node; on one server, concurrent acquires of different
+-- locks share a call (see batch.go).
 --
--- KEYS[1]  lock key            lockstep:{R}
--- KEYS[2]  fencing counter     lockstep:{R}:fence
--- KEYS[3]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
--- ARGV[1]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
--- ARGV[2]  lock ttl in milliseconds
--- ARGV[3]  fencing counter ttl in milliseconds
--- ARGV[4]  owner id for a reentrant acquire, or "" for a plain one
+-- For the i-th lock (i from 1), four keys and five values:
+-- KEYS[4i-3]  lock key            lockstep:{R}
+-- KEYS[4i-2]  fencing counter     lockstep:{R}:fence
+-- KEYS[4i-1]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
+-- KEYS[4i]    wait queue          lockstep:{R}:queue   (see below)
+-- ARGV[5i-4]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
+-- ARGV[5i-3]  lock ttl in milliseconds
+-- ARGV[5i-2]  fencing counter ttl in milliseconds
+-- ARGV[5i-1]  owner id for a reentrant acquire, or ""
+-- ARGV[5i]    waiter id W of an Acquire that waits, or "" (TryAcquire)
 --
--- Returns
---   {1, token, fence}  acquired afresh: fence is the new fencing token
---   {2, token, fence}  re-entered: the holder's token and fence; hold count + 1
---   {0}                held by someone else
+-- Returns one reply per lock, in order:
+--   fence              acquired afresh: fence (> 0) is the new fencing token
+--   {token, fence}     re-entered: the holder's token and fence; hold count + 1
+--   0                  busy (TryAcquire): held, or free for an earlier waiter
+--   {0, now}           busy (waiter W): queued; now is the server's TIME in µs
+--   "fence|at|token"   (waiter W) a release handed the lock to W's earlier
+--                      attempt, taken with token, at the server's time at (µs)
+--
+-- The queue: the zset lockstep:{R}:queue holds waiter ids by arrival (server
+-- µs); each live waiter W keeps the hash lockstep:{R}:queue:W (its latest
+-- token, ttl and owner) alive for its ttl, refreshed by every attempt, and is
+-- woken through the list lockstep:{R}:queue:W:wake. While the queue has live
+-- waiters the lock is free only for the first: a release (release.lua), or
+-- an attempt that finds the lock free, hands it to that waiter directly. The
+-- hand-off below is the same in release.lua.
 --
 -- The fence is max(counter + 1, the server's TIME in microseconds), stored
 -- back with the counter's TTL refreshed. Fences so keep increasing when the
 -- counter expired, and also when a failover lost the counter's last
 -- increments, as long as the new master's clock is not behind the old one's
 -- by more than the time between the two acquires.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local t = redis.call('TIME')
-  local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local now
+local function time()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now
+end
+
+local function nextfence(fencekey, fencettl)
+  local fence = time()
+  local last = tonumber(redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl, 'GET') or '0')
   if last >= fence then
     fence = last + 1
+    redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl)
   end
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  if ARGV[4] ~= '' then
-    -- The hash is bound to this hold's token: a previous holder's hash that
-    -- outlived its lock by a moment is replaced, never inherited.
-    redis.call('DEL', KEYS[3])
-    redis.call('HSET', KEYS[3], 't', ARGV[1], 'o:' .. ARGV[4], 1)
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  end
-  return {1, ARGV[1], fence}
+  return fence
 end
-if ARGV[4] ~= '' then
-  local token = redis.call('GET', KEYS[1])
-  if token and redis.call('HGET', KEYS[3], 't') == token
-      and redis.call('HEXISTS', KEYS[3], 'o:' .. ARGV[4]) == 1 then
-    redis.call('HINCRBY', KEYS[3], 'o:' .. ARGV[4], 1)
-    return {2, token, tonumber(redis.call('GET', KEYS[2]))}
+
+-- own binds the reentrancy hash to a fresh hold's token for owner: a previous
+-- holder's hash that outlived its lock by a moment is replaced, never inherited.
+local function own(owners, token, ttl, owner)
+  if owner ~= '' then
+    redis.call('DEL', owners)
+    redis.call('HSET', owners, 't', token, 'o:' .. owner, 1)
+    redis.call('PEXPIRE', owners, ttl)
   end
 end
-return {0}
+
+-- handoff gives the free lock to the first live waiter of q, if any (a
+-- crashed waiter's hash expired: it is dropped), and wakes it.
+local function handoff(lock, fencekey, owners, q, fencettl)
+  for _ = 1, 16 do
+    local first = redis.call('ZRANGE', q, 0, 0)[1]
+    if not first then
+      return false
+    end
+    redis.call('ZREM', q, first)
+    local w = redis.call('HMGET', q .. ':' .. first, 'token', 'ttl', 'owner')
+    if w[1] then
+      redis.call('SET', lock, w[1], 'PX', w[2])
+      own(owners, w[1], w[2], w[3])
+      local fence = nextfence(fencekey, fencettl)
+      redis.call('DEL', q .. ':' .. first)
+      local wake = q .. ':' .. first .. ':wake'
+      redis.call('RPUSH', wake, string.format('%.0f|%.0f|', fence, time()) .. w[1])
+      redis.call('PEXPIRE', wake, w[2])
+      return true
+    end
+  end
+  return false
+end
+
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+  local token, ttl, fencettl, owner, waiter =
+    ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4], ARGV[5 * i + 5]
+  local reply = 0
+  local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+  if granted then
+    reply = granted
+  elseif redis.call('EXISTS', q) == 0 then
+    if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
+      own(owners, token, ttl, owner)
+      reply = nextfence(fencekey, fencettl)
+    end
+  elseif redis.call('EXISTS', lock) == 0 then
+    -- Free with waiters queued: the first live one's, perhaps the caller's
+    -- (then this very attempt hands it over).
+    handoff(lock, fencekey, owners, q, fencettl)
+    if waiter ~= '' then
+      granted = redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+      if granted then
+        reply = granted
+      end
+    end
+  end
+  if reply == 0 and owner ~= '' then
+    local cur = redis.call('GET', lock)
+    if cur and redis.call('HGET', owners, 't') == cur
+        and redis.call('HEXISTS', owners, 'o:' .. owner) == 1 then
+      redis.call('HINCRBY', owners, 'o:' .. owner, 1)
+      reply = {cur, tonumber(redis.call('GET', fencekey))}
+    end
+  end
+  if reply == 0 and waiter ~= '' then
+    redis.call('ZADD', q, 'NX', string.format('%.0f', time()), waiter)
+    local w = q .. ':' .. waiter
+    redis.call('HSET', w, 'token', token, 'ttl', ttl, 'owner', owner)
+    redis.call('PEXPIRE', w, ttl)
+    if redis.call('PTTL', q) < tonumber(ttl) then
+      redis.call('PEXPIRE', q, ttl)
+    end
+    reply = {0, time()}
+  end
+  out[#out + 1] = reply
+end
+return out

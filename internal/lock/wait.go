@@ -1,0 +1,170 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Fair waiting (the single back end). An Acquire that finds the lock busy
+// joins the resource's queue (a zset by arrival time, in the lock's hash tag)
+// under a waiter id of its own, with the token it tried, and blocks on its
+// wake list (BLPOP). The release hands the lock to the first live waiter
+// directly (release.lua: the lock key is set to that waiter's token, with
+// its fence) and pushes the hand-off to the waiter's list, which wakes it
+// holding the lock: two round trips per contended acquisition. While the
+// queue has waiters the lock is free only for the first of them, TryAcquire
+// included, so waiters are served in arrival order. The backoff's longest
+// delay bounds each blocking wait: after a lost wake-up (a holder that
+// crashed instead of releasing) the waiter tries again and keeps its place,
+// and an attempt that finds the lock free hands it on the same way.
+//
+// A waiter keeps its hash alive for the lock's TTL with every attempt (each
+// wait is at most half the TTL); a crashed waiter's hash expires and the
+// next hand-off skips it, and one that was handed the lock just before it
+// crashed holds it for its TTL, like any crashed holder. A waiter whose
+// Acquire ends without the lock leaves the queue (leave.lua) and releases a
+// hand-off that reached it meanwhile, which hands the lock on.
+//
+// The lease's validity: a hand-off was made at the server time at, after the
+// waiter's last busy attempt, answered with the server time then; so the
+// hand-off happened at least at − busy-time after that attempt was sent, by
+// the waiter's own clock. That lower bound is the lease's send time.
+
+// waitState is one Acquire's place in the queue.
+type waitState struct {
+	id     string    // the waiter id
+	sent   time.Time // when its last busy attempt was sent (zero: never queued)
+	server int64     // the server's time in µs when that attempt ran
+}
+
+func (w *waitState) busy(sent time.Time, server int64) { w.sent, w.server = sent, server }
+
+// handedAt is the earliest local time a hand-off at server time at (µs)
+// can have happened: the lease's validity starts there.
+func (w *waitState) handedAt(at int64) time.Time {
+	if w.sent.IsZero() || at < w.server {
+		return w.sent // no better bound; a hand-off follows a busy attempt
+	}
+	return w.sent.Add(time.Duration(at-w.server) * time.Microsecond)
+}
+
+// fairWaiter is implemented by back ends whose Acquire waits in a queue
+// that releases hand the lock over from.
+type fairWaiter interface {
+	// fairWaiting reports whether this back end's Acquire waits in the queue
+	// (not with WaitReplicas: a hand-off is not followed by WAIT).
+	fairWaiting() bool
+	// waitTurn blocks until a hand-off reaches s's waiter (then s holds the
+	// lock and it reports true), d passes or ctx ends.
+	waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool, error)
+	// leave takes s's waiter out of the queue, releasing a hand-off that
+	// reached it meanwhile.
+	leave(ctx context.Context, s *Lease)
+}
+
+func (b *single) fairWaiting() bool { return b.replicas == 0 }
+
+func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool, error) {
+	d = min(d, b.maxBlock, s.ttl/2)
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	d = max(d, time.Millisecond)
+	select {
+	case b.waits <- struct{}{}:
+	default: // every blocking slot taken: plain backoff, then try again
+		sleep(ctx, d)
+		return false, nil
+	}
+	type result struct {
+		vals []string
+		err  error
+	}
+	var (
+		mu        sync.Mutex
+		abandoned bool // the caller's ctx ended: a hand-off popped now is passed on
+		done      = make(chan result, 1)
+	)
+	go func() {
+		defer func() { <-b.waits }()
+		// BLPOP takes seconds, fractions allowed (Redis ≥ 6). Not cancelled
+		// with ctx: a hand-off it pops must reach the lease or be released.
+		cmd := redis.NewStringSliceCmd(ctx, "blpop", s.keys.queue+":"+s.wait.id+":wake",
+			strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
+		_ = b.client.Process(context.WithoutCancel(ctx), cmd)
+		vals, err := cmd.Result()
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			if len(vals) == 2 {
+				b.releaseHandoff(context.WithoutCancel(ctx), s, vals[1])
+			}
+			return
+		}
+		done <- result{vals, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		select {
+		case r = <-done:
+			mu.Unlock()
+			if len(r.vals) == 2 { // handed over just as we gave up: pass it on
+				b.releaseHandoff(context.WithoutCancel(ctx), s, r.vals[1])
+			}
+		default:
+			abandoned = true
+			mu.Unlock()
+		}
+		return false, nil
+	}
+	switch {
+	case errors.Is(r.err, redis.Nil): // timed out: try again
+		return false, nil
+	case r.err != nil:
+		return false, r.err
+	case len(r.vals) != 2:
+		return false, nil
+	}
+	var g grant
+	if !parseHandoff(&g, r.vals[1]) {
+		return false, nil
+	}
+	s.token, s.fence, s.sent = g.token, g.fence, s.wait.handedAt(g.at)
+	return true, nil
+}
+
+func (b *single) leave(ctx context.Context, s *Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	v, err := run(ctx, b.client, scriptLeave, []string{s.keys.queue}, s.wait.id)
+	if h, ok := v.(string); ok && err == nil {
+		b.releaseHandoff(ctx, s, h)
+	}
+}
+
+// releaseHandoff releases a lock handed to s's waiter after it gave up.
+func (b *single) releaseHandoff(ctx context.Context, s *Lease, handoff string) {
+	var g grant
+	if parseHandoff(&g, handoff) {
+		given := &Lease{keys: s.keys, resource: s.resource, token: g.token, owner: s.owner, ttl: s.ttl}
+		_ = b.release(ctx, given)
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
