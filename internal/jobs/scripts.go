@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 
+	"github.com/lockstep-dev/lockstep/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -29,9 +30,8 @@ var (
 	scriptWake    = redis.NewScript(wakeLua)
 )
 
-// run is the one way this package calls a script: EVALSHA, falling back to
-// EVAL when the server does not have it yet. Callers name the operation in
-// their errors.
+// run calls a script through the project's one runner (internal/script);
+// callers name the operation in their errors.
 func run(ctx context.Context, c redis.Scripter, s *redis.Script, keys []string, args ...any) (any, error) {
-	return s.Run(ctx, c, keys, args...).Result()
+	return script.Run(ctx, c, s, "", keys, args...)
 }

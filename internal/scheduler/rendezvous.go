@@ -29,7 +29,17 @@ const (
 // heartbeat records this replica as live (or gone, join false) and returns
 // the live replicas.
 func (st *Store) heartbeat(ctx context.Context, id string, join bool) ([]string, error) {
-	return scriptReplicas.Run(ctx, st.client, []string{st.k.replicas}, id, replicaExpiry.Milliseconds(), b01(join)).StringSlice()
+	res, err := runSlice(ctx, st.client, scriptReplicas, []string{st.k.replicas}, id, replicaExpiry.Milliseconds(), b01(join))
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(res))
+	for _, v := range res {
+		if id, ok := v.(string); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 // first reports whether this replica is the first to claim the ticks of

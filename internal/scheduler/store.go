@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 var (
@@ -125,8 +126,8 @@ func (st *Store) put(ctx context.Context, s config.Schedule, mode string) error 
 	if err := CheckSchedule(&s); err != nil {
 		return err
 	}
-	res, err := scriptPut.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
-		s.Name, encodeDef(s), s.Cron+"\n"+s.Timezone, mode, st.k.channel).Slice()
+	res, err := runSlice(ctx, st.client, scriptPut, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
+		s.Name, encodeDef(s), s.Cron+"\n"+s.Timezone, mode, st.k.channel)
 	if err != nil {
 		return fmt.Errorf("schedules: %s %s: %w", mode, s.Name, err)
 	}
@@ -151,7 +152,7 @@ func (st *Store) put(ctx context.Context, s config.Schedule, mode string) error 
 // Remove deletes a run-time schedule (ErrNotFound if there is none). Its
 // watermark stays, so a schedule added again under its name claims no tick twice.
 func (st *Store) Remove(ctx context.Context, name string) error {
-	res, err := scriptRemove.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version}, name, st.k.channel).Slice()
+	res, err := runSlice(ctx, st.client, scriptRemove, []string{st.k.defs, st.k.meta, st.k.version}, name, st.k.channel)
 	if err != nil {
 		return fmt.Errorf("schedules: remove %s: %w", name, err)
 	}
@@ -167,8 +168,8 @@ func (st *Store) Remove(ctx context.Context, name string) error {
 // ticks missed while it was paused follow its catch-up policy.
 func (st *Store) SetPaused(ctx context.Context, name string, paused, isFile bool) (changed bool, err error) {
 	op := map[bool]string{true: "pause", false: "resume"}[paused]
-	res, err := scriptPause.Run(ctx, st.client, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
-		name, b01(paused), st.k.channel, b01(isFile)).Slice()
+	res, err := runSlice(ctx, st.client, scriptPause, []string{st.k.defs, st.k.meta, st.k.version, st.k.file},
+		name, b01(paused), st.k.channel, b01(isFile))
 	if err != nil {
 		return false, fmt.Errorf("schedules: %s %s: %w", op, name, err)
 	}
@@ -378,4 +379,15 @@ func (st *Store) Get(ctx context.Context, name string, file []config.Schedule) (
 		return all[i], nil
 	}
 	return Info{}, fmt.Errorf("schedules: %s: %w", name, ErrNotFound)
+}
+
+// runSlice runs a script through the one runner (internal/script) and
+// returns its array reply; callers name the operation in their errors.
+func runSlice(ctx context.Context, c redis.Scripter, s *redis.Script, keys []string, args ...any) ([]any, error) {
+	v, err := script.Run(ctx, c, s, "", keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	a, _ := v.([]any)
+	return a, nil
 }

@@ -13,10 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Run runs s on c and returns its reply. Errors name op, e.g. "demo begin".
+// Run runs s on c and returns its reply. Errors name op, e.g. "demo begin"
+// (op "" leaves the naming to a caller that wraps every error itself).
 func Run(ctx context.Context, c redis.Scripter, s *redis.Script, op string, keys []string, args ...any) (any, error) {
 	v, err := s.Run(ctx, c, keys, args...).Result()
-	if err != nil && err != redis.Nil {
+	if err != nil && err != redis.Nil && op != "" {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	return v, err
