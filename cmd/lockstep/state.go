@@ -129,6 +129,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 		ttl     *redis.DurationCmd
 		fence   *redis.StringCmd
 		waiters *redis.IntCmd
+		queued  *redis.IntCmd // lockstep.WithLock / Acquire callers waiting in arrival order
 	}
 	cs := make([]cmds, len(resources))
 	_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -138,6 +139,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 				ttl:     p.PTTL(ctx, k.Key(r)),
 				fence:   p.Get(ctx, k.FenceKey(r)),
 				waiters: p.ZCard(ctx, a.waitersKey(r)),
+				queued:  p.ZCard(ctx, k.Key(r)+":queue"),
 			}
 		}
 		return nil
@@ -163,7 +165,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
 			v.HeldMs = &held
 		}
-		v.Waiters = c.waiters.Val()
+		v.Waiters = c.waiters.Val() + c.queued.Val()
 		out = append(out, v)
 	}
 	return out, nil
