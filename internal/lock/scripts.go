@@ -9,6 +9,10 @@ import (
 )
 
 var (
+	// lib.lua holds the functions acquire.lua and release.lua share; it is
+	// prepended to both, so the two run one copy of the code.
+	//go:embed lua/lib.lua
+	libLua string
 	//go:embed lua/acquire.lua
 	acquireLua string
 	//go:embed lua/release.lua
@@ -22,8 +26,8 @@ var (
 	//go:embed lua/leave.lua
 	leaveLua string
 
-	scriptAcquire    = redis.NewScript(acquireLua)
-	scriptRelease    = redis.NewScript(releaseLua)
+	scriptAcquire    = redis.NewScript(libLua + acquireLua)
+	scriptRelease    = redis.NewScript(libLua + releaseLua)
 	scriptRenew      = redis.NewScript(renewLua)
 	scriptRenewBatch = redis.NewScript(renewBatchLua)
 	scriptFenceRaise = redis.NewScript(fenceRaiseLua)
