@@ -31,6 +31,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -53,8 +54,7 @@ type Member struct {
 	dir       string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd exits
+	proc proctest.Proc
 }
 
 // Start starts a one-member cluster.
@@ -245,10 +245,7 @@ func (m *Member) WaitHealthy() {
 func (m *Member) signal(sig syscall.Signal) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.cmd == nil {
-		m.tb.Fatalf("etcdtest: %s is not running", m.Name)
-	}
-	if err := m.cmd.Process.Signal(sig); err != nil {
+	if err := m.proc.Signal(sig); err != nil {
 		m.tb.Fatalf("etcdtest: signal %v to %s: %v", sig, m.Name, err)
 	}
 }
@@ -256,22 +253,13 @@ func (m *Member) signal(sig syscall.Signal) {
 func (m *Member) startProcess(bin string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	cmd := exec.Command(bin, m.args...)
-	// The member dies with the test binary even if cleanup never runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	m.cmd, m.done = cmd, done
-	return nil
+	return m.proc.Start(bin, m.args...)
 }
 
 // waitHealthy polls the member's /health until it answers healthy.
 func (m *Member) waitHealthy() error {
 	m.mu.Lock()
-	done := m.done
+	done := m.proc.Done()
 	m.mu.Unlock()
 	hc := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(startTimeout)
@@ -306,15 +294,7 @@ func (m *Member) logTail() string {
 	return string(b)
 }
 
-func (m *Member) killLocked() {
-	if m.cmd == nil {
-		return
-	}
-	_ = m.cmd.Process.Signal(syscall.SIGCONT) // a paused process must run to die cleanly
-	_ = m.cmd.Process.Kill()
-	<-m.done
-	m.cmd, m.done = nil, nil
-}
+func (m *Member) killLocked() { m.proc.Kill() }
 
 func (c *Cluster) killAll() {
 	for _, m := range c.Members {

@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -45,8 +46,7 @@ type Server struct {
 	dir  string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd exits
+	proc proctest.Proc
 }
 
 // Start starts a private redis-server. Extra config directives may be given
@@ -186,10 +186,7 @@ func (s *Server) Restart() {
 func (s *Server) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
-		s.tb.Fatalf("redistest: %s is not running", s.Addr)
-	}
-	if err := s.cmd.Process.Signal(sig); err != nil {
+	if err := s.proc.Signal(sig); err != nil {
 		s.tb.Fatalf("redistest: signal %v to %s: %v", sig, s.Addr, err)
 	}
 }
@@ -201,15 +198,9 @@ func (s *Server) start(bin string) error {
 }
 
 func (s *Server) startLocked(bin string) error {
-	cmd := exec.Command(bin, s.args...)
-	// The server dies with the test binary even if cleanup never runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := s.proc.Start(bin, s.args...); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	s.cmd, s.done = cmd, done
 	if err := s.waitReady(); err != nil {
 		s.killLocked()
 		log, _ := os.ReadFile(logFile(s.dir, s.Port))
@@ -224,7 +215,7 @@ func (s *Server) waitReady() error {
 	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
-		case <-s.done:
+		case <-s.proc.Done():
 			return errors.New("redis-server exited during start")
 		default:
 		}
@@ -241,14 +232,7 @@ func (s *Server) waitReady() error {
 	}
 }
 
-func (s *Server) killLocked() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd, s.done = nil, nil
-}
+func (s *Server) killLocked() { s.proc.Kill() }
 
 func (s *Server) stop() { s.Kill() }
 
