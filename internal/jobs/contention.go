@@ -51,10 +51,6 @@ func (s *Server) keys(resource string) resourceKeys {
 	return resourceKeys{lock: k, fence: s.locker.FenceKey(resource), waiters: k + ":waiters"}
 }
 
-// waitersKey is the zset of tasks waiting for resource; it shares the lock's
-// hash tag.
-func (s *Server) waitersKey(resource string) string { return s.keys(resource).waiters }
-
 // doneKey marks a task that ran under a hand-off until asynq has completed it.
 func (s *Server) doneKey(resource, queue, id string) string {
 	return s.locker.Key(resource) + ":done:" + queue + ":" + id

@@ -34,9 +34,6 @@ func (p *Proc) Start(bin string, args ...string) error {
 // Done is closed when the process started last exits (nil when none runs).
 func (p *Proc) Done() <-chan struct{} { return p.done }
 
-// Running reports whether a started process has not been killed.
-func (p *Proc) Running() bool { return p.cmd != nil }
-
 // Signal sends sig to the process, e.g. SIGSTOP to pause it.
 func (p *Proc) Signal(sig syscall.Signal) error {
 	if p.cmd == nil {
