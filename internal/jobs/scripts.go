@@ -9,16 +9,25 @@ import (
 )
 
 var (
-	//go:embed lua/contended.lua
-	contendedLua string
-	//go:embed lua/next_waiter.lua
-	nextWaiterLua string
+	//go:embed lua/fence.lua
+	fenceLua string
+	//go:embed lua/take.lua
+	takeLua string
+	//go:embed lua/handoff.lua
+	handoffLua string
+	//go:embed lua/grant.lua
+	grantLua string
+	//go:embed lua/claim.lua
+	claimLua string
 	//go:embed lua/wake.lua
 	wakeLua string
 
-	scriptContended  = redis.NewScript(contendedLua)
-	scriptNextWaiter = redis.NewScript(nextWaiterLua)
-	scriptWake       = redis.NewScript(wakeLua)
+	// take and handoff take locks: they share the lock package's fence rule.
+	scriptTake    = redis.NewScript(fenceLua + takeLua)
+	scriptHandoff = redis.NewScript(fenceLua + handoffLua)
+	scriptGrant   = redis.NewScript(grantLua)
+	scriptClaim   = redis.NewScript(claimLua)
+	scriptWake    = redis.NewScript(wakeLua)
 )
 
 // run calls a script through the project's one runner (internal/script);
