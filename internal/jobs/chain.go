@@ -21,7 +21,7 @@ import (
 //	run T1 (delivered by asynq) ──► handoff: lock → T2, T1 marked done
 //	     claim T2 (retry set, score = lease) ──► run T2 ──► handoff: lock → T3, T2 marked done
 //	     complete T2 + claim T3 (one call) ──► run T3 ──► handoff: released, no one waits
-//	     complete T3; drop the markers; return T1's result to asynq
+//	     complete T3; drop T2's and T3's markers; return T1's result to asynq
 //
 // The lock never becomes free between two holders, so no task barges in and
 // the next holder needs no acquire; no worker's poll is waited for. A claimed
@@ -30,10 +30,14 @@ import (
 // forwarder, which offers it again when the lease passes.
 //
 // Done markers keep a hand-off from running a task twice: the handoff that
-// ends a task's run marks it done (with its outcome) in the same step, until
-// asynq has completed it (T1: when the chain returns; the others: at the
-// next claim). A delivery of a marked task (the chain's worker crashed or
-// stopped first) returns the outcome instead of running it (take.lua).
+// ends a task's run marks it done (with its outcome) in the same step. A
+// delivery of a marked task (the chain's worker crashed or stopped first, or
+// asynq completes the task itself: a retention, a failure) returns the
+// outcome instead of running it (take.lua). A chained task's marker is
+// dropped once claim.lua has completed the task in asynq, when no delivery
+// of it is left; every other "ok" marker stays until markerTTL, because the
+// delivery that read it can be lost too (its worker killed before asynq's
+// completion), and the next one must read it again.
 
 // grant is a lock handed on to a waiting task.
 type grant struct {
@@ -162,9 +166,10 @@ func (s *Server) chaining(ctx context.Context) bool {
 }
 
 // chain runs the tasks the lock is handed on to, starting with g, in this
-// slot. first is the done marker of the task asynq delivered, dropped at the
-// end unless asynq gave up on that task meanwhile.
-func (s *Server) chain(ctx context.Context, g *grant, first string) {
+// slot. The done marker of the task asynq delivered is left to expire: asynq
+// completes that task only after the chain returns, and a worker killed in
+// between leaves it to be delivered again, which must read the marker.
+func (s *Server) chain(ctx context.Context, g *grant) {
 	var done *finished
 	drop := ""
 	for g != nil {
@@ -200,15 +205,10 @@ func (s *Server) chain(ctx context.Context, g *grant, first string) {
 			s.log.Warn("completing a handed-on task failed; its done marker keeps it from running again", "id", done.id, "err", err)
 		}
 	}
-	var markers []string
-	if ctx.Err() == nil {
-		markers = append(markers, first)
-	}
 	if drop != "" {
-		markers = append(markers, drop)
-	}
-	if len(markers) > 0 {
-		_ = s.client.Del(wctx, markers...).Err()
+		// Its task is complete in asynq (claim.lua deleted it): no delivery
+		// of it is left to read the marker.
+		_ = s.client.Del(wctx, drop).Err()
 	}
 }
 

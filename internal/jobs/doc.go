@@ -35,9 +35,12 @@
 // chain whose worker dies leaves the task to asynq's own forwarder, which
 // offers it again once the lease passes. Done markers keep a hand-off from
 // running a task twice: the release that ends a run marks the task done
-// with its outcome, in the same step, until asynq has completed it; a
-// delivery of a marked task (its chain's worker died or stopped first)
-// returns the outcome without running it. A handed-on task that fails is
+// with its outcome, in the same step; a delivery of a marked task (its
+// chain's worker died or stopped first, or asynq completes it itself: a
+// retention, a failure) returns the outcome without running it. An "ok"
+// marker is read, never consumed, by such a delivery, since that delivery's
+// own worker may die before asynq completes the task; it is dropped only
+// once the task is gone from asynq. A handed-on task that fails is
 // given back to asynq, whose delivery replays the failure, so the retry
 // count and backoff are asynq's own.
 //
@@ -79,8 +82,11 @@
 // order (JSON ["queue","id"] -> first contention, Unix ms with microseconds;
 // it expires 3 × Backoff.Max, at least a minute, after the last contention),
 // and P{R}:done:<queue>:<id>, a task's done marker (its outcome: "ok",
-// "fail:<error>", "skip:<error>"; dropped once asynq completed the task, at
-// most a day). A lock granted to a waiter that asynq is to deliver holds
+// "fail:<error>", "skip:<error>"; a failure's is consumed by the delivery
+// that replays it; an "ok" one is dropped once a chain has completed the
+// task in asynq, else it expires after a day; a task enqueued again with the
+// same TaskID within that day, after a hand-off ran it, completes without
+// running). A lock granted to a waiter that asynq is to deliver holds
 // "g:<waiter>:<token>". In asynq's keys (v0.26 layout), a claimed task's
 // retry score is its lease, and a task that waits in its worker has the
 // field lockstep_waits in its hash. The demo job (internal/demo) writes

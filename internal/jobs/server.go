@@ -294,7 +294,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 	h := &handoff{mark: 'g'}
 	err := s.run(ctx, spec, job, payload, lease, h)
 	if h.next != nil {
-		s.chain(ctx, h.next, s.doneKey(job.Resource, job.Queue, job.ID))
+		s.chain(ctx, h.next)
 	}
 	return err
 }

@@ -23,7 +23,12 @@
 --   {4, pttl, since, ahead, head}  free, but head waited longer (its holder
 --                       died): granted to head, and this task waits as for {0}
 --   {3, outcome}        this task already ran under a hand-off (its done
---                       marker, consumed): "ok", "fail:<msg>" or "skip:<msg>"
+--                       marker): "ok", "fail:<msg>" or "skip:<msg>". A failure's
+--                       marker is consumed (asynq retries the task, and that
+--                       retry runs it anew); an "ok" marker is kept until it
+--                       expires: the delivery that reads it may itself be lost
+--                       (its worker killed before asynq completed the task),
+--                       and the next delivery must read it again.
 -- join puts this task among the waiters (keeping its place if it has one)
 -- unless it does not wait; it returns its first contention if that is now
 -- (else "") and the number of waiters before it.
@@ -43,7 +48,9 @@ end
 
 local done = redis.call('GET', KEYS[4])
 if done then
-  redis.call('DEL', KEYS[4])
+  if done ~= 'ok' then
+    redis.call('DEL', KEYS[4])
+  end
   return {3, done}
 end
 local cur = redis.call('GET', KEYS[1])
