@@ -4,13 +4,12 @@ import (
 	"context"
 	_ "embed"
 
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
 var (
-	//go:embed lua/fence.lua
-	fenceLua string
 	//go:embed lua/take.lua
 	takeLua string
 	//go:embed lua/handoff.lua
@@ -22,9 +21,10 @@ var (
 	//go:embed lua/wake.lua
 	wakeLua string
 
-	// take and handoff take locks: they share the lock package's fence rule.
-	scriptTake    = redis.NewScript(fenceLua + takeLua)
-	scriptHandoff = redis.NewScript(fenceLua + handoffLua)
+	// take and handoff take locks: the lock package's fence rule
+	// (nextfence, internal/lock/lua/lib.lua) is prepended to them.
+	scriptTake    = redis.NewScript(lock.ScriptLib() + takeLua)
+	scriptHandoff = redis.NewScript(lock.ScriptLib() + handoffLua)
 	scriptGrant   = redis.NewScript(grantLua)
 	scriptClaim   = redis.NewScript(claimLua)
 	scriptWake    = redis.NewScript(wakeLua)

@@ -53,6 +53,6 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 -- the full rule.
 local fence = redis.call('INCR', KEYS[2])
 if fence == 1 then
-  fence = next_fence(KEYS[2], ARGV[4])
+  fence = nextfence(KEYS[2], ARGV[4])
 end
 return {2, head, fence}

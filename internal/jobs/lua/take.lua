@@ -53,27 +53,27 @@ if done then
   end
   return {3, done}
 end
-local cur = redis.call('GET', KEYS[1])
-if not cur then
+-- Free: taken at once (the common case, in the fewest commands). If others
+-- wait longer (their holder died, so no one handed on), it goes to the
+-- first of them instead, and this task waits its turn.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head and head ~= ARGV[4] then
-    -- Free, but others wait longer (their holder died, so no one handed
-    -- on): the lock goes to the first of them, and this task waits its turn.
     redis.call('ZREM', KEYS[3], head)
     redis.call('SET', KEYS[1], 'g:' .. head .. ':' .. ARGV[1], 'PX', ARGV[2])
-    next_fence(KEYS[2], ARGV[3])
+    nextfence(KEYS[2], ARGV[3])
     local since, ahead = join()
     return {4, redis.call('PTTL', KEYS[1]), since, ahead, head}
   end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  local fence = next_fence(KEYS[2], ARGV[3])
+  local fence = nextfence(KEYS[2], ARGV[3])
   if head then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
   return {1, ARGV[1], fence}
 end
+local cur = redis.call('GET', KEYS[1])
 local granted = 'g:' .. ARGV[4] .. ':'
-if string.sub(cur, 1, #granted) == granted then
+if cur and string.sub(cur, 1, #granted) == granted then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {2, cur, tonumber(redis.call('GET', KEYS[2]))}
 end
