@@ -120,16 +120,14 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 		t.Fatalf("completed tasks: %d, %v", len(tasks), err)
 	}
 	retried := map[string]int{}
-	contended, maxContended := 0, 0
-	count := regexp.MustCompile(`contended (\d+) times`)
+	contended := 0
+	busy := regexp.MustCompile(`lock "[^"]+" busy`)
 	for _, task := range tasks {
 		var p demo.Payload
 		_ = json.Unmarshal(task.Payload, &p)
 		retried[p.OrderID] += task.Retried
-		if m := count.FindStringSubmatch(task.LastErr); m != nil {
+		if busy.MatchString(task.LastErr) {
 			contended++
-			n, _ := strconv.Atoi(m[1])
-			maxContended = max(maxContended, n)
 		}
 	}
 	for order := range perOrder {
@@ -137,10 +135,13 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 			t.Errorf("order %s: tasks retried %d times in all, but only %d executions failed", order, retried[order], failedRuns[order])
 		}
 	}
-	t.Logf("%d of %d jobs met a busy lock, one of them %d times (max retry %d); %d failed executions",
-		contended, jobsN, maxContended, maxRetry, sum(failedRuns))
-	if maxContended <= maxRetry {
-		t.Errorf("no job contended more than its %d retries allow: the test did not show contention spares the budget", maxRetry)
+	// With the hand-off a waiting job usually contends once, then runs when
+	// handed the lock; internal/jobs' TestContentionDoesNotUseRetries shows
+	// more contentions than retries.
+	t.Logf("%d of %d jobs met a busy lock (max retry %d); %d failed executions",
+		contended, jobsN, maxRetry, sum(failedRuns))
+	if contended < jobsN/10 {
+		t.Errorf("only %d of %d jobs met a busy lock: the test did not show contention spares the budget", contended, jobsN)
 	}
 }
 

@@ -120,9 +120,9 @@ type WorkerSettings struct {
 	ShutdownTimeout      time.Duration  `yaml:"shutdown_timeout"`
 	ContentionBackoffMin time.Duration  `yaml:"contention_backoff_min"`
 	ContentionBackoffMax time.Duration  `yaml:"contention_backoff_max"`
-	// PollInterval is how often an idle worker looks for tasks, and so how
-	// soon a task woken by a lock's release starts; 0 derives it from
-	// ContentionBackoffMin (within 20ms..1s).
+	// PollInterval is how often an idle worker looks for new tasks (a lock's
+	// release hands on to the next waiter without waiting for it); 0
+	// derives it from ContentionBackoffMin (within 20ms..1s).
 	PollInterval time.Duration `yaml:"poll_interval"`
 	Demo         bool          `yaml:"demo"` // register the built-in demo:order.pay job (default false; cmd/worker registers it with worker.DemoJob)
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -42,15 +44,19 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // test and an uncounted one for enqueueing.
 type benchRig struct {
 	client  *redis.Client
+	admin   *redis.Client // uncounted: stats
 	counter *commandCounter
 	enq     *asynq.Client
 	metrics *metrics.Metrics
+	srv     *Server // the last serveLocked's
+	cpuBase float64
 }
 
 func newBenchRig(b *testing.B) *benchRig {
 	rs := redistest.Start(b)
 	r := &benchRig{
 		client:  rs.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true }),
+		admin:   rs.Client(),
 		counter: &commandCounter{},
 		enq:     asynq.NewClientFromRedisClient(rs.Client()),
 		metrics: metrics.New(nil),
@@ -80,6 +86,7 @@ func (r *benchRig) serveLocked(b *testing.B, cfg Config, specs ...Spec) (stop fu
 		Client: r.client, Locker: lock.New(r.client, lock.WithMetrics(r.metrics)), Watchdog: wd,
 		Registry: reg, Metrics: r.metrics, Config: cfg,
 	})
+	r.srv = srv
 	if err := srv.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -89,7 +96,9 @@ func (r *benchRig) serveLocked(b *testing.B, cfg Config, specs ...Spec) (stop fu
 	}
 }
 
-// servePlain runs h on a plain asynq server with the same polling as ours.
+// servePlain runs h on a plain asynq server with the same polling as ours;
+// contention errors (*ContendedError) are retried after their delay without
+// counting a failure, as our server does.
 func (r *benchRig) servePlain(b *testing.B, cfg Config, h asynq.HandlerFunc) (stop func()) {
 	poll := min(max(cfg.Backoff.Min, 20*time.Millisecond), time.Second)
 	srv := asynq.NewServerFromRedisClient(r.client, asynq.Config{
@@ -98,6 +107,8 @@ func (r *benchRig) servePlain(b *testing.B, cfg Config, h asynq.HandlerFunc) (st
 		DelayedTaskCheckInterval: poll,
 		LogLevel:                 asynq.ErrorLevel,
 		ShutdownTimeout:          time.Second,
+		IsFailure:                isFailure,
+		RetryDelayFunc:           retryDelay(cfg.Backoff),
 	})
 	if err := srv.Start(h); err != nil {
 		b.Fatal(err)
@@ -128,6 +139,43 @@ func (c *counter) add() {
 	}
 }
 
+// serverStats are counted by the Redis server itself (INFO): every command,
+// asynq's and those inside scripts included.
+type serverStats struct {
+	commands int64
+	cpu      time.Duration
+}
+
+// resetStats zeroes the server's command count and notes its CPU time.
+func (r *benchRig) resetStats(b *testing.B) {
+	ctx := context.Background()
+	if err := r.admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	r.cpuBase = r.info(b, "cpu", "used_cpu_user") + r.info(b, "cpu", "used_cpu_sys")
+}
+
+func (r *benchRig) stats(b *testing.B) serverStats {
+	n := r.info(b, "stats", "total_commands_processed")
+	cpu := r.info(b, "cpu", "used_cpu_user") + r.info(b, "cpu", "used_cpu_sys") - r.cpuBase
+	return serverStats{commands: int64(n) - 1, cpu: time.Duration(cpu * float64(time.Second))} // less our INFO
+}
+
+func (r *benchRig) info(b *testing.B, section, field string) float64 {
+	s, err := r.admin.Info(context.Background(), section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	b.Fatalf("INFO %s has no %s", section, field)
+	return 0
+}
+
 // BenchmarkThroughput compares no-op jobs through the lock middleware (each
 // on its own resource: acquire, watchdog hold, release) with the same jobs
 // on a plain asynq server, on the same kind of Redis, in one run.
@@ -139,6 +187,7 @@ func BenchmarkThroughput(b *testing.B) {
 			r.enqueue(b, "bench:noop", b.N, func(i int) string { return fmt.Sprintf("res-%d", i) })
 			c := newCounter(b.N)
 			r.counter.n.Store(0)
+			r.resetStats(b)
 			b.ResetTimer()
 			var stop func()
 			if mode == "asynq" {
@@ -154,75 +203,249 @@ func BenchmarkThroughput(b *testing.B) {
 			waitDone(b, c.done, 5*time.Minute)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
-			b.ReportMetric(float64(r.counter.n.Load())/float64(b.N), "redis-cmds/job")
+			b.ReportMetric(float64(r.counter.n.Load())/float64(b.N), "client-cmds/job")
+			st := r.stats(b)
+			b.ReportMetric(float64(st.commands)/float64(b.N), "server-cmds/job")
+			b.ReportMetric(st.cpu.Seconds()*1e6/float64(b.N), "redis-cpu-us/job")
 			stop()
 		})
 	}
 }
 
-// BenchmarkContention runs 200 jobs on one order with 8 handlers at once,
-// each job working 5ms under the lock: through the middleware, where a busy
-// lock requeues the job (woken by the next release, backoff as the
-// fallback), with the default poll interval (100ms, from the backoff's
-// minimum) and with 10ms; and on a plain asynq server whose handler spins on
-// the lock, retrying every 50-100ms and holding its worker slot meanwhile.
-// It reports lock attempts and Redis commands (all of them, asynq's polling
-// included) per completed job, and the wall time of the 200 jobs.
+// hotRun is one run of jobs on hot resources: what each job did, in the
+// order the jobs started.
+type hotRun struct {
+	mu     sync.Mutex
+	starts []hotStart
+	since  map[string]float64 // job id -> first contention (Unix ms), from the server's onWait
+	total  int
+	done   chan struct{}
+}
+
+type hotStart struct {
+	id, resource string
+	start, end   time.Time
+}
+
+func newHotRun(total int) *hotRun {
+	return &hotRun{since: map[string]float64{}, total: total, done: make(chan struct{})}
+}
+
+func (h *hotRun) waited(job Job, since float64) {
+	h.mu.Lock()
+	if _, ok := h.since[job.ID]; !ok {
+		h.since[job.ID] = since
+	}
+	h.mu.Unlock()
+}
+
+// work runs one job: work long, recorded.
+func (h *hotRun) work(id, resource string, work time.Duration) {
+	start := time.Now()
+	time.Sleep(work)
+	h.mu.Lock()
+	h.starts = append(h.starts, hotStart{id: id, resource: resource, start: start, end: time.Now()})
+	if len(h.starts) == h.total {
+		close(h.done)
+	}
+	h.mu.Unlock()
+}
+
+// figures are what the hot-resource benchmarks report.
+type figures struct {
+	makespan  time.Duration
+	serial    time.Duration // sum of the jobs' own run times
+	maxSerial time.Duration // the largest per-resource sum
+	maxGap    time.Duration // longest idle time of a resource between two of its jobs
+	fifoOut   float64       // share of waiting jobs that started after one that first waited later
+}
+
+func (h *hotRun) figures(begin time.Time) figures {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var f figures
+	perRes := map[string]time.Duration{}
+	lastEnd := map[string]time.Time{}
+	var end time.Time
+	for _, s := range h.starts {
+		d := s.end.Sub(s.start)
+		f.serial += d
+		perRes[s.resource] += d
+		f.maxSerial = max(f.maxSerial, perRes[s.resource])
+		if e, ok := lastEnd[s.resource]; ok {
+			f.maxGap = max(f.maxGap, s.start.Sub(e))
+		}
+		lastEnd[s.resource] = s.end
+		if s.end.After(end) {
+			end = s.end
+		}
+	}
+	f.makespan = end.Sub(begin)
+	// FIFO, per resource: a job is out of order when a job of its resource
+	// that first waited later started before it.
+	waited, out := 0, 0
+	latest := map[string]float64{}
+	for _, s := range h.starts {
+		since, ok := h.since[s.id]
+		if !ok {
+			continue
+		}
+		waited++
+		if since < latest[s.resource] {
+			out++
+		}
+		latest[s.resource] = max(latest[s.resource], since)
+	}
+	if waited > 0 {
+		f.fifoOut = float64(out) / float64(waited)
+	}
+	return f
+}
+
+// hotModes are the ways BenchmarkContention and BenchmarkHotResources run
+// the same jobs: through the lock middleware with its hand-off (the
+// default configuration), the previous design (requeue, woken into the
+// pending list by the release, started by an idle worker's poll), a plain
+// asynq handler spinning on the lock every 50-100ms, and (the floor) plain
+// asynq with no lock at all.
+var hotModes = []string{"handoff", "requeue-wake", "spin", "asynq-nolock"}
+
+// serveHot serves jobs of type bench:pay (payload: the resource) in mode.
+func (r *benchRig) serveHot(b *testing.B, mode string, cfg Config, h *hotRun, work time.Duration) (stop func()) {
+	locker := lock.New(r.client, lock.WithMetrics(r.metrics))
+	switch mode {
+	case "handoff":
+		stop := r.serveLocked(b, cfg, Spec{
+			Type:     "bench:pay",
+			Decode:   func(p []byte) (any, error) { return string(p), nil },
+			Resource: func(p any) string { return p.(string) },
+			Run: func(ctx context.Context, job Job, p any) error {
+				h.work(job.ID, p.(string), work)
+				return nil
+			},
+		})
+		r.srv.onWait = h.waited
+		return stop
+	case "requeue-wake":
+		w := &wakeBaseline{client: r.client, locker: locker, backoff: cfg.Backoff, h: h}
+		return r.servePlain(b, cfg, func(ctx context.Context, t *asynq.Task) error { return w.process(ctx, t, work) })
+	}
+	if mode == "asynq-nolock" {
+		return r.servePlain(b, cfg, func(ctx context.Context, t *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			h.work(id, string(t.Payload()), work)
+			return nil
+		})
+	}
+	return r.servePlain(b, cfg, func(ctx context.Context, t *asynq.Task) error {
+		lease, err := spinAcquire(ctx, locker, string(t.Payload()))
+		if err != nil {
+			return err
+		}
+		id, _ := asynq.GetTaskID(ctx)
+		h.work(id, string(t.Payload()), work)
+		return lease.Release(ctx)
+	})
+}
+
+// runHot enqueues perResource jobs on each of resources (interleaved, as
+// they would arrive), serves them in mode and returns the figures and the
+// server's command count per job.
+func (r *benchRig) runHot(b *testing.B, mode string, cfg Config, resources []string, perResource int, work time.Duration) (figures, serverStats) {
+	total := len(resources) * perResource
+	for i := range total {
+		res := resources[i%len(resources)]
+		if _, err := r.enq.Enqueue(asynq.NewTask("bench:pay", []byte(res)), asynq.MaxRetry(3)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h := newHotRun(total)
+	r.resetStats(b)
+	begin := time.Now()
+	stop := r.serveHot(b, mode, cfg, h, work)
+	waitDone(b, h.done, 5*time.Minute)
+	f := h.figures(begin)
+	st := r.stats(b)
+	stop()
+	return f, st
+}
+
+// BenchmarkContention runs 200 jobs of 5ms on one order with 8 handler
+// slots, in each mode, with the default configuration (poll interval
+// 100ms). It reports the makespan against the serial work (the sum of the
+// jobs' own run times), the Redis commands per job counted by the server
+// (asynq's included) against the same 200 jobs on 200 distinct orders in the
+// same mode, and the share of jobs that started out of their first-contention
+// order (handoff only: the others keep no order).
 func BenchmarkContention(b *testing.B) {
 	const jobsN, work = 200, 5 * time.Millisecond
-	for _, mode := range []string{"requeue", "requeue-poll10ms", "spin"} {
+	for _, mode := range hotModes[:3] { // without a lock, one order is not hot
 		b.Run(mode, func(b *testing.B) {
 			cfg := Config{Concurrency: 8, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
-			if mode == "requeue-poll10ms" {
-				// A woken task waits for asynq's one dequeue loop, which
-				// sleeps PollInterval/2..1.5×PollInterval on an empty queue.
-				cfg.PollInterval = 10 * time.Millisecond
-			}
 			r := newBenchRig(b)
-			locker := lock.New(r.client, lock.WithMetrics(r.metrics))
-			var elapsed time.Duration
+			var hot, distinct figures
+			var hotCmds, distinctCmds int64
 			b.ResetTimer()
 			for i := range b.N {
+				f, st := r.runHot(b, mode, cfg, []string{fmt.Sprintf("lock:order:%d", i)}, jobsN, work)
+				hot.makespan += f.makespan
+				hot.serial += f.serial
+				hot.fifoOut += f.fifoOut
+				hotCmds += st.commands
 				b.StopTimer()
-				resource := fmt.Sprintf("lock:order:%d", i)
-				r.enqueue(b, "bench:pay", jobsN, func(int) string { return resource })
-				c := newCounter(jobsN)
-				b.StartTimer()
-				begin := time.Now()
-				var stop func()
-				if mode != "spin" {
-					stop = r.serveLocked(b, cfg, Spec{
-						Type:     "bench:pay",
-						Decode:   func(p []byte) (any, error) { return string(p), nil },
-						Resource: func(p any) string { return p.(string) },
-						Run: func(ctx context.Context, _ Job, _ any) error {
-							time.Sleep(work)
-							c.add()
-							return nil
-						},
-					})
-				} else {
-					stop = r.servePlain(b, cfg, func(ctx context.Context, t *asynq.Task) error {
-						lease, err := spinAcquire(ctx, locker, string(t.Payload()))
-						if err != nil {
-							return err
-						}
-						time.Sleep(work)
-						c.add()
-						return lease.Release(ctx)
-					})
+				res := make([]string, jobsN)
+				for j := range res {
+					res[j] = fmt.Sprintf("lock:order:%d-%d", i, j)
 				}
-				waitDone(b, c.done, 5*time.Minute)
-				elapsed += time.Since(begin)
-				b.StopTimer()
-				stop()
+				f, st = r.runHot(b, mode, cfg, res, 1, work)
+				distinct.makespan += f.makespan
+				distinctCmds += st.commands
+				b.StartTimer()
 			}
-			jobs := float64(b.N * jobsN)
-			attempts := testutil.ToFloat64(r.metrics.LockAcquire.WithLabelValues(metrics.AcquireAcquired)) +
-				testutil.ToFloat64(r.metrics.LockAcquire.WithLabelValues(metrics.AcquireBusy))
-			b.ReportMetric(attempts/jobs, "lock-attempts/job")
-			b.ReportMetric(float64(r.counter.n.Load())/jobs, "redis-cmds/job")
-			b.ReportMetric(elapsed.Seconds()/float64(b.N), "s/200jobs")
+			n := float64(b.N)
+			b.ReportMetric(hot.makespan.Seconds()/n, "s/200jobs")
+			b.ReportMetric(hot.makespan.Seconds()/hot.serial.Seconds(), "x-serial")
+			b.ReportMetric(float64(hotCmds)/n/jobsN, "server-cmds/job")
+			b.ReportMetric(float64(distinctCmds)/n/jobsN, "distinct-server-cmds/job")
+			b.ReportMetric(float64(hotCmds)/float64(distinctCmds), "x-distinct-cmds")
+			if mode == "handoff" {
+				b.ReportMetric(100*hot.fifoOut/n, "fifo-out-%")
+			}
+		})
+	}
+}
+
+// BenchmarkHotResources runs 40 jobs of 5ms on each of 50 orders with 16
+// handler slots, in each mode: the makespan against the ideal (the larger
+// of one order's serial work and all work over the slots), the longest time
+// an order sat idle between two of its jobs, and FIFO as above.
+func BenchmarkHotResources(b *testing.B) {
+	const resN, perRes, work = 50, 40, 5 * time.Millisecond
+	for _, mode := range hotModes {
+		b.Run(mode, func(b *testing.B) {
+			cfg := Config{Concurrency: 16, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+			r := newBenchRig(b)
+			var sum figures
+			var ideal time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				res := make([]string, resN)
+				for j := range res {
+					res[j] = fmt.Sprintf("lock:order:%d-%d", i, j)
+				}
+				f, _ := r.runHot(b, mode, cfg, res, perRes, work)
+				sum.makespan += f.makespan
+				sum.maxGap = max(sum.maxGap, f.maxGap)
+				sum.fifoOut += f.fifoOut
+				ideal += max(f.maxSerial, f.serial/time.Duration(cfg.Concurrency))
+			}
+			n := float64(b.N)
+			b.ReportMetric(sum.makespan.Seconds()/n, "s/2000jobs")
+			b.ReportMetric(sum.makespan.Seconds()/ideal.Seconds(), "x-ideal")
+			b.ReportMetric(float64(sum.maxGap.Milliseconds()), "max-gap-ms")
+			if mode == "handoff" {
+				b.ReportMetric(100*sum.fifoOut/n, "fifo-out-%")
+			}
 		})
 	}
 }
@@ -240,4 +463,53 @@ func spinAcquire(ctx context.Context, l *lock.Locker, resource string) (*lock.Le
 		case <-time.After(50*time.Millisecond + rand.N(50*time.Millisecond)):
 		}
 	}
+}
+
+// wakeBaseline is the previous design, kept here to compare with: a busy
+// lock puts the task in the waiters and in asynq's retry set with a backoff
+// rounded up to whole seconds; a release moves the longest waiter from the
+// retry set to the pending list (wake.lua), where an idle worker's poll
+// finds it.
+type wakeBaseline struct {
+	client  *redis.Client
+	locker  *lock.Locker
+	backoff lock.Backoff
+	h       *hotRun
+}
+
+func (w *wakeBaseline) process(ctx context.Context, t *asynq.Task, work time.Duration) error {
+	resource := string(t.Payload())
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	key := w.locker.Key(resource) + ":waiters"
+	me := member(queue, id)
+	lease, err := w.locker.TryAcquire(ctx, resource, 30*time.Second)
+	if errors.Is(err, lock.ErrNotAcquired) {
+		w.client.ZAddNX(ctx, key, redis.Z{Score: float64(time.Now().UnixMilli()), Member: me})
+		ahead, _ := w.client.ZRank(ctx, key, me).Result()
+		return &ContendedError{Resource: resource, Delay: w.backoff.Nth(1 + int(ahead))}
+	}
+	if err != nil {
+		return err
+	}
+	w.h.work(id, resource, work)
+	if err := lease.Release(ctx); err != nil {
+		return err
+	}
+	w.client.ZRem(ctx, key, me)
+	for range 5 {
+		zs, err := w.client.ZPopMin(ctx, key).Result()
+		if err != nil || len(zs) == 0 {
+			return nil
+		}
+		m, _ := zs[0].Member.(string)
+		q, wid, ok := parseMember(m)
+		if !ok {
+			continue
+		}
+		if v, _ := run(ctx, w.client, scriptWake, asynqTaskKeys(q, wid), wid, time.Now().UnixNano()); v == int64(1) {
+			return nil
+		}
+	}
+	return nil
 }

@@ -6,16 +6,54 @@
 //
 //	asynq delivers ──► decode payload ──invalid──► archived (SkipRetry), never retried
 //	                        │
-//	                   resource name ──► TryAcquire (once)
+//	                   take.lua (one call) ──already ran under a hand-off──► its outcome, not run again
 //	                        │                 │
-//	                        │ busy            │ acquired
+//	                        │ busy            │ acquired (or granted)
 //	                        ▼                 ▼
-//	        count, join the waiters      watchdog.Hold ──► handler(ctx, job{fence}) ──► Release
-//	        ContendedError (no failure)                         │                        │
-//	        retry in Backoff.Nth(n+ahead)         lock lost: ctx cancelled     released: wake the
-//	        or at the next release's wake-up      run fails, retried soon      longest waiter now
+//	        joins the waiters (FIFO)     watchdog.Hold ──► handler(ctx, job{fence}) ──► Finish: handoff.lua
+//	        ContendedError (no failure)                                                   │
+//	        parked in the retry set                      no one waits: released ◄─────────┤
+//	                                      a waiter: the lock is granted to it in the same step,
+//	                                      and this slot claims and runs it (the chain, chain.go)
 //
-// # Contention and the retry budget (G6)
+// # Hand-off (G6, DESIGN.md section 6)
+//
+// A busy lock puts the task among the resource's waiters, in first-
+// contention order, and back in asynq's retry set (no failure). The
+// holder's release (handoff.lua, run by watchdog.Hold.Finish through
+// ReleaseWith: still the one end-of-hold path) grants the lock to the
+// longest waiting task in the same step, so no one barges in and the next
+// holder needs no acquire; the releasing worker then claims that task from
+// the retry set (claim.lua) and runs it in the same slot, and so on until no
+// one waits. No worker's idle poll is waited for, and a hot resource holds
+// at most one slot per chain, doing work, never waiting. Per hand-off: the
+// release and one claim (which also completes the task before it in asynq),
+// two round trips.
+//
+// A claimed task stays in the retry set with its score pushed ahead: that
+// score is its lease (the lock's TTL and more, renewed while it runs), so a
+// chain whose worker dies leaves the task to asynq's own forwarder, which
+// offers it again once the lease passes. Done markers keep a hand-off from
+// running a task twice: the release that ends a run marks the task done
+// with its outcome, in the same step; a delivery of a marked task (its
+// chain's worker died or stopped first, or asynq completes it itself: a
+// retention, a failure) returns the outcome without running it. An "ok"
+// marker is read, never consumed, by such a delivery, since that delivery's
+// own worker may die before asynq completes the task; it is dropped only
+// once the task is gone from asynq. A handed-on task that fails is
+// given back to asynq, whose delivery replays the failure, so the retry
+// count and backoff are asynq's own.
+//
+// When no hand-off can happen (the holder crashed: its lock expires within
+// its TTL), the waiters' backoff brings them back: the first in line a
+// jittered moment after the lock's remaining TTL, the others at least a
+// second later; a task that finds the lock free while others wait longer
+// grants it to the first of them (take.lua) and waits its turn. So no lost
+// wake-up stalls a resource for much more than one TTL, and order holds.
+// asynq stores retry times in whole seconds and forwards a task once its
+// second has begun, so the delay is rounded up to the next second.
+//
+// # Contention and the retry budget
 //
 // asynq counts a retry (Retried+1) only when Config.IsFailure says the error
 // is a failure; ours says no for *ContendedError, and RetryDelayFunc takes
@@ -25,35 +63,34 @@
 // asynq archives a task whose Retried has reached its MaxRetry on any error,
 // before it asks IsFailure. A task with no retries left (MaxRetry(0), or
 // after its last failure) therefore cannot be requeued: it waits for its
-// lock in the worker, with the same backoff, until its context ends.
-//
-// The backoff is decorrelated jitter (lock.Backoff.Nth) that grows with the
-// task's contentions and with the waiters ahead of it, capped at Backoff.Max.
-// asynq stores retry times in whole seconds and forwards a task once its
-// second has begun, so the delay is rounded up to the next second: it is
-// never shorter than asked, and a busy lock is never retried in a spin. The
-// backoff is only the fallback, though: every release moves the longest
-// waiting task for the resource from the retry set to the head of its queue
-// (wake.lua, in asynq's layout), so a hot resource passes from one job to the
-// next without idling. A wake-up can be lost (the holder crashed, the lock
-// expired, the waiter was still on its way to the retry set); the backoff
-// then brings the task back.
+// lock in the worker, as Wait does, until its context ends.
 //
 // # Contention policies
 //
 // Requeue (above) is the default. Skip completes the task without running
-// the handler (result "skipped"): for duplicates of work already running.
-// Wait first waits in the worker, with the backoff, up to a bound, then
-// requeues: for short critical sections.
+// the handler (result "skipped"): for duplicates of work already running;
+// it does not join the waiters. Wait waits in the worker, up to a bound, in
+// its place among the waiters: a hand-off grants it the lock and wakes it
+// with a notice (pub/sub on P{R}:granted; the backoff re-asks only as the
+// fallback), and its own release hands on; past the bound it is parked as
+// for Requeue.
 //
 // # Redis keys
 //
 // Besides the lock's keys (internal/lock), for resource R and prefix P, under
-// the lock's hash tag: P{R}:waiters, a zset of waiting tasks (JSON
-// ["queue","id"] -> first contention, Unix ms), and P{R}:contended:<queue>:<id>,
-// a task's contention count. Both expire on their own (3 × Backoff.Max, at
-// least a minute, after the last contention). The demo job (internal/demo)
-// writes Pdemo:order:<order_id>, the stream Pdemo:executions and the log
+// the lock's hash tag: P{R}:waiters, a zset of waiting tasks in serving
+// order (JSON ["queue","id"] -> first contention, Unix ms with microseconds;
+// it expires 3 × Backoff.Max, at least a minute, after the last contention),
+// and P{R}:done:<queue>:<id>, a task's done marker (its outcome: "ok",
+// "fail:<error>", "skip:<error>"; a failure's is consumed by the delivery
+// that replays it; an "ok" one is dropped once a chain has completed the
+// task in asynq, else it expires after a day; a task enqueued again with the
+// same TaskID within that day, after a hand-off ran it, completes without
+// running). A lock granted to a waiter that asynq is to deliver holds
+// "g:<waiter>:<token>". In asynq's keys (v0.26 layout), a claimed task's
+// retry score is its lease, and a task that waits in its worker has the
+// field lockstep_waits in its hash. The demo job (internal/demo) writes
+// Pdemo:order:<order_id>, the stream Pdemo:executions and the log
 // Pdemo:writes.
 //
 // # Failure handling
@@ -80,7 +117,12 @@
 //
 // A crashed worker's task is delivered again only when asynq's recoverer sees
 // its lease (30s, extended every 5s) expired for 30s, and the recoverer runs
-// at start and then every minute: one to two minutes, asynq's constants. The
-// lock itself frees within one TTL. Wake-ups follow asynq v0.26's Redis
-// layout; TestContentionWakesNextWaiter fails if that layout changes.
+// at start and then every minute: one to two minutes, asynq's constants (a
+// task a chain had claimed comes back sooner, when its own lease passes).
+// The lock itself frees within one TTL. A task that a crash interrupted
+// joins the waiters again at the end. The hand-off follows asynq v0.26's
+// Redis layout (claim.lua completes a task as asynq's Done does, without its
+// wrap of the processed total at MaxInt64); the hand-off tests fail if that
+// layout changes. A handed-on task with a Retention is completed by asynq
+// itself (a delivery that replays its outcome), a poll later.
 package jobs

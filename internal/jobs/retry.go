@@ -19,12 +19,12 @@ var SkipRetry = asynq.SkipRetry
 // and RetryDelay takes the delay from it.
 type ContendedError struct {
 	Resource string
-	Count    int           // times this task found its lock busy, this one included
-	Delay    time.Duration // backoff before the task is offered again
+	Ahead    int           // tasks waiting for the lock before this one
+	Delay    time.Duration // fallback backoff, should no hand-off claim the task first
 }
 
 func (e *ContendedError) Error() string {
-	return fmt.Sprintf("lock %q busy (contended %d times); requeued in %v", e.Resource, e.Count, e.Delay.Round(time.Millisecond))
+	return fmt.Sprintf("lock %q busy (%d waiting before); waits for a hand-off, at most %v", e.Resource, e.Ahead, e.Delay.Round(time.Millisecond))
 }
 
 // lostError is the result of a failed run during which the lock was lost:

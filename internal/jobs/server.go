@@ -45,16 +45,16 @@ type Config struct {
 	Concurrency     int           // handlers running at once; default 10
 	ShutdownTimeout time.Duration // all of Stop: handlers finish, leases are released; 0: no grace
 	LockTTL         time.Duration // for specs without a TTL; default 30s
-	// Backoff is the delay before a task whose lock was busy (or lost) is
-	// offered again, unless a release wakes it first: decorrelated jitter
-	// from Min, growing with the task's contentions and the waiters ahead of
-	// it, capped at Max. Default 100ms..10s.
+	// Backoff is the fallback delay of a task whose lock was busy, should
+	// no hand-off reach it first (added to the lock's remaining TTL, more
+	// for the waiters behind the first), and the retry delay after a lost
+	// lock: decorrelated jitter from Min, capped at Max. Default 100ms..10s.
 	Backoff lock.Backoff
 	// PollInterval is how often an idle worker looks for tasks (asynq sleeps
-	// 0.5 to 1.5 of it after finding every queue empty), which is also how
-	// soon a woken task starts, and how often due retries are moved back to
-	// their queues. Default Backoff.Min within [20ms, 1s]; asynq's own
-	// defaults are 1s and 5s.
+	// 0.5 to 1.5 of it after finding every queue empty) and how often due
+	// retries are moved back to their queues; a hand-off never waits for
+	// it. Default Backoff.Min within [20ms, 1s]; asynq's own defaults are 1s
+	// and 5s.
 	PollInterval time.Duration
 }
 
@@ -80,6 +80,10 @@ type Server struct {
 	log      *slog.Logger
 	cfg      Config
 	srv      *asynq.Server
+
+	// onWait, when set (tests, benchmarks), sees every task that joins a
+	// resource's waiters, with its first contention (Unix ms).
+	onWait func(job Job, since float64)
 
 	state    atomic.Int32
 	mu       sync.Mutex
@@ -256,24 +260,84 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, err)
 	}
 	if spec.Resource == nil {
-		return s.run(ctx, spec, job, payload, nil)
+		return s.run(ctx, spec, job, payload, nil, nil)
 	}
 	if job.Resource = spec.Resource(payload); job.Resource == "" {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
 	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
-	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
+	if s.locker.Backend() != "single" {
+		// Redlock and etcd keep the locks away from the queue's Redis: the
+		// hand-off (one script over the lock and the queue) cannot span
+		// them, so those back ends take the lock through the Locker.
+		return s.serveThroughLocker(ctx, t, spec, job, payload, ttl)
+	}
+	r, err := s.take(ctx, job, ttl, waitMode(spec))
 	switch {
-	case errors.Is(err, lock.ErrNotAcquired):
-		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
-		if lease, err = s.contended(ctx, t, spec, job, ttl); lease == nil {
-			return err
-		}
 	case err != nil:
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	case r.done:
+		return s.replay(job, r.outcome)
+	case r.lease == nil:
+		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		if r.lease, err = s.contended(ctx, t, spec, job, ttl, r); r.lease == nil {
+			return err
+		}
 	}
-	return s.run(ctx, spec, job, payload, lease)
+	return s.serve(ctx, spec, job, payload, r.lease)
+}
+
+// serve runs job under lease, then, in this same slot, every task the lock
+// is handed on to (chain.go).
+func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+	h := &handoff{mark: 'g'}
+	err := s.run(ctx, spec, job, payload, lease, h)
+	if h.next != nil {
+		s.chain(ctx, h.next)
+	}
+	return err
+}
+
+// serveThroughLocker runs job under a lock taken through the Locker's back
+// end (Redlock, etcd): a busy lock is skipped, waited for (Wait) or
+// requeued with the backoff, and a release wakes no one (waiters come back
+// at their backoff).
+func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Spec, job Job, payload any, ttl time.Duration) error {
+	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
+	if errors.Is(err, lock.ErrNotAcquired) {
+		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		switch spec.Contention {
+		case Skip:
+			s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()
+			if w := t.ResultWriter(); w != nil {
+				_, _ = w.Write([]byte(ResultSkipped))
+			}
+			return nil
+		case Wait:
+			lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff))
+		}
+		if errors.Is(err, lock.ErrNotAcquired) && ctx.Err() == nil {
+			if job.Attempt > job.MaxRetry {
+				// No retries left to requeue with: wait for the lock.
+				lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff))
+			} else {
+				return &ContendedError{Resource: job.Resource, Delay: s.cfg.Backoff.Nth(job.Attempt)}
+			}
+		}
+	}
+	if err != nil {
+		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	}
+	return s.run(ctx, spec, job, payload, lease, nil)
+}
+
+// waitMode is how a task of spec waits when its lock is busy.
+func waitMode(spec *Spec) string {
+	if spec.Contention == Skip {
+		return waitNot
+	}
+	return waitJoin
 }
 
 func (s *Server) invalid(job Job, err error) error {
@@ -282,42 +346,39 @@ func (s *Server) invalid(job Job, err error) error {
 	return fmt.Errorf("invalid payload for %s: %v: %w", job.Type, err, SkipRetry)
 }
 
-// contended applies the spec's contention policy to a busy lock. It returns
-// a lease to run with, or the task's result.
-func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration) (*lock.Lease, error) {
-	switch spec.Contention {
-	case Skip:
+// contended applies the spec's contention policy to a busy lock (take.lua
+// has put the task among the waiters, unless it skips). It returns a lease
+// to run with, or the task's result.
+func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration, r takeResult) (*lock.Lease, error) {
+	switch {
+	case spec.Contention == Skip:
 		s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()
 		s.log.Info("lock busy; task skipped as a duplicate", "type", job.Type, "id", job.ID, "resource", job.Resource)
 		if w := t.ResultWriter(); w != nil {
 			_, _ = w.Write([]byte(ResultSkipped)) // kept with the task when it has a retention
 		}
 		return nil, nil
-	case Wait:
-		lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff))
+	case spec.Contention == Wait:
+		lease, err := s.waitInWorker(ctx, job, ttl, spec.ContentionWait)
 		switch {
-		case err == nil:
-			return lease, nil
-		case !errors.Is(err, lock.ErrNotAcquired) || ctx.Err() != nil:
-			return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		case lease != nil || err != nil:
+			return lease, err
+		case job.Attempt <= job.MaxRetry:
+			return nil, s.requeue(job, r)
 		}
+	case job.Attempt <= job.MaxRetry:
+		return nil, s.requeue(job, r)
 	}
 	// asynq archives a task that fails with no retries left, even when
 	// IsFailure says it did not fail: such a task cannot be requeued and
 	// waits for its lock here instead.
-	if job.Attempt <= job.MaxRetry {
-		return nil, s.requeue(ctx, job)
-	}
 	s.log.Debug("lock busy and no retries left to requeue with; waiting", "type", job.Type, "id", job.ID, "resource", job.Resource)
-	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff))
-	switch {
-	case errors.Is(err, lock.ErrNotAcquired):
-		return nil, fmt.Errorf("jobs: %s: lock %q still busy when the task's context ended (no retries left to requeue with): %w",
-			job.Type, job.Resource, err)
-	case err != nil:
-		return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	lease, err := s.waitInWorker(ctx, job, ttl, 0)
+	if lease == nil && err == nil {
+		err = fmt.Errorf("jobs: %s: lock %q still busy when the task's context ended (no retries left to requeue with): %w",
+			job.Type, job.Resource, lock.ErrNotAcquired)
 	}
-	return lease, nil
+	return lease, err
 }
 
 // run runs the handler, under the watchdog when it holds lease, and turns the
@@ -325,7 +386,10 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 // (DESIGN.md G8): nil is done, even when the lock turns out lost afterwards
 // (counted and logged, never a reason to run the work again); an error is
 // retried, soon and recorded lock_lost when the lock was lost.
-func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+//
+// h, with a lease, is what the release does besides releasing: hand the
+// lock on to the next waiter (chain.go).
+func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease, h *handoff) error {
 	hctx := ctx
 	var hold *watchdog.Hold
 	if lease != nil {
@@ -340,16 +404,15 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 
 	var lost *lock.LostError
 	if hold != nil {
-		// Release (and wake the next waiter) even when ctx ended: shutdown.
+		// Release (and hand on to the next waiter) even when ctx ended: shutdown.
+		var opts []watchdog.FinishOption
+		if h != nil {
+			h.outcome = outcomeOf(ctx, err)
+			opts = append(opts, watchdog.ReleaseWith(s.release(lease, job, h)))
+		}
 		var relErr error
-		lost, relErr = hold.Finish(ctx)
-		switch {
-		case relErr != nil:
+		if lost, relErr = hold.Finish(ctx, opts...); relErr != nil {
 			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
-		case lost == nil:
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), watchdog.DefaultReleaseTimeout)
-			s.wake(wctx, job)
-			cancel()
 		}
 	}
 

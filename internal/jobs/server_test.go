@@ -27,17 +27,29 @@ func TestContentionDoesNotUseRetries(t *testing.T) {
 		return nil
 	}))
 	ctx := context.Background()
-	other, err := e.locker.TryAcquire(ctx, "res", time.Minute)
+	// A holder that lives: a short TTL, renewed, so the waiter's fallback
+	// backoff (the lock's remaining TTL and a little) brings it back often.
+	other, err := e.locker.TryAcquire(ctx, "res", 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
+	renewing, stopRenew := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(renewing)
+		for range 600 { // bounded: a minute
+			select {
+			case <-stopRenew:
+				return
+			case <-time.After(100 * time.Millisecond):
+				_ = other.Renew(ctx)
+			}
+		}
+	}()
 	e.enqueue("t:locked", "c1", nil, asynq.MaxRetry(1))
 
-	counter := "lockstep:{res}:contended:default:c1"
-	waitFor(t, 30*time.Second, "five contentions", func() bool {
-		n, _ := e.admin.Get(ctx, counter).Int()
-		return n >= 5
-	})
+	waitFor(t, 30*time.Second, "five contentions", func() bool { return e.contended("t:locked") >= 5 })
+	close(stopRenew)
+	<-renewing
 	if info := e.info("c1"); info.Retried != 0 || info.State == asynq.TaskStateArchived {
 		t.Fatalf("after contention: state %v retried %d, want not archived and 0 retries", info.State, info.Retried)
 	}
@@ -323,7 +335,7 @@ func TestRetryPolicy(t *testing.T) {
 	t.Parallel()
 	b := lock.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 	delay := retryDelay(b)
-	contended := &ContendedError{Resource: "r", Count: 2, Delay: 30 * time.Millisecond}
+	contended := &ContendedError{Resource: "r", Ahead: 2, Delay: 30 * time.Millisecond}
 	lost := &lostError{lost: &lock.LostError{Key: "r", Reason: lock.ReasonStolen}}
 	plain := errors.New("handler failed")
 	if isFailure(contended) || !isFailure(lost) || !isFailure(plain) {

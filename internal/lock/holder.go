@@ -40,6 +40,12 @@ var processID = func() string {
 }()
 
 // tokenFor returns a fresh token for an acquire at now by ctx's job, if any.
+// NewToken returns a fresh lock token for a hold acquired at now, carrying
+// the holder information of ctx (WithJob) that ParseToken reads. Scripts
+// outside this package that take a lock in the Locker's layout (the jobs
+// hand-off) use it, so `lockstep locks` can name every holder.
+func NewToken(ctx context.Context, now time.Time) string { return tokenFor(ctx, now) }
+
 func tokenFor(ctx context.Context, now time.Time) string {
 	j, _ := ctx.Value(jobKey{}).(jobInfo)
 	t := newToken() + "|" + strconv.FormatInt(now.UnixMilli(), 10) + "|" + processID + "|"

@@ -58,3 +58,9 @@ func runPipelined(ctx context.Context, c redis.Cmdable, s *redis.Script, calls [
 	}
 	return script.RunPipelined(ctx, c, "", sc, after)
 }
+
+// ScriptLib is lua/lib.lua, for the scripts of other packages that take a
+// lock under this package's rules (the job server's hand-off): prepended to
+// such a script, it gives it nextfence(fencekey, fencettl) and time(), so
+// every lock Lockstep takes gets its fence from the one rule.
+func ScriptLib() string { return libLua }

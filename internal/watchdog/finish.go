@@ -26,12 +26,20 @@ const DefaultReleaseTimeout = 5_000_000_000 // 5s, as a time.Duration
 // What the caller does with a loss is the outcome rule (docs/design.md G8): work
 // that returned nil is done whatever lost says; only work that failed is
 // retried.
-func (h *Hold) Finish(ctx context.Context) (lost *lock.LostError, err error) {
+func (h *Hold) Finish(ctx context.Context, opts ...FinishOption) (lost *lock.LostError, err error) {
 	h.Stop()
+	var c finishConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	release := h.lease.Release
+	if c.release != nil {
+		release = c.release
+	}
 	timeout := cmp.Or(h.w.opts.ReleaseTimeout, DefaultReleaseTimeout)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	relErr := h.lease.Release(rctx)
+	relErr := release(rctx)
 	if found := h.lost.Load(); found != nil {
 		// The watchdog counted and logged it; a release that also failed
 		// for transport reasons adds nothing the caller can act on.
@@ -45,4 +53,19 @@ func (h *Hold) Finish(ctx context.Context) (lost *lock.LostError, err error) {
 		return atRelease, nil
 	}
 	return nil, relErr
+}
+
+// FinishOption tunes one Finish.
+type FinishOption func(*finishConfig)
+
+type finishConfig struct {
+	release func(context.Context) error
+}
+
+// ReleaseWith has Finish release the lease with fn instead of
+// Lease.Release: a release that also hands the lock to the next waiter (the
+// job server's). fn must leave the lease released (Lease.MarkReleased) or
+// lost (Lease.MarkLost, and return the *lock.LostError) as Release would.
+func ReleaseWith(fn func(context.Context) error) FinishOption {
+	return func(c *finishConfig) { c.release = fn }
 }

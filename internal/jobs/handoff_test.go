@@ -1,0 +1,290 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// order records the order in which handlers start.
+type order struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (o *order) add(id string) {
+	o.mu.Lock()
+	o.ids = append(o.ids, id)
+	o.mu.Unlock()
+}
+
+func (o *order) get() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.ids)
+}
+
+// The release hands the lock to the longest waiting task and the releasing
+// worker runs it: waiters run in the order they first contended, one at a
+// time, each once, at once after each other (no poll: the backoff and the
+// poll interval are seconds here), and leave no waiter behind. asynq keeps
+// these tasks (a retention), so each keeps its "ok" done marker until it
+// expires: a delivery of one of them replays it.
+func TestHandoffRunsWaitersInOrder(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Backoff.Min, cfg.Backoff.Max = 3*time.Second, 10*time.Second
+	cfg.PollInterval = time.Second
+	x := &exclusive{}
+	var o order
+	release := make(chan struct{})
+	spec := lockedSpec("t:hot", "hot", func(ctx context.Context, job Job) error {
+		o.add(job.ID)
+		if job.ID == "holder" {
+			<-release
+		}
+		return x.run(ctx, 5*time.Millisecond)
+	})
+	e := newEnv(t, cfg, spec)
+	e.addWorker(cfg, spec)
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return len(o.get()) == 1 })
+	const n = 8
+	want := []string{"holder"}
+	for i := range n {
+		id := fmt.Sprintf("w%02d", i)
+		want = append(want, id)
+		e.enqueue("t:hot", id, nil)
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second) // parked, in this order
+	}
+	released := time.Now()
+	close(release)
+	for _, id := range want {
+		e.waitState(id, asynq.TaskStateCompleted, 20*time.Second)
+	}
+	if d := time.Since(released); d > 2*time.Second {
+		t.Errorf("%d waiters took %v after the release, want them handed on at once", n, d)
+	}
+	if got := o.get(); !slices.Equal(got, want) {
+		t.Errorf("start order %v, want %v", got, want)
+	}
+	if x.maxActive.Load() != 1 || x.runs.Load() != n+1 {
+		t.Errorf("%d runs, %d at once at most; want %d and 1", x.runs.Load(), x.maxActive.Load(), n+1)
+	}
+	ctx := context.Background()
+	for _, k := range e.admin.Keys(ctx, "lockstep:{hot}:done:*").Val() {
+		if v, ttl := e.admin.Get(ctx, k).Val(), e.admin.PTTL(ctx, k).Val(); v != outcomeOK || ttl <= 0 || ttl > markerTTL {
+			t.Errorf("done marker %s = %q, ttl %v; want %q expiring within %v", k, v, ttl, outcomeOK, markerTTL)
+		}
+	}
+	if c := e.admin.ZCard(ctx, "lockstep:{hot}:waiters").Val(); c != 0 {
+		t.Errorf("%d waiters left", c)
+	}
+	if got := e.processed("t:hot", ResultSuccess); got != n+1 {
+		t.Errorf("processed{success} = %v, want %d", got, n+1)
+	}
+}
+
+// A handed-on task that fails is given back to asynq, which retries it as
+// a failure (its retry count grows) without running it in between; the
+// lock goes on to the next waiter meanwhile.
+func TestHandoffFailureIsRetriedByAsynq(t *testing.T) {
+	t.Parallel()
+	var o order
+	var fails atomic.Int32
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		o.add(job.ID)
+		switch {
+		case job.ID == "holder":
+			<-release
+		case job.ID == "flaky" && fails.Add(1) == 1:
+			return fmt.Errorf("first run fails")
+		}
+		return nil
+	}))
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return len(o.get()) == 1 })
+	for _, id := range []string{"flaky", "after"} {
+		e.enqueue("t:hot", id, nil, asynq.MaxRetry(3))
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second)
+	}
+	close(release)
+	e.waitState("after", asynq.TaskStateCompleted, 20*time.Second)
+	// asynq's own backoff for a failure is 15s and more: run it now.
+	var info *asynq.TaskInfo
+	waitFor(t, 20*time.Second, "flaky retried as a failure", func() bool {
+		info = e.info("flaky")
+		return info.State == asynq.TaskStateRetry && info.Retried == 1
+	})
+	if !strings.Contains(info.LastErr, "first run fails") {
+		t.Errorf("flaky: last error %q, want the handler's", info.LastErr)
+	}
+	if err := e.insp.RunTask("default", "flaky"); err != nil {
+		t.Fatal(err)
+	}
+	if info = e.waitState("flaky", asynq.TaskStateCompleted, 20*time.Second); info.Retried != 1 {
+		t.Errorf("flaky: retried %d, want 1 (one failure)", info.Retried)
+	}
+	if got, want := o.get(), []string{"holder", "flaky", "after", "flaky"}; !slices.Equal(got, want) {
+		t.Errorf("runs %v, want %v", got, want)
+	}
+	if got := e.processed("t:hot", ResultFailure); got != 1 {
+		t.Errorf("processed{failure} = %v, want 1", got)
+	}
+}
+
+// A delivery of a task that a hand-off chain already ran (the chain's
+// worker died before asynq completed it: its done marker is still there)
+// completes without running the handler (G8). The marker stays: the worker
+// of that delivery may die too before asynq completes the task, and the
+// delivery after it must replay it as well.
+func TestDeliveryOfHandedOnTaskIsNotRun(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(context.Context, Job) error {
+		runs.Add(1)
+		return nil
+	}))
+	ctx := context.Background()
+	marker := "lockstep:{hot}:done:default:ran"
+	if err := e.admin.Set(ctx, marker, outcomeOK, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue("t:hot", "ran", nil)
+	e.enqueue("t:hot", "fresh", nil)
+	e.waitState("ran", asynq.TaskStateCompleted, 10*time.Second)
+	e.waitState("fresh", asynq.TaskStateCompleted, 10*time.Second)
+	if runs.Load() != 1 {
+		t.Errorf("%d runs, want 1 (fresh only)", runs.Load())
+	}
+	if v := e.admin.Get(ctx, marker).Val(); v != outcomeOK {
+		t.Errorf("done marker after the replay = %q, want it kept (%q)", v, outcomeOK)
+	}
+}
+
+// A holder that died (its lock is never released, it only expires) hands
+// on to no one: the waiters come back after the lock's remaining TTL, the
+// first of them takes it and the rest follow by hand-off, in order.
+func TestWaitersDrainAfterHolderDied(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	var o order
+	e := newEnv(t, cfg, lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		o.add(job.ID)
+		return nil
+	}))
+	ctx := context.Background()
+	const ttl = 1500 * time.Millisecond
+	if _, err := e.locker.TryAcquire(ctx, "hot", ttl); err != nil { // never released
+		t.Fatal(err)
+	}
+	died := time.Now()
+	var want []string
+	for i := range 5 {
+		id := fmt.Sprintf("w%d", i)
+		want = append(want, id)
+		e.enqueue("t:hot", id, nil)
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second)
+	}
+	for _, id := range want {
+		e.waitState(id, asynq.TaskStateCompleted, 20*time.Second)
+	}
+	// The TTL, then asynq's whole-second retry times and its poll.
+	if d := time.Since(died); d > ttl+2500*time.Millisecond {
+		t.Errorf("waiters drained %v after the holder died, want within the TTL (%v) and a little", d, ttl)
+	}
+	if got := o.get(); !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}
+
+// Wait is woken by the release (the grant's notice), not by its backoff: a
+// task waiting with a 3s backoff starts within a moment of the release.
+func TestWaitPolicyWokenByRelease(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Backoff.Min, cfg.Backoff.Max = 3*time.Second, 10*time.Second
+	started := make(chan string, 2)
+	release := make(chan struct{})
+	spec := lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		started <- job.ID
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	})
+	spec.Contention, spec.ContentionWait = Wait, 20*time.Second
+	e := newEnv(t, cfg, spec)
+	e.addWorker(cfg, spec)
+	e.enqueue("t:hot", "holder", nil)
+	<-started
+	e.enqueue("t:hot", "waiter", nil)
+	waitFor(t, 10*time.Second, "waiter waiting in its worker", func() bool {
+		return e.admin.HExists(context.Background(), "asynq:{default}:t:waiter", waitsField).Val()
+	})
+	released := time.Now()
+	close(release)
+	select {
+	case id := <-started:
+		if d := time.Since(released); id != "waiter" || d > time.Second {
+			t.Errorf("%s started %v after the release, want the waiter within a second (backoff 3s)", id, d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter never started")
+	}
+	if info := e.waitState("waiter", asynq.TaskStateCompleted, 10*time.Second); info.LastErr != "" {
+		t.Errorf("waiter was requeued: %s", info.LastErr)
+	}
+}
+
+// Handed-on tasks without a retention are completed by the chain itself, as
+// asynq's Done does: gone from every state, counted processed, their
+// uniqueness lock freed.
+func TestHandoffCompletesTasksAsAsynqDoes(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		runs.Add(1)
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
+	const n = 5
+	for i := range n {
+		id := fmt.Sprintf("u%d", i)
+		if _, err := e.enq.Enqueue(asynq.NewTask("t:hot", []byte(id)), asynq.TaskID(id), asynq.Unique(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second)
+	}
+	close(release)
+	waitFor(t, 20*time.Second, "every task processed", func() bool {
+		q, err := e.insp.GetQueueInfo("default")
+		return err == nil && q.Processed == n+1 && q.Pending+q.Active+q.Retry+q.Scheduled == 0
+	})
+	if runs.Load() != n+1 {
+		t.Errorf("%d runs, want %d", runs.Load(), n+1)
+	}
+	for i := range n {
+		id := fmt.Sprintf("u%d", i)
+		if _, err := e.insp.GetTaskInfo("default", id); err == nil {
+			t.Errorf("task %s still listed after it completed without a retention", id)
+		}
+		if k := e.admin.Keys(ctx, "asynq:{default}:unique:*").Val(); len(k) != 0 {
+			t.Fatalf("uniqueness locks left: %v", k)
+		}
+	}
+}
