@@ -27,8 +27,12 @@ import (
 var workerBin string
 
 // buildWorker builds this package into dir.
-func buildWorker(dir string) (string, error) {
-	bin := filepath.Join(dir, "worker")
+func buildWorker(dir string) (string, error) { return buildPackage(dir, "worker", ".") }
+
+// buildPackage builds the command pkg (a path relative to this package) into
+// dir as name, with the race detector when the tests have it.
+func buildPackage(dir, name, pkg string) (string, error) {
+	bin := filepath.Join(dir, name)
 	args := []string{"build", "-o", bin}
 	if raceBuild {
 		args = append(args, "-race")
@@ -37,11 +41,22 @@ func buildWorker(dir string) (string, error) {
 	if err != nil {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	out, err := exec.Command(goTool, append(args, ".")...).CombinedOutput()
+	out, err := exec.Command(goTool, append(args, pkg)...).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin, nil
+}
+
+// buildIgnorer builds the test worker of testdata/ignorer (handlers
+// test:ignore and test:wait) for one test.
+func buildIgnorer(t *testing.T) string {
+	t.Helper()
+	bin, err := buildPackage(t.TempDir(), "ignorer", "./testdata/ignorer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }
 
 // testYAML configures a quick worker: short lock TTL (renewed every 200ms),

@@ -6,8 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -101,14 +99,7 @@ func TestLostLockNoticedWithinASecond(t *testing.T) {
 // and the loss is counted and logged with the task id.
 func TestNilAfterLossIsNotRunAgain(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "ignorer")
-	args := []string{"build", "-o", bin}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, "./testdata/ignorer")...).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildIgnorer(t)
 	rs := redistest.Start(t)
 	w := startBinary(t, bin, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
 	admin := rs.Client()

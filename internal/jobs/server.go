@@ -359,6 +359,8 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 		}
 		return nil, nil
 	case spec.Contention == Wait:
+		s.log.Debug("lock busy; task waits in the worker", "type", job.Type, "id", job.ID, "resource", job.Resource,
+			"max_wait", spec.ContentionWait)
 		lease, err := s.waitInWorker(ctx, job, ttl, spec.ContentionWait)
 		switch {
 		case lease != nil || err != nil:
