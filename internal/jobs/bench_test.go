@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -132,7 +133,7 @@ func (c *counter) add() {
 // on its own resource: acquire, watchdog hold, release) with the same jobs
 // on a plain asynq server, on the same kind of Redis, in one run.
 func BenchmarkThroughput(b *testing.B) {
-	cfg := Config{Concurrency: 10, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 	for _, mode := range []string{"asynq", "locked"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
@@ -172,7 +173,7 @@ func BenchmarkContention(b *testing.B) {
 	const jobsN, work = 200, 5 * time.Millisecond
 	for _, mode := range []string{"requeue", "requeue-poll10ms", "spin"} {
 		b.Run(mode, func(b *testing.B) {
-			cfg := Config{Concurrency: 8, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+			cfg := Config{Concurrency: 8, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 			if mode == "requeue-poll10ms" {
 				// A woken task waits for asynq's one dequeue loop, which
 				// sleeps PollInterval/2..1.5×PollInterval on an empty queue.

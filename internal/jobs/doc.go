@@ -27,7 +27,7 @@
 // after its last failure) therefore cannot be requeued: it waits for its
 // lock in the worker, with the same backoff, until its context ends.
 //
-// The backoff is decorrelated jitter (lock.Backoff.Nth) that grows with the
+// The backoff is decorrelated jitter (backoff.Jitter.Nth) that grows with the
 // task's contentions and with the waiters ahead of it, capped at Backoff.Max.
 // asynq stores retry times in whole seconds and forwards a task once its
 // second has begun, so the delay is rounded up to the next second: it is

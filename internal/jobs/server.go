@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -35,9 +36,6 @@ const (
 	DefaultLockTTL     = 30 * time.Second
 )
 
-// DefaultBackoff is the contention and lost-lock retry backoff by default.
-var DefaultBackoff = lock.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
-
 // Config configures a Server. Zero values take the defaults.
 type Config struct {
 	Queues          map[string]int // queue name -> priority; default {"default": 1}
@@ -48,8 +46,8 @@ type Config struct {
 	// Backoff is the delay before a task whose lock was busy (or lost) is
 	// offered again, unless a release wakes it first: decorrelated jitter
 	// from Min, growing with the task's contentions and the waiters ahead of
-	// it, capped at Max. Default 100ms..10s.
-	Backoff lock.Backoff
+	// it, capped at Max. Default backoff.Requeue.
+	Backoff backoff.Jitter
 	// PollInterval is how often an idle worker looks for tasks (asynq sleeps
 	// 0.5 to 1.5 of it after finding every queue empty), which is also how
 	// soon a woken task starts, and how often due retries are moved back to
@@ -104,7 +102,7 @@ func NewServer(p Params) *Server {
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
 	if c.Backoff.Min <= 0 {
-		c.Backoff = DefaultBackoff
+		c.Backoff = backoff.Requeue
 	}
 	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
 	s := &Server{

@@ -17,8 +17,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
-	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
 
@@ -43,9 +43,6 @@ const (
 	// sweepLimit bounds the pending ticks one sweep reads per schedule.
 	sweepLimit = 100
 )
-
-// redisBackoff spaces retries of one Redis call.
-var redisBackoff = lock.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // Scheduler runs one replica of Lockstep's scheduler: every schedule's ticks,
 // claimed in Redis so that each is enqueued into asynq exactly once across all
@@ -452,7 +449,7 @@ func retry(ctx context.Context, f func(context.Context) error) error {
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		delay = redisBackoff.Next(delay)
+		delay = backoff.RedisRetry.Next(delay)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
