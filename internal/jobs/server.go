@@ -8,13 +8,13 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -79,19 +79,12 @@ type Server struct {
 	cfg      Config
 	srv      *asynq.Server
 
-	state    atomic.Int32
+	life     lifecycle.Machine
 	mu       sync.Mutex
 	holds    map[*watchdog.Hold]struct{}
 	inflight int           // ProcessTask calls running; guarded by mu
 	idle     chan struct{} // closed when inflight drops to 0; guarded by mu
 }
-
-const (
-	stateNew int32 = iota
-	stateRunning
-	stateStopping
-	stateStopped
-)
 
 // NewServer returns a server; it touches Redis only once started.
 func NewServer(p Params) *Server {
@@ -147,30 +140,25 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 	return max(d, time.Nanosecond) // asynq reads 0 as its 8s default
 }
 
-// Start starts taking tasks; it returns at once.
+// Start starts taking tasks; it returns at once (internal/lifecycle).
 func (s *Server) Start(context.Context) error {
-	if !s.state.CompareAndSwap(stateNew, stateRunning) {
-		return errors.New("jobs: server already started")
-	}
-	if err := s.srv.Start(s); err != nil {
-		s.state.Store(stateStopped)
-		return fmt.Errorf("jobs: start: %w", err)
-	}
-	s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
-	return nil
+	return s.life.Start(func() error {
+		if err := s.srv.Start(s); err != nil {
+			return fmt.Errorf("jobs: start: %w", err)
+		}
+		s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
+		return nil
+	})
 }
 
 // Stop stops taking tasks and lets running handlers finish within the
 // shutdown timeout. asynq then puts the tasks of handlers still running back
 // in their queues and cancels their contexts; Stop waits for those handlers
 // to return and release their locks, and releases any lock still held. It
-// is safe to call more than once.
-func (s *Server) Stop(ctx context.Context) error {
-	if !s.state.CompareAndSwap(stateRunning, stateStopping) {
-		s.state.CompareAndSwap(stateNew, stateStopped)
-		return nil
-	}
-	defer s.state.Store(stateStopped)
+// is safe before Start and to repeat (internal/lifecycle).
+func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
+
+func (s *Server) stop(ctx context.Context) error {
 	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
 	s.log.Info("worker stopping: no new tasks; waiting for running handlers", "timeout", s.cfg.ShutdownTimeout)
 
@@ -225,13 +213,10 @@ func (s *Server) releaseAll() int {
 
 // Ready reports whether the server is taking tasks.
 func (s *Server) Ready(context.Context) error {
-	switch s.state.Load() {
-	case stateRunning:
-		return nil
-	case stateNew:
-		return errors.New("not started")
+	if p := s.life.Phase(); p != lifecycle.Running {
+		return errors.New(p.String())
 	}
-	return errors.New("stopping")
+	return nil
 }
 
 // ProcessTask is the lock middleware around every handler (asynq.Handler).

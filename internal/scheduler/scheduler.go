@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
 
@@ -73,9 +74,7 @@ type Scheduler struct {
 
 	earlyLogged atomic.Int64 // when "clock ahead" was last logged, Unix ns
 
-	mu        sync.Mutex
-	started   bool
-	stopped   bool
+	life      lifecycle.Machine
 	loops     context.Context    // parent of every schedule's loop
 	fires     context.Context    // parent of every tick in flight
 	stopLoops context.CancelFunc // ends the waiting: no new ticks
@@ -198,16 +197,13 @@ func defaultReplicaID() string {
 }
 
 // Start starts one goroutine per schedule and one that takes over unfinished
-// ticks, and returns at once. It fails if the scheduler was started before.
-// Redis need not be reachable: the loops retry, and ticks that nobody could
-// claim are handled by the catch-up policy once it is back.
-func (s *Scheduler) Start(context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("scheduler: already started")
-	}
-	s.started = true
+// ticks, and returns at once (internal/lifecycle: a repeated Start does
+// nothing; after Stop it fails). Redis need not be reachable: the loops retry,
+// and ticks that nobody could claim are handled by the catch-up policy once
+// it is back.
+func (s *Scheduler) Start(context.Context) error { return s.life.Start(s.start) }
+
+func (s *Scheduler) start() error {
 	loops, stopLoops := context.WithCancel(context.Background())
 	fires, stopFires := context.WithCancel(context.Background())
 	s.stopLoops, s.stopFires = stopLoops, stopFires
@@ -226,14 +222,9 @@ func (s *Scheduler) Start(context.Context) error {
 // Stop stops taking new ticks, lets ticks in flight finish until ctx ends
 // (then aborts them: their leases expire and other replicas take them over)
 // and waits for every goroutine. Safe to call more than once, and before Start.
-func (s *Scheduler) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	if !s.started || s.stopped {
-		s.mu.Unlock()
-		return nil
-	}
-	s.stopped = true
-	s.mu.Unlock()
+func (s *Scheduler) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
+
+func (s *Scheduler) stop(ctx context.Context) error {
 	s.running.Store(false)
 	s.stopLoops()
 	done := make(chan struct{})

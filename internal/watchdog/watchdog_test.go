@@ -476,5 +476,27 @@ func TestStopCancelsOpenHolds(t *testing.T) {
 	}
 }
 
+// A watchdog stopped before it ever started (no Start, no Hold) refuses
+// later holds: their contexts end at once with ErrStopped, and no loop starts.
+func TestStopBeforeStartRefusesHolds(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	if err := r.wd.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop before Start: %v", err)
+	}
+	ctx, h := r.hold(t, "never")
+	if !errors.Is(context.Cause(ctx), watchdog.ErrStopped) {
+		t.Fatalf("Hold after Stop before Start: cause %v, want ErrStopped", context.Cause(ctx))
+	}
+	h.Stop()
+	if n := r.wd.Held(); n != 0 {
+		t.Fatalf("Held() = %d after a refused hold", n)
+	}
+	if err := r.wd.Start(context.Background()); err == nil {
+		t.Fatal("Start after Stop succeeded")
+	}
+}
+
 // waitFor waits for an observable condition (see redistest.WaitFor).
 var waitFor = redistest.WaitFor
