@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // clusterTimeout bounds how long a new cluster may take to agree on its slots.
@@ -34,11 +36,7 @@ func StartCluster(tb testing.TB, masters int, directives ...string) *Cluster {
 	if masters < 3 {
 		tb.Fatalf("redistest: a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		tb.Fatalf("redistest: redis-cli is not installed (%v); it comes with the redis-server package "+
-			"(`apt-get install -y redis-server`)", err)
-	}
+	cli := proctest.Binary(tb, "redis-cli", "redis-server") // redis-cli comes with it
 	c := &Cluster{tb: tb}
 	args := []string{"--cluster", "create"}
 	for range masters {
@@ -53,7 +51,7 @@ func StartCluster(tb testing.TB, masters int, directives ...string) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, tail(out, 2000))
+		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out[max(len(out)-2000, 0):])
 	}
 	c.waitHealthy(ctx)
 	return c
