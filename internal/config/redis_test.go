@@ -127,6 +127,17 @@ func TestRedisOptions(t *testing.T) {
 		t.Errorf("TLSConfig = %+v", u.TLSConfig)
 	}
 
+	// A Redlock node gets the same settings, for its own address.
+	n, err := r.NodeOptions("node:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Addr != "node:7000" || n.DB != 4 || n.Username != "app" || n.Password != secret || n.DialTimeout != time.Second ||
+		n.ReadTimeout != 2*time.Second || n.WriteTimeout != 3*time.Second || n.PoolSize != 7 || !n.ContextTimeoutEnabled ||
+		n.TLSConfig == nil || n.TLSConfig.ServerName != "redis.internal" {
+		t.Errorf("NodeOptions = %+v", n)
+	}
+
 	plain, err := RedisConfig{Addr: "r:1"}.UniversalOptions()
 	if err != nil || plain.TLSConfig != nil || plain.Password != "" {
 		t.Errorf("plain = %+v, %v", plain, err)
