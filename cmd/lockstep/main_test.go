@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -24,29 +24,7 @@ import (
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockstep-cli-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := func() int {
-		for name, pkg := range map[string]string{"lockstep": ".", "worker": "../worker", "scheduler": "../scheduler"} {
-			bins[name] = filepath.Join(dir, name)
-			if out, err := exec.Command("go", "build", "-o", bins[name], pkg).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	_ = os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(proctest.Main(m, bins, []string{".", "../worker", "../scheduler"}, redistest.LeakOptions()...))
 }
 
 // result is what one run of the CLI did.

@@ -18,51 +18,18 @@ import (
 	"time"
 
 	"go.uber.org/fx"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-var (
-	binDir    string
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
+// bins holds this command's binary, built once for the package.
+var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	var err error
-	if binDir, err = os.MkdirTemp("", "lockstep-scheduler-test"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(binDir)
-	if code == 0 {
-		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// build compiles this command once per test run.
-func build(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		binary = filepath.Join(binDir, "scheduler")
-		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
+	os.Exit(proctest.Main(m, bins, []string{"."}, redistest.LeakOptions()...))
 }
 
 // writeConfig writes a scheduler configuration for Redis at addr, with body
@@ -91,7 +58,7 @@ type proc struct {
 // startProc starts the binary with args and extra environment variables.
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(build(t), args...)
+	cmd := exec.Command(bins["scheduler"], args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test
 	stderr, err := cmd.StderrPipe()

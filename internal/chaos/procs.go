@@ -5,8 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -18,16 +16,15 @@ import (
 // readyTimeout bounds how long a started binary may take to answer /readyz.
 const readyTimeout = 30 * time.Second
 
-// build compiles cmd/scheduler and cmd/worker into dir, without the race
-// detector (the processes under test are the ones users run).
+// build compiles cmd/scheduler and cmd/worker into dir (proctest.Build:
+// without the race detector, the processes under test are the ones users run).
 func build(tb testing.TB, dir string) (scheduler, worker string) {
 	tb.Helper()
-	cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/lockstep-dev/lockstep/cmd/scheduler", "github.com/lockstep-dev/lockstep/cmd/worker")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("chaos: go build: %v\n%s", err, out)
+	bins, err := proctest.Build(dir, "github.com/lockstep-dev/lockstep/cmd/scheduler", "github.com/lockstep-dev/lockstep/cmd/worker")
+	if err != nil {
+		tb.Fatalf("chaos: %v", err)
 	}
-	return filepath.Join(dir, "scheduler"), filepath.Join(dir, "worker")
+	return bins["scheduler"], bins["worker"]
 }
 
 // role is one replica slot (scheduler-1, worker-2) whose process the faults

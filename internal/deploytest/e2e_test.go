@@ -9,15 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -224,25 +223,16 @@ func waitQuery(t *testing.T, p *Prometheus, expr string, timeout time.Duration) 
 }
 
 // buildBinaries builds ./cmd/<name> for each name into one temporary
-// directory, in one go build (without -race: the binaries are the objects of
-// the test, not its subject), and returns their paths by name.
+// directory (proctest.Build) and returns their paths by name.
 func buildBinaries(t *testing.T, root string, names ...string) map[string]string {
 	t.Helper()
-	dir := t.TempDir()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	bins := map[string]string{}
+	var pkgs []string
 	for _, n := range names {
-		args = append(args, "./cmd/"+n)
-		bins[n] = filepath.Join(dir, n)
+		pkgs = append(pkgs, filepath.Join(root, "cmd", n))
 	}
-	cmd := exec.Command(goTool, args...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	bins, err := proctest.Build(t.TempDir(), pkgs...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bins
 }
