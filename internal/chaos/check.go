@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -168,15 +169,9 @@ func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
 		}
 		return false
 	}
-	byOrder := map[string][]Execution{}
-	for _, e := range h.Executions {
-		if e.Outcome == "ok" {
-			byOrder[e.OrderID] = append(byOrder[e.OrderID], e)
-		}
-	}
-	for _, order := range sortedKeys(byOrder) {
+	byOrder := okRunsBy(h, func(e Execution) string { return e.OrderID })
+	for _, order := range slices.Sorted(maps.Keys(byOrder)) {
 		runs := byOrder[order]
-		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
 		var last Execution // the run that finishes last so far
 		for i, e := range runs {
 			if i > 0 && e.Started.Before(last.Finished) {
@@ -260,18 +255,12 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 		r.NotChecked = append(r.NotChecked, fmt.Sprintf("jobs_lost: %d jobs were still unfinished when the drain ended", r.JobsUnfinished))
 	}
 
-	byTask := map[string][]Execution{}
-	for _, e := range h.Executions {
-		if e.Outcome == "ok" {
-			byTask[e.TaskID] = append(byTask[e.TaskID], e)
-		}
-	}
-	for _, id := range sortedKeys(byTask) {
+	byTask := okRunsBy(h, func(e Execution) string { return e.TaskID })
+	for _, id := range slices.Sorted(maps.Keys(byTask)) {
 		runs := byTask[id]
 		if len(runs) < 2 {
 			continue
 		}
-		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
 		unexplained := 0
 		for i := 1; i < len(runs); i++ {
 			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) {
@@ -429,11 +418,17 @@ func maxAndMedian(v []int64) (int64, int64) {
 	return v[len(v)-1], v[len(v)/2]
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// okRunsBy groups the history's ok executions by key, each group in the
+// order they started.
+func okRunsBy(h History, key func(Execution) string) map[string][]Execution {
+	by := map[string][]Execution{}
+	for _, e := range h.Executions {
+		if e.Outcome == "ok" {
+			by[key(e)] = append(by[key(e)], e)
+		}
 	}
-	slices.Sort(keys)
-	return keys
+	for _, runs := range by {
+		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
+	}
+	return by
 }
