@@ -65,12 +65,7 @@ var schedules = []struct{ name, cron, order string }{
 
 func schedulerConfig(redisAddr string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, `redis:
-  addr: %q
-  dial_timeout: 1s
-  read_timeout: 1s
-  write_timeout: 1s
-log:
+	fmt.Fprintf(&b, `%slog:
   format: json
   level: debug
 scheduler:
@@ -79,7 +74,7 @@ scheduler:
   task_retention: 1h
   max_catch_up: 100
 schedules:
-`, redisAddr, tickLockTTL)
+`, redisSection(redisAddr), tickLockTTL)
 	for i, s := range schedules {
 		fmt.Fprintf(&b, `  - name: %s
     cron: %q
@@ -97,12 +92,7 @@ schedules:
 // workerConfig is a worker's file; lockExtra adds lines under lock: (the
 // etcd back end).
 func workerConfig(redisAddr, lockExtra string) string {
-	return fmt.Sprintf(`redis:
-  addr: %q
-  dial_timeout: 1s
-  read_timeout: 1s
-  write_timeout: 1s
-log:
+	return fmt.Sprintf(`%slog:
   format: json
   level: info
 lock:
@@ -114,7 +104,13 @@ lock:
   contention_backoff_min: 50ms
   contention_backoff_max: 1s
   demo: true
-`, redisAddr, prefix, lockTTL, lockExtra)
+`, redisSection(redisAddr), prefix, lockTTL, lockExtra)
+}
+
+// redisSection is both roles' redis: section, with short timeouts so that a
+// dead or paused Redis is noticed within a second.
+func redisSection(addr string) string {
+	return fmt.Sprintf("redis:\n  addr: %q\n  dial_timeout: 1s\n  read_timeout: 1s\n  write_timeout: 1s\n", addr)
 }
 
 // run is one chaos run's state.
