@@ -137,7 +137,7 @@ func (r *replicaRun) start() *proc {
 
 // restart SIGKILLs replica k and starts another in its place.
 func (r *replicaRun) restart(k int) {
-	r.live[k].kill()
+	r.live[k].Kill()
 	r.live[k] = r.start()
 }
 

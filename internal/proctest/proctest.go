@@ -12,6 +12,7 @@ package proctest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +34,11 @@ type Spec struct {
 	// returns an error; exited is closed if the process dies first. Without
 	// it a start returns as soon as the process runs.
 	Ready func(exited <-chan struct{}) error
+	// Env is the process's whole environment; nil inherits the test's.
+	Env []string
+	// Output, when set, also receives the process's standard output and
+	// error, e.g. a *Log to wait on.
+	Output io.Writer
 }
 
 // Proc is one server process owned by a test; its methods are safe to call
@@ -61,12 +67,27 @@ func (p *Proc) startLocked() error {
 	cmd := exec.Command(p.spec.Bin, p.spec.Args...)
 	// SIGKILL when the test binary dies, so no server outlives a crashed test.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Env = p.spec.Env
+	var outs []io.Writer
 	if p.spec.Log != "" {
-		out, err := os.OpenFile(p.spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		f, err := os.OpenFile(p.spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			return err
 		}
-		defer out.Close() // the child has its own descriptor
+		defer f.Close() // the child has its own descriptor
+		outs = append(outs, f)
+	}
+	if p.spec.Output != nil {
+		outs = append(outs, p.spec.Output)
+	}
+	// Once the process exits, a child of it that still holds its output
+	// must not hold up Wait (and so Kill) for long.
+	cmd.WaitDelay = time.Second
+	switch len(outs) {
+	case 1:
+		cmd.Stdout, cmd.Stderr = outs[0], outs[0]
+	case 2:
+		out := io.MultiWriter(outs...)
 		cmd.Stdout, cmd.Stderr = out, out
 	}
 	if err := cmd.Start(); err != nil {
@@ -152,19 +173,42 @@ func (p *Proc) killLocked() {
 // has not exited within timeout. It reports whether the process exited by
 // itself (true too when none runs).
 func (p *Proc) Stop(timeout time.Duration) bool {
+	_, ok := p.Term(timeout)
+	return ok
+}
+
+// Term is Stop that also returns the exit code of a process that exited by
+// itself (0 when none runs, -1 when it was killed).
+func (p *Proc) Term(timeout time.Duration) (code int, exited bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil {
-		return true
+		return 0, true
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	return p.waitLocked(timeout)
+}
+
+// Wait waits up to timeout for the process to exit by itself and returns its
+// exit code; exited is false (and the process killed) when it did not.
+func (p *Proc) Wait(timeout time.Duration) (code int, exited bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0, true
+	}
+	return p.waitLocked(timeout)
+}
+
+func (p *Proc) waitLocked(timeout time.Duration) (int, bool) {
 	select {
 	case <-p.done:
+		code := p.cmd.ProcessState.ExitCode()
 		p.cmd, p.done = nil, nil
-		return true
+		return code, true
 	case <-time.After(timeout):
 		p.killLocked()
-		return false
+		return -1, false
 	}
 }
 

@@ -116,3 +116,28 @@ func TestFailedStartQuotesLog(t *testing.T) {
 		t.Fatal("a failed start left a process")
 	}
 }
+
+// A process's JSON log reaches a Log through Spec.Output, lines split
+// across writes included, and Wait returns the record asked for.
+func TestLogWait(t *testing.T) {
+	t.Parallel()
+	var log proctest.Log
+	p := proctest.New(t, proctest.Spec{What: "logger", Bin: proctest.Binary(t, "sh", "dash"), Output: &log,
+		Args: []string{"-c", `echo '{"msg":"starting"}'; printf '{"msg":"listening",'; sleep 0.05; echo '"addr":"127.0.0.1:1"}'; exec sleep 60`}})
+	t.Cleanup(p.Kill)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rec := log.Wait(t, 0, 10*time.Second, p.Exited(), "listening", proctest.Msg("listening", "addr", "127.0.0.1:1"))
+	if rec["addr"] != "127.0.0.1:1" {
+		t.Fatalf("Wait = %v", rec)
+	}
+	if n := log.Len(); n != 2 || !strings.Contains(log.String(), "starting") {
+		t.Fatalf("Len() = %d, String() = %q", n, log.String())
+	}
+	var partial proctest.Log
+	_, _ = partial.Write([]byte(`{"msg":"half`))
+	if partial.Len() != 0 {
+		t.Fatal("a line without its end counted")
+	}
+}
