@@ -83,24 +83,12 @@ func (c *Cluster) waitHealthy(ctx context.Context) {
 }
 
 // Addrs returns the addresses of all nodes.
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.Nodes))
-	for i, s := range c.Nodes {
-		addrs[i] = s.Addr
-	}
-	return addrs
-}
+func (c *Cluster) Addrs() []string { return addrsOf(c.Nodes) }
 
 // Client returns a new cluster client seeded with every node, closed when the
 // test ends.
 func (c *Cluster) Client(opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
-	o := &redis.ClusterOptions{Addrs: c.Addrs()}
-	for _, f := range opts {
-		f(o)
-	}
-	client := redis.NewClusterClient(o)
-	c.tb.Cleanup(func() { _ = client.Close() })
-	return client
+	return client(c.tb, &redis.ClusterOptions{Addrs: c.Addrs()}, opts, redis.NewClusterClient)
 }
 
 // NodeFor returns the master that serves key's hash slot.

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -136,13 +137,26 @@ func StartWithReplica(tb testing.TB) (master, replica *Server) {
 
 // Client returns a new client for the server, closed when the test ends.
 func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
-	o := &redis.Options{Addr: s.Addr}
+	return client(s.tb, &redis.Options{Addr: s.Addr}, opts, redis.NewClient)
+}
+
+// client makes a client of o, tuned by opts, closed when tb's test ends.
+func client[O any, C io.Closer](tb testing.TB, o *O, opts []func(*O), newClient func(*O) C) C {
 	for _, f := range opts {
 		f(o)
 	}
-	c := redis.NewClient(o)
-	s.tb.Cleanup(func() { _ = c.Close() })
+	c := newClient(o)
+	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// addrsOf returns the servers' addresses.
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	return addrs
 }
 
 // waitReady waits for PONG (proctest's Ready).
