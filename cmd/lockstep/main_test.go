@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,30 +76,20 @@ func cliJSON(t *testing.T, addr string, want int, v any, args ...string) {
 
 // startProc starts one of bins with args and env, its output in a file the
 // test shows when it fails; the process is killed at the end of the test.
-func startProc(t *testing.T, name string, env []string, args ...string) *exec.Cmd {
+func startProc(t *testing.T, name string, env []string, args ...string) *proctest.Proc {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bins[name], args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	p := proctest.New(t, proctest.Spec{What: name, Bin: bins[name], Args: args,
+		Env: append([]string{"PATH=" + os.Getenv("PATH")}, env...), Log: filepath.Join(t.TempDir(), name+".log")})
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = logFile.Close()
+		p.Kill()
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s output (last 4 KiB):\n%s", name, b[max(0, len(b)-4096):])
+			t.Logf("%s output (last 4 KiB):\n%s", name, p.LogTail(4096))
 		}
 	})
-	return cmd
+	return p
 }
 
 func writeConfig(t *testing.T, name, body string) string {
