@@ -140,7 +140,9 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 	return max(d, time.Nanosecond) // asynq reads 0 as its 8s default
 }
 
-// Start starts taking tasks; it returns at once (internal/lifecycle).
+// Start starts taking tasks. Like every background service it follows
+// internal/lifecycle: it returns at once, a repeated Start does nothing, a
+// Start after Stop fails.
 func (s *Server) Start(context.Context) error {
 	return s.life.Start(func() error {
 		if err := s.srv.Start(s); err != nil {
@@ -151,11 +153,13 @@ func (s *Server) Start(context.Context) error {
 	})
 }
 
-// Stop stops taking tasks and lets running handlers finish within the
-// shutdown timeout. asynq then puts the tasks of handlers still running back
-// in their queues and cancels their contexts; Stop waits for those handlers
-// to return and release their locks, and releases any lock still held. It
-// is safe before Start and to repeat (internal/lifecycle).
+// Stop stops taking tasks and lets running handlers finish within the shutdown
+// timeout. asynq then puts the tasks of handlers still running back in their
+// queues and cancels their contexts; Stop waits for those handlers to return
+// and release their locks, and releases any lock still held. Like every
+// background service it follows internal/lifecycle: it is safe before Start
+// and to repeat, and a Stop that finds another under way waits for it, bounded
+// by its own ctx.
 func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
 
 func (s *Server) stop(ctx context.Context) error {

@@ -81,8 +81,9 @@ func NewServer(addr string, g prometheus.Gatherer, checks map[string]func(contex
 }
 
 // Start listens at once, so that a bad or busy address is its error, and
-// serves in a goroutine. It never blocks (internal/lifecycle: a repeated
-// Start does nothing; after Stop, or after a failed Start, it fails).
+// serves in a goroutine; a failed Start leaves the server stopped. Like every
+// background service it follows internal/lifecycle: it returns at once, a
+// repeated Start does nothing, a Start after Stop fails.
 func (s *Server) Start(ctx context.Context) error {
 	err := s.life.Start(func() error {
 		ln, err := new(net.ListenConfig).Listen(ctx, "tcp", s.addr)
@@ -108,9 +109,11 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop closes the listener, waits for requests in flight until ctx ends
-// (then drops them and returns ctx's error) and for the serving goroutine to
-// exit. It is safe to call more than once, and before Start.
+// Stop closes the listener, waits for requests in flight until ctx ends (then
+// drops them and returns ctx's error) and for the serving goroutine to exit.
+// Like every background service it follows internal/lifecycle: it is safe
+// before Start and to repeat, and a Stop that finds another under way waits
+// for it, bounded by its own ctx.
 func (s *Server) Stop(ctx context.Context) error {
 	return s.life.Stop(ctx, func(ctx context.Context) error {
 		err := s.srv.Shutdown(ctx)

@@ -197,10 +197,10 @@ func defaultReplicaID() string {
 }
 
 // Start starts one goroutine per schedule and one that takes over unfinished
-// ticks, and returns at once (internal/lifecycle: a repeated Start does
-// nothing; after Stop it fails). Redis need not be reachable: the loops retry,
-// and ticks that nobody could claim are handled by the catch-up policy once
-// it is back.
+// ticks. Redis need not be reachable: the loops retry, and ticks that nobody
+// could claim are handled by the catch-up policy once it is back. Like every
+// background service it follows internal/lifecycle: it returns at once, a
+// repeated Start does nothing, a Start after Stop fails.
 func (s *Scheduler) Start(context.Context) error { return s.life.Start(s.start) }
 
 func (s *Scheduler) start() error {
@@ -221,7 +221,9 @@ func (s *Scheduler) start() error {
 
 // Stop stops taking new ticks, lets ticks in flight finish until ctx ends
 // (then aborts them: their leases expire and other replicas take them over)
-// and waits for every goroutine. Safe to call more than once, and before Start.
+// and waits for every goroutine. Like every background service it follows
+// internal/lifecycle: it is safe before Start and to repeat, and a Stop that
+// finds another under way waits for it, bounded by its own ctx.
 func (s *Scheduler) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
 
 func (s *Scheduler) stop(ctx context.Context) error {

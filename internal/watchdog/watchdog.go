@@ -109,8 +109,8 @@ func New(opts Options) *Watchdog {
 }
 
 // Start starts the renewal loop (and the notice listener); the first Hold
-// starts it too. It returns at once, follows internal/lifecycle (a repeated
-// Start does nothing; after Stop it fails) and fits an fx hook.
+// starts it too. Like every background service it follows internal/lifecycle:
+// it returns at once, a repeated Start does nothing, a Start after Stop fails.
 func (w *Watchdog) Start(context.Context) error { return w.life.Start(w.start) }
 
 func (w *Watchdog) start() error {
@@ -128,8 +128,9 @@ func (w *Watchdog) start() error {
 
 // Stop ends the renewal loop and cancels every hold still open with cause
 // ErrStopped. It does not release leases: their holders do. It waits for an
-// in-flight round, bounded by ctx; it is safe before Start and to repeat
-// (internal/lifecycle).
+// in-flight round, bounded by ctx. Like every background service it follows
+// internal/lifecycle: it is safe before Start and to repeat, and a Stop that
+// finds another under way waits for it, bounded by its own ctx.
 func (w *Watchdog) Stop(ctx context.Context) error { return w.life.Stop(ctx, w.stop) }
 
 func (w *Watchdog) stop(ctx context.Context) error {
