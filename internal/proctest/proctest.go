@@ -56,10 +56,14 @@ type Proc struct {
 func New(tb testing.TB, spec Spec) *Proc { return &Proc{tb: tb, spec: spec} }
 
 // Start runs the process and waits for Ready. On failure the process is
-// killed and the error quotes the tail of its log.
+// killed and the error quotes the tail of its log. It fails while the
+// process runs (Restart replaces a running process).
 func (p *Proc) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s: already running", p.spec.What)
+	}
 	return p.startLocked()
 }
 

@@ -36,6 +36,9 @@ func TestKillPauseRestart(t *testing.T) {
 	if pid == 0 {
 		t.Fatal("Pid() = 0 for a running process")
 	}
+	if err := p.Start(); err == nil || p.Pid() != pid {
+		t.Fatalf("a second Start = %v (pid %d, was %d), want an error and the same process", err, p.Pid(), pid)
+	}
 	p.Pause()
 	p.Resume()
 	p.Restart()
