@@ -300,36 +300,33 @@ func checkTicks(h History, r *Report, add func(Violation)) {
 		s string
 		t int64
 	}
-	claims := map[key][]TickEvent{}
+	// twice counts and reports each tick that more than one of events
+	// (those keep accepts) is about.
+	twice := func(events []TickEvent, keep func(TickEvent) bool, check, what string) (n int) {
+		byTick := map[key][]TickEvent{}
+		for _, e := range events {
+			if keep(e) {
+				k := key{e.Schedule, e.Tick}
+				byTick[k] = append(byTick[k], e)
+			}
+		}
+		for k, es := range byTick {
+			if len(es) > 1 {
+				n++
+				add(Violation{Check: check, At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
+					"%s tick %d %s %d times: %s", k.s, k.t, what, len(es), describeClaims(es))})
+			}
+		}
+		return n
+	}
 	for _, c := range h.Claims {
 		if c.Kind == "takeover" {
 			r.TicksTakenOver++
-			continue
-		}
-		k := key{c.Schedule, c.Tick}
-		claims[k] = append(claims[k], c)
-	}
-	for k, cs := range claims {
-		if len(cs) > 1 {
-			r.TicksClaimedTwice++
-			add(Violation{Check: "ticks_claimed_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
-				"%s tick %d claimed %d times: %s", k.s, k.t, len(cs), describeClaims(cs))})
 		}
 	}
-	fresh := map[key][]TickEvent{}
-	for _, e := range h.Enqueues {
-		if e.Result == "enqueued" || e.Result == "caught_up" {
-			k := key{e.Schedule, e.Tick}
-			fresh[k] = append(fresh[k], e)
-		}
-	}
-	for k, es := range fresh {
-		if len(es) > 1 {
-			r.TicksEnqueuedTwice++
-			add(Violation{Check: "ticks_enqueued_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
-				"%s tick %d enqueued fresh %d times: %s", k.s, k.t, len(es), describeClaims(es))})
-		}
-	}
+	r.TicksClaimedTwice = twice(h.Claims, func(c TickEvent) bool { return c.Kind != "takeover" }, "ticks_claimed_twice", "claimed")
+	r.TicksEnqueuedTwice = twice(h.Enqueues, func(e TickEvent) bool { return e.Result == "enqueued" || e.Result == "caught_up" },
+		"ticks_enqueued_twice", "enqueued fresh")
 	r.TicksChecked = len(h.Ticks)
 	for _, t := range h.Ticks {
 		if t.State == "" {
