@@ -29,6 +29,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -153,7 +154,7 @@ type LockOption func(*lockCall)
 type lockCall struct {
 	ttl     time.Duration
 	wait    time.Duration
-	backoff lock.Backoff
+	backoff backoff.Jitter
 	maxHold time.Duration
 }
 
@@ -176,7 +177,7 @@ func Wait(d time.Duration) LockOption { return func(c *lockCall) { c.wait = d } 
 // Backoff sets the delays between attempts while waiting (default 10ms..500ms;
 // with fair waiting on Redis, its maximum bounds each wait for a hand-off).
 func Backoff(min, max time.Duration) LockOption {
-	return func(c *lockCall) { c.backoff = lock.Backoff{Min: min, Max: max} }
+	return func(c *lockCall) { c.backoff = backoff.Jitter{Min: min, Max: max} }
 }
 
 // MaxHold bounds how long the lock is kept: past it the function's context is
@@ -205,7 +206,7 @@ func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold 
 // A release that fails for a transport reason is not an error of fn's: the
 // lock then expires on its own within its TTL.
 func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LockOption) (err error) {
-	c := lockCall{ttl: DefaultTTL, backoff: lock.DefaultBackoff}
+	c := lockCall{ttl: DefaultTTL, backoff: backoff.LockWait}
 	for _, o := range opts {
 		o(&c)
 	}

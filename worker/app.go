@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
@@ -119,7 +120,7 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 		Concurrency:     w.Concurrency,
 		ShutdownTimeout: w.ShutdownTimeout,
 		LockTTL:         cfg.Lock.TTL,
-		Backoff:         lock.Backoff{Min: w.ContentionBackoffMin, Max: w.ContentionBackoffMax},
+		Backoff:         backoff.Jitter{Min: w.ContentionBackoffMin, Max: w.ContentionBackoffMax},
 		PollInterval:    w.PollInterval,
 	}
 }

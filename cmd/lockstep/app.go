@@ -105,6 +105,42 @@ func parse(fs *flag.FlagSet, args []string) ([]string, int, bool) {
 	}
 }
 
+// parseN is parse for exactly n positional arguments, named what (e.g. "one
+// RESOURCE"); a wrong count is a usage error.
+func parseN(a *app, fs *flag.FlagSet, args []string, n int, what string) ([]string, int, bool) {
+	pos, code, done := parse(fs, args)
+	switch {
+	case done || len(pos) == n:
+		return pos, code, done
+	case n == 0:
+		return nil, usageError(a, fs, "unexpected argument %q", pos[0]), true
+	}
+	return nil, usageError(a, fs, "want %s, got %d arguments", what, len(pos)), true
+}
+
+// printList prints rows for a list subcommand: as JSON with --json, else as
+// a table under header, one line per row, or none (on stderr) when there are
+// no rows. It returns exitNotFound when there are none.
+func printList[T any](a *app, asJSON bool, rows []T, none, header string, line func(T) string) int {
+	switch {
+	case asJSON:
+		writeJSON(a, rows)
+	case len(rows) == 0:
+		fmt.Fprintln(a.stderr, none)
+	default:
+		tw := table(a.stdout)
+		fmt.Fprintln(tw, header)
+		for _, r := range rows {
+			fmt.Fprintln(tw, line(r))
+		}
+		_ = tw.Flush()
+	}
+	if len(rows) == 0 {
+		return exitNotFound
+	}
+	return exitOK
+}
+
 // wantsHelp reports whether args ask for help (before any "--").
 func wantsHelp(args []string) bool {
 	for _, a := range args {

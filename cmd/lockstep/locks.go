@@ -14,26 +14,16 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 			"JSON: an array of objects with resource, holder, task_id, type, fence, ttl_ms,\n"+
 			"held_ms (null when the lock's value does not say) and waiters.")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
-	pos, code, done := parse(fs, args)
-	if done {
+	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code
-	}
-	if len(pos) > 0 {
-		return usageError(a, fs, "unexpected argument %q", pos[0])
 	}
 	locks, err := listLocks(ctx, a)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "lockstep locks:", err)
 		return exitUsage
 	}
-	if *asJSON {
-		writeJSON(a, locks)
-	} else if len(locks) == 0 {
-		fmt.Fprintln(a.stderr, "no lock is held")
-	} else {
-		tw := table(a.stdout)
-		fmt.Fprintln(tw, "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS")
-		for _, l := range locks {
+	return printList(a, *asJSON, locks, "no lock is held", "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS",
+		func(l lockView) string {
 			held := "-"
 			if l.HeldMs != nil {
 				held = ms(*l.HeldMs)
@@ -42,15 +32,9 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 			if l.TTLMs >= 0 {
 				ttl = ms(l.TTLMs)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", l.Resource, orDash(l.Holder), orDash(l.TaskID),
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", l.Resource, orDash(l.Holder), orDash(l.TaskID),
 				orDash(l.Type), l.Fence, ttl, held, l.Waiters)
-		}
-		_ = tw.Flush()
-	}
-	if len(locks) == 0 {
-		return exitNotFound
-	}
-	return exitOK
+		})
 }
 
 // ms shows milliseconds as a short duration: 850ms, 12.3s, 4m10s.

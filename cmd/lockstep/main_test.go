@@ -8,14 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -24,29 +23,7 @@ import (
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockstep-cli-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := func() int {
-		for name, pkg := range map[string]string{"lockstep": ".", "worker": "../worker", "scheduler": "../scheduler"} {
-			bins[name] = filepath.Join(dir, name)
-			if out, err := exec.Command("go", "build", "-o", bins[name], pkg).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	_ = os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(proctest.Main(m, bins, []string{".", "../worker", "../scheduler"}, redistest.LeakOptions()...))
 }
 
 // result is what one run of the CLI did.
@@ -99,30 +76,20 @@ func cliJSON(t *testing.T, addr string, want int, v any, args ...string) {
 
 // startProc starts one of bins with args and env, its output in a file the
 // test shows when it fails; the process is killed at the end of the test.
-func startProc(t *testing.T, name string, env []string, args ...string) *exec.Cmd {
+func startProc(t *testing.T, name string, env []string, args ...string) *proctest.Proc {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bins[name], args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	p := proctest.New(t, proctest.Spec{What: name, Bin: bins[name], Args: args,
+		Env: append([]string{"PATH=" + os.Getenv("PATH")}, env...), Log: filepath.Join(t.TempDir(), name+".log")})
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = logFile.Close()
+		p.Kill()
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s output (last 4 KiB):\n%s", name, b[max(0, len(b)-4096):])
+			t.Logf("%s output (last 4 KiB):\n%s", name, p.LogTail(4096))
 		}
 	})
-	return cmd
+	return p
 }
 
 func writeConfig(t *testing.T, name, body string) string {

@@ -4,29 +4,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-const schedulesUsage = `usage:
-  lockstep schedules [--json]                  list file and run-time schedules
-  lockstep schedules add NAME --cron SPEC --task TYPE [--payload JSON] [--timezone TZ] [--queue Q]
-                         [--max-retry N] [--timeout D] [--catch-up skip|once|all] [--max-catch-up N] [--update]
-  lockstep schedules pause NAME | resume NAME | rm NAME | trigger NAME
-
-Run-time schedules live in Redis; every scheduler replica applies a change
+const (
+	schedulesUsage = `schedules [--json]                  list file and run-time schedules
+       lockstep schedules add NAME --cron SPEC --task TYPE [--payload JSON] [--timezone TZ] [--queue Q]
+                              [--max-retry N] [--timeout D] [--catch-up skip|once|all] [--max-catch-up N] [--update]
+       lockstep schedules pause NAME | resume NAME | rm NAME | trigger NAME`
+	schedulesAbout = `Run-time schedules live in Redis; every scheduler replica applies a change
 within a second. File schedules (from --config) can be paused, resumed and
 triggered, not changed. Exit codes: 0 done, 1 not found or nothing to do,
-2 bad usage or a bad schedule.
-`
+2 bad usage or a bad schedule.`
+)
 
 // scheduleJSON is one schedule in `lockstep schedules --json`.
 type scheduleJSON struct {
@@ -48,12 +44,11 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 		case "pause", "resume", "rm", "trigger":
 			return schedulesByName(ctx, a, args[0], args[1:])
 		}
-		fmt.Fprintf(a.stderr, "lockstep schedules: unknown subcommand %q\n%s", args[0], schedulesUsage)
-		return 2
+		return usageError(a, a.flags("schedules", schedulesUsage, schedulesAbout), "unknown subcommand %q", args[0])
 	}
-	fs := newFlags(a, "schedules", schedulesUsage)
+	fs := a.flags("schedules", schedulesUsage, schedulesAbout)
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	if _, code, ok := fs.parseN(args, 0, ""); !ok {
+	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code
 	}
 	file, code := fileSchedules(a)
@@ -73,7 +68,7 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 		}
 		return writeJSON(a, out)
 	}
-	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	tw := table(a.stdout)
 	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tTASK\tSOURCE\tPAUSED\tLAST TICK\tNEXT TICK")
 	for _, in := range all {
 		s := in.Schedule
@@ -85,7 +80,7 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 }
 
 func schedulesAdd(ctx context.Context, a *app, args []string) int {
-	fs := newFlags(a, "schedules add", schedulesUsage)
+	fs := a.flags("schedules add", schedulesUsage, schedulesAbout)
 	s := config.NewSchedule()
 	fs.StringVar(&s.Cron, "cron", "", "cron expression (5 fields, or 6 with seconds first; @daily; @every 5m)")
 	fs.StringVar(&s.Task, "task", "", "asynq task type")
@@ -97,8 +92,8 @@ func schedulesAdd(ctx context.Context, a *app, args []string) int {
 	catchUp := fs.String("catch-up", string(s.CatchUp), "missed ticks after an outage or a pause: skip, once or all")
 	fs.IntVar(&s.MaxCatchUp, "max-catch-up", 0, "cap for --catch-up all (0: the scheduler's max_catch_up)")
 	update := fs.Bool("update", false, "replace the run-time schedule NAME if it exists")
-	pos, code, ok := fs.parseN(args, 1, "one NAME")
-	if !ok {
+	pos, code, done := parseN(a, fs, args, 1, "one NAME")
+	if done {
 		return code
 	}
 	s.Name, s.CatchUp = pos[0], config.CatchUp(*catchUp)
@@ -142,9 +137,9 @@ func schedulesAdd(ctx context.Context, a *app, args []string) int {
 }
 
 func schedulesByName(ctx context.Context, a *app, verb string, args []string) int {
-	fs := newFlags(a, "schedules "+verb, schedulesUsage)
-	pos, code, ok := fs.parseN(args, 1, "one NAME")
-	if !ok {
+	fs := a.flags("schedules "+verb, schedulesUsage, schedulesAbout)
+	pos, code, done := parseN(a, fs, args, 1, "one NAME")
+	if done {
 		return code
 	}
 	name := pos[0]
@@ -208,56 +203,6 @@ func fileSchedules(a *app) ([]config.Schedule, int) {
 		return []config.Schedule{}, 0
 	}
 	return cfg.Schedules, 0
-}
-
-// flags is one subcommand's flag set, with its usage text.
-type flags struct {
-	*flag.FlagSet
-	a     *app
-	usage string
-}
-
-func newFlags(a *app, name, usage string) *flags {
-	fs := flag.NewFlagSet("lockstep "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return &flags{FlagSet: fs, a: a, usage: usage}
-}
-
-// parse parses flags that may come before, between or after the positional
-// arguments, and returns those; ok is false when the command is over with
-// code: 0 after --help (usage on stdout), 2 for bad usage (on stderr).
-func (f *flags) parse(args []string) (pos []string, code int, ok bool) {
-	for {
-		if err := f.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprint(f.a.stdout, f.usage, "\nflags:\n")
-				f.SetOutput(f.a.stdout)
-				f.PrintDefaults()
-				return nil, 0, false
-			}
-			fmt.Fprintf(f.a.stderr, "%s: %v\n%s", f.Name(), err, f.usage)
-			return nil, 2, false
-		}
-		if f.NArg() == 0 {
-			return pos, 0, true
-		}
-		pos = append(pos, f.Arg(0))
-		args = f.Args()[1:]
-	}
-}
-
-// parseN is parse for exactly n positional arguments, named what.
-func (f *flags) parseN(args []string, n int, what string) ([]string, int, bool) {
-	pos, code, ok := f.parse(args)
-	if ok && len(pos) != n {
-		if n == 0 {
-			fmt.Fprintf(f.a.stderr, "%s: unexpected argument %q\n%s", f.Name(), pos[0], f.usage)
-		} else {
-			fmt.Fprintf(f.a.stderr, "%s: want %s, got %d arguments\n%s", f.Name(), what, len(pos), f.usage)
-		}
-		return nil, 2, false
-	}
-	return pos, code, ok
 }
 
 func writeJSON(a *app, v any) int {

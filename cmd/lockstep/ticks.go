@@ -4,20 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-const ticksUsage = `usage:
-  lockstep ticks SCHEDULE [--last N] [--json]
-
-The schedule's latest ticks, newest first: scheduled time, state (done,
+const ticksAbout = `The schedule's latest ticks, newest first: scheduled time, state (done,
 pending, skipped, missed), leader replica, asynq task id and lateness (enqueue
 time − scheduled time). A tick triggered by hand has leader "trigger". Exit
-codes: 0 done, 1 no such schedule, 2 bad usage.
-`
+codes: 0 done, 1 no such schedule, 2 bad usage.`
 
 // tickJSON is one tick in `lockstep ticks --json`.
 type tickJSON struct {
@@ -30,16 +25,15 @@ type tickJSON struct {
 }
 
 func cmdTicks(ctx context.Context, a *app, args []string) int {
-	fs := newFlags(a, "ticks", ticksUsage)
+	fs := a.flags("ticks", "ticks SCHEDULE [--last N] [--json]", ticksAbout)
 	last := fs.Int("last", 20, "how many ticks")
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	pos, code, ok := fs.parseN(args, 1, "one SCHEDULE")
-	if !ok {
+	pos, code, done := parseN(a, fs, args, 1, "one SCHEDULE")
+	if done {
 		return code
 	}
 	if *last <= 0 {
-		fmt.Fprintf(a.stderr, "lockstep ticks: --last must be greater than 0, got %d\n", *last)
-		return 2
+		return usageError(a, fs, "--last must be greater than 0, got %d", *last)
 	}
 	name := pos[0]
 	file, code := fileSchedules(a)
@@ -70,7 +64,7 @@ func cmdTicks(ctx context.Context, a *app, args []string) int {
 		}
 		return writeJSON(a, out)
 	}
-	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	tw := table(a.stdout)
 	fmt.Fprintln(tw, "TICK\tSTATE\tLEADER\tTASK ID\tLATENESS")
 	for _, t := range ticks {
 		late := "-"
@@ -81,15 +75,8 @@ func cmdTicks(ctx context.Context, a *app, args []string) int {
 		if !t.From.IsZero() {
 			state += " (after " + showTime(t.From) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", showTime(t.Tick), state, dash(t.Leader), dash(t.TaskID), late)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", showTime(t.Tick), state, orDash(t.Leader), orDash(t.TaskID), late)
 	}
 	_ = tw.Flush()
 	return 0
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

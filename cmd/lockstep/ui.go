@@ -37,12 +37,8 @@ func cmdUI(ctx context.Context, a *app, args []string) int {
 			"/api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see the README).")
 	addr := fs.String("http-addr", defaultUIAddr, "address to listen on, host:port")
 	asynqmon := fs.String("asynqmon", "", "base URL of an asynqmon, e.g. http://localhost:8080, to link tasks to")
-	pos, code, done := parse(fs, args)
-	if done {
+	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code
-	}
-	if len(pos) > 0 {
-		return usageError(a, fs, "unexpected argument %q", pos[0])
 	}
 	if _, _, err := net.SplitHostPort(*addr); err != nil {
 		return usageError(a, fs, "--http-addr %q: %v", *addr, err)
@@ -121,27 +117,37 @@ func replyErr(w http.ResponseWriter, status int, err error) {
 	reply(w, status, apiError{Error: err.Error()})
 }
 
-func (u *ui) locks(w http.ResponseWriter, r *http.Request) {
-	ls, err := listLocks(r.Context(), u.a)
+// replyOr replies v, or err with errStatus when err is set.
+func replyOr(w http.ResponseWriter, v any, err error, errStatus int) {
 	if err != nil {
-		replyErr(w, http.StatusBadGateway, err)
+		replyErr(w, errStatus, err)
 		return
 	}
-	reply(w, http.StatusOK, ls)
+	reply(w, http.StatusOK, v)
+}
+
+// required returns the query parameter name, or answers 400 and false when
+// the request has none.
+func required(w http.ResponseWriter, r *http.Request, name string) (string, bool) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		replyErr(w, http.StatusBadRequest, fmt.Errorf("query parameter %s is required", name))
+	}
+	return v, v != ""
+}
+
+func (u *ui) locks(w http.ResponseWriter, r *http.Request) {
+	ls, err := listLocks(r.Context(), u.a)
+	replyOr(w, ls, err, http.StatusBadGateway)
 }
 
 func (u *ui) waiters(w http.ResponseWriter, r *http.Request) {
-	res := r.URL.Query().Get("resource")
-	if res == "" {
-		replyErr(w, http.StatusBadRequest, errors.New("query parameter resource is required"))
+	res, ok := required(w, r, "resource")
+	if !ok {
 		return
 	}
 	ws, err := listWaiters(r.Context(), u.a, res)
-	if err != nil {
-		replyErr(w, http.StatusBadGateway, err)
-		return
-	}
-	reply(w, http.StatusOK, ws)
+	replyOr(w, ws, err, http.StatusBadGateway)
 }
 
 // subJSON runs a subcommand with --json and returns what it printed: the
@@ -173,25 +179,16 @@ func firstNonEmpty(ss ...string) string {
 
 func (u *ui) schedules(w http.ResponseWriter, r *http.Request) {
 	raw, err := u.subJSON(r.Context(), cmdSchedules)
-	if err != nil {
-		replyErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	reply(w, http.StatusOK, raw)
+	replyOr(w, raw, err, http.StatusServiceUnavailable)
 }
 
 func (u *ui) ticks(w http.ResponseWriter, r *http.Request) {
-	name := r.URL.Query().Get("schedule")
-	if name == "" {
-		replyErr(w, http.StatusBadRequest, errors.New("query parameter schedule is required"))
+	name, ok := required(w, r, "schedule")
+	if !ok {
 		return
 	}
 	raw, err := u.subJSON(r.Context(), cmdTicks, name, "--last", lastParam(r, 10))
-	if err != nil {
-		replyErr(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	reply(w, http.StatusOK, raw)
+	replyOr(w, raw, err, http.StatusServiceUnavailable)
 }
 
 func lastParam(r *http.Request, def int) string {
@@ -232,11 +229,7 @@ func listLosses(ctx context.Context, a *app, n int64) ([]lossView, error) {
 func (u *ui) losses(w http.ResponseWriter, r *http.Request) {
 	n, _ := strconv.ParseInt(lastParam(r, 20), 10, 64)
 	ls, err := listLosses(r.Context(), u.a, n)
-	if err != nil {
-		replyErr(w, http.StatusBadGateway, err)
-		return
-	}
-	reply(w, http.StatusOK, ls)
+	replyOr(w, ls, err, http.StatusBadGateway)
 }
 
 // taskView is an asynq task, as /api/tasks/ID shows it.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -21,7 +22,7 @@ import (
 // returns its base URL once it answers.
 func startUI(t *testing.T, addr string, args ...string) string {
 	t.Helper()
-	port, err := redistest.FreePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,12 +22,9 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 			"on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.")
 	force := fs.Bool("force", false, "required: breaking a lock is never the default")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
-	pos, code, done := parse(fs, args)
+	pos, code, done := parseN(a, fs, args, 1, "one RESOURCE")
 	if done {
 		return code
-	}
-	if len(pos) != 1 {
-		return usageError(a, fs, "want one RESOURCE, got %d arguments", len(pos))
 	}
 	if !*force {
 		return usageError(a, fs, "refusing to break a lock without --force")

@@ -1,68 +1,31 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/fx"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-var (
-	binDir    string
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
+// bins holds this command's binary, built once for the package.
+var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	var err error
-	if binDir, err = os.MkdirTemp("", "lockstep-scheduler-test"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(binDir)
-	if code == 0 {
-		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// build compiles this command once per test run.
-func build(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		binary = filepath.Join(binDir, "scheduler")
-		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
+	os.Exit(proctest.Main(m, bins, []string{"."}, redistest.LeakOptions()...))
 }
 
 // writeConfig writes a scheduler configuration for Redis at addr, with body
@@ -77,78 +40,33 @@ func writeConfig(t *testing.T, addr, body string) string {
 	return path
 }
 
-// proc is one scheduler process.
+// proc is one scheduler process and its log.
 type proc struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process exited and its output is read
-
-	mu      sync.Mutex
-	lines   []string
-	changed chan struct{}
+	*proctest.Proc
+	t   *testing.T
+	log proctest.Log
 }
 
-// startProc starts the binary with args and extra environment variables.
+// startProc starts the binary with args and extra environment variables; it
+// is killed when the test ends.
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(build(t), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
+	p := &proc{t: t}
+	p.Proc = proctest.New(t, proctest.Spec{What: "scheduler", Bin: bins["scheduler"], Args: args,
+		Env: append(os.Environ(), env...), Output: &p.log})
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, cmd: cmd, done: make(chan struct{}), changed: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.lines = append(p.lines, sc.Text())
-			close(p.changed)
-			p.changed = make(chan struct{})
-			p.mu.Unlock()
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(p.kill)
+	t.Cleanup(p.Kill)
 	return p
 }
 
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.lines, "\n")
-}
+func (p *proc) output() string { return p.log.String() }
 
 // waitLog waits for a JSON log line whose msg is msg and returns it decoded.
 func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	p.t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for seen := 0; ; {
-		p.mu.Lock()
-		lines, changed := p.lines[seen:], p.changed
-		seen = len(p.lines)
-		p.mu.Unlock()
-		for _, l := range lines {
-			var rec map[string]any
-			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == msg {
-				return rec
-			}
-		}
-		select {
-		case <-changed:
-		case <-p.done:
-			p.t.Fatalf("process exited before logging %q; output:\n%s", msg, p.output())
-		case <-deadline.C:
-			p.t.Fatalf("no %q log within %v; output:\n%s", msg, timeout, p.output())
-		}
-	}
+	return p.log.Wait(p.t, 0, timeout, p.Exited(), strconv.Quote(msg), proctest.Msg(msg))
 }
 
 // httpAddr is where the process serves /metrics, /healthz and /readyz.
@@ -162,6 +80,7 @@ func (p *proc) waitStatus(path string, want int, timeout time.Duration) string {
 	p.t.Helper()
 	url := "http://" + p.httpAddr() + path
 	deadline := time.Now().Add(timeout)
+	exited := p.Exited()
 	for {
 		code, body := get(url)
 		if code == want {
@@ -171,7 +90,7 @@ func (p *proc) waitStatus(path string, want int, timeout time.Duration) string {
 			p.t.Fatalf("GET %s: %d %q after %v, want %d", path, code, body, timeout, want)
 		}
 		select {
-		case <-p.done:
+		case <-exited:
 			p.t.Fatalf("process exited; output:\n%s", p.output())
 		case <-time.After(50 * time.Millisecond): // polling an endpoint, the observable itself
 		}
@@ -191,35 +110,24 @@ func get(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// kill sends SIGKILL and waits for the process to exit.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
 // term sends SIGTERM and returns the exit code, failing after timeout.
 func (p *proc) term(timeout time.Duration) int {
 	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return p.cmd.ProcessState.ExitCode()
-	case <-time.After(timeout):
+	code, ok := p.Term(timeout)
+	if !ok {
 		p.t.Fatalf("no exit within %v of SIGTERM; output:\n%s", timeout, p.output())
-		return -1
 	}
+	return code
 }
 
 // exit waits for a process that is expected to end by itself.
 func (p *proc) exit(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-		return p.cmd.ProcessState.ExitCode()
-	case <-time.After(timeout):
+	code, ok := p.Wait(timeout)
+	if !ok {
 		p.t.Fatalf("still running after %v; output:\n%s", timeout, p.output())
-		return -1
 	}
+	return code
 }
 
 func TestValidateApp(t *testing.T) {

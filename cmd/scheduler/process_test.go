@@ -58,14 +58,8 @@ func TestKillReplicasEveryTickOnce(t *testing.T) {
 		run.restart(victim)
 		kills++
 	}
-	last := spec.Next(time.Now()).Add(2 * time.Second)
-	for n := first; !n.After(last); n = spec.Next(n) {
-		waitTask(t, run.insp, "chaos", n, 10*time.Second)
-	}
-	run.stop()
+	last := run.finish(srv, spec, first, 10*time.Second, 2, "chaos")
 	t.Logf("%d kills, ticks %v .. %v", kills, first, last)
-	assertExactlyOnce(t, srv.Client(), "chaos", spec, first, last)
-	run.assertClaims("chaos", spec, first, last, 2)
 }
 
 // Redis is SIGKILLed at a random offset inside a tick and restarted from its
@@ -79,20 +73,12 @@ func TestRedisKillAOFRestartEveryTickOnce(t *testing.T) {
 	rng, _ := seeded(t)
 	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
-	for range 3 {
-		waitTask(t, run.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
-		sleepIntoTick(rng)
+	run.inTicks(rng, spec, func() {
 		srv.Kill()
 		time.Sleep(time.Duration(200+rng.IntN(1500)) * time.Millisecond) // Redis down across ticks
 		srv.Restart()
-	}
-	last := spec.Next(time.Now()).Add(2 * time.Second)
-	for n := first; !n.After(last); n = spec.Next(n) {
-		waitTask(t, run.insp, "chaos", n, 15*time.Second)
-	}
-	run.stop()
-	assertExactlyOnce(t, srv.Client(), "chaos", spec, first, last)
-	run.assertClaims("chaos", spec, first, last, 1)
+	})
+	run.finish(srv, spec, first, 15*time.Second, 1, "chaos")
 }
 
 // Redis is paused (SIGSTOP) for longer than tick_lock_ttl while every replica
@@ -114,24 +100,12 @@ func TestRedisPausedPastTickLockTTLCatchesUpEveryTick(t *testing.T) {
 	rng, _ := seeded(t)
 	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
-	for range 3 {
-		waitTask(t, run.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
-		sleepIntoTick(rng)
+	run.inTicks(rng, spec, func() {
 		srv.Pause()
 		time.Sleep(time.Duration(2500+rng.IntN(2500)) * time.Millisecond) // past tick_lock_ttl (1s) and the claim deadline
 		srv.Resume()
-	}
-	last := spec.Next(time.Now()).Add(2 * time.Second)
-	for _, name := range names {
-		for n := first; !n.After(last); n = spec.Next(n) {
-			waitTask(t, run.insp, name, n, 15*time.Second)
-		}
-	}
-	run.stop()
-	for _, name := range names {
-		assertExactlyOnce(t, srv.Client(), name, spec, first, last)
-		run.assertClaims(name, spec, first, last, 1)
-	}
+	})
+	run.finish(srv, spec, first, 15*time.Second, 1, names...)
 }
 
 // replicaRun is three scheduler replicas and every process that held a slot.
@@ -163,7 +137,7 @@ func (r *replicaRun) start() *proc {
 
 // restart SIGKILLs replica k and starts another in its place.
 func (r *replicaRun) restart(k int) {
-	r.live[k].kill()
+	r.live[k].Kill()
 	r.live[k] = r.start()
 }
 
@@ -193,6 +167,38 @@ func (r *replicaRun) stop() {
 			r.t.Errorf("replica %d: exit code %d after SIGTERM; output:\n%s", i, code, p.output())
 		}
 	}
+}
+
+// inTicks injects fault three times, each at a random moment within a tick,
+// once the next tick of schedule chaos has its task.
+func (r *replicaRun) inTicks(rng *rand.Rand, spec scheduler.Spec, fault func()) {
+	for range 3 {
+		waitTask(r.t, r.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
+		sleepIntoTick(rng)
+		fault()
+	}
+}
+
+// finish waits (each up to timeout) for the task of every tick of the
+// schedules from first to two seconds from now, stops the replicas, and
+// checks that each of those ticks was enqueued exactly once and claimed by at
+// least minReplicas processes over the run (see assertClaims). It returns
+// the last tick checked.
+func (r *replicaRun) finish(srv *redistest.Server, spec scheduler.Spec, first time.Time, timeout time.Duration,
+	minReplicas int, schedules ...string) time.Time {
+	r.t.Helper()
+	last := spec.Next(time.Now()).Add(2 * time.Second)
+	for _, name := range schedules {
+		for n := first; !n.After(last); n = spec.Next(n) {
+			waitTask(r.t, r.insp, name, n, timeout)
+		}
+	}
+	r.stop()
+	for _, name := range schedules {
+		assertExactlyOnce(r.t, srv.Client(), name, spec, first, last)
+		r.assertClaims(name, spec, first, last, minReplicas)
+	}
+	return last
 }
 
 // assertClaims reads every replica's own record of the ticks it claimed and

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/schedules"
 )
@@ -19,38 +21,11 @@ import (
 // the test logs what it measured.
 const applyBound = 2 * time.Second
 
-// lineCount is how many lines p has logged so far.
-func (p *proc) lineCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.lines)
-}
-
-// waitScheduleLog waits for a JSON line after line from whose msg is msg and
-// whose schedule is schedule, and returns when it was waited for.
+// waitScheduleLog waits for a JSON line after line from (p.log.Len())
+// whose msg is msg and whose schedule is schedule.
 func (p *proc) waitScheduleLog(from int, msg, schedule string, timeout time.Duration) {
 	p.t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for seen := from; ; {
-		p.mu.Lock()
-		lines, changed := p.lines[min(seen, len(p.lines)):], p.changed
-		seen = len(p.lines)
-		p.mu.Unlock()
-		for _, l := range lines {
-			var rec map[string]any
-			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == msg && rec["schedule"] == schedule {
-				return
-			}
-		}
-		select {
-		case <-changed:
-		case <-p.done:
-			p.t.Fatalf("process exited before logging %q for %s; output:\n%s", msg, schedule, p.output())
-		case <-deadline.C:
-			p.t.Fatalf("no %q log for %s within %v; output:\n%s", msg, schedule, timeout, p.output())
-		}
-	}
+	p.log.Wait(p.t, from, timeout, p.Exited(), fmt.Sprintf("%q for %s", msg, schedule), proctest.Msg(msg, "schedule", schedule))
 }
 
 // Three scheduler processes; a schedule is added, paused, resumed, changed
@@ -76,7 +51,7 @@ func TestRuntimeScheduleChangesOnThreeProcesses(t *testing.T) {
 		t.Helper()
 		marks := make([]int, len(procs))
 		for i, p := range procs {
-			marks[i] = p.lineCount()
+			marks[i] = p.log.Len()
 		}
 		if err := f(); err != nil {
 			t.Fatalf("%s: %v", what, err)

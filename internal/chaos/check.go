@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -168,15 +169,9 @@ func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
 		}
 		return false
 	}
-	byOrder := map[string][]Execution{}
-	for _, e := range h.Executions {
-		if e.Outcome == "ok" {
-			byOrder[e.OrderID] = append(byOrder[e.OrderID], e)
-		}
-	}
-	for _, order := range sortedKeys(byOrder) {
+	byOrder := okRunsBy(h, func(e Execution) string { return e.OrderID })
+	for _, order := range slices.Sorted(maps.Keys(byOrder)) {
 		runs := byOrder[order]
-		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
 		var last Execution // the run that finishes last so far
 		for i, e := range runs {
 			if i > 0 && e.Started.Before(last.Finished) {
@@ -260,18 +255,12 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 		r.NotChecked = append(r.NotChecked, fmt.Sprintf("jobs_lost: %d jobs were still unfinished when the drain ended", r.JobsUnfinished))
 	}
 
-	byTask := map[string][]Execution{}
-	for _, e := range h.Executions {
-		if e.Outcome == "ok" {
-			byTask[e.TaskID] = append(byTask[e.TaskID], e)
-		}
-	}
-	for _, id := range sortedKeys(byTask) {
+	byTask := okRunsBy(h, func(e Execution) string { return e.TaskID })
+	for _, id := range slices.Sorted(maps.Keys(byTask)) {
 		runs := byTask[id]
 		if len(runs) < 2 {
 			continue
 		}
-		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
 		unexplained := 0
 		for i := 1; i < len(runs); i++ {
 			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) {
@@ -311,36 +300,33 @@ func checkTicks(h History, r *Report, add func(Violation)) {
 		s string
 		t int64
 	}
-	claims := map[key][]TickEvent{}
+	// twice counts and reports each tick that more than one of events
+	// (those keep accepts) is about.
+	twice := func(events []TickEvent, keep func(TickEvent) bool, check, what string) (n int) {
+		byTick := map[key][]TickEvent{}
+		for _, e := range events {
+			if keep(e) {
+				k := key{e.Schedule, e.Tick}
+				byTick[k] = append(byTick[k], e)
+			}
+		}
+		for k, es := range byTick {
+			if len(es) > 1 {
+				n++
+				add(Violation{Check: check, At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
+					"%s tick %d %s %d times: %s", k.s, k.t, what, len(es), describeClaims(es))})
+			}
+		}
+		return n
+	}
 	for _, c := range h.Claims {
 		if c.Kind == "takeover" {
 			r.TicksTakenOver++
-			continue
-		}
-		k := key{c.Schedule, c.Tick}
-		claims[k] = append(claims[k], c)
-	}
-	for k, cs := range claims {
-		if len(cs) > 1 {
-			r.TicksClaimedTwice++
-			add(Violation{Check: "ticks_claimed_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
-				"%s tick %d claimed %d times: %s", k.s, k.t, len(cs), describeClaims(cs))})
 		}
 	}
-	fresh := map[key][]TickEvent{}
-	for _, e := range h.Enqueues {
-		if e.Result == "enqueued" || e.Result == "caught_up" {
-			k := key{e.Schedule, e.Tick}
-			fresh[k] = append(fresh[k], e)
-		}
-	}
-	for k, es := range fresh {
-		if len(es) > 1 {
-			r.TicksEnqueuedTwice++
-			add(Violation{Check: "ticks_enqueued_twice", At: time.Unix(k.t, 0), Detail: fmt.Sprintf(
-				"%s tick %d enqueued fresh %d times: %s", k.s, k.t, len(es), describeClaims(es))})
-		}
-	}
+	r.TicksClaimedTwice = twice(h.Claims, func(c TickEvent) bool { return c.Kind != "takeover" }, "ticks_claimed_twice", "claimed")
+	r.TicksEnqueuedTwice = twice(h.Enqueues, func(e TickEvent) bool { return e.Result == "enqueued" || e.Result == "caught_up" },
+		"ticks_enqueued_twice", "enqueued fresh")
 	r.TicksChecked = len(h.Ticks)
 	for _, t := range h.Ticks {
 		if t.State == "" {
@@ -429,11 +415,17 @@ func maxAndMedian(v []int64) (int64, int64) {
 	return v[len(v)-1], v[len(v)/2]
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// okRunsBy groups the history's ok executions by key, each group in the
+// order they started.
+func okRunsBy(h History, key func(Execution) string) map[string][]Execution {
+	by := map[string][]Execution{}
+	for _, e := range h.Executions {
+		if e.Outcome == "ok" {
+			by[key(e)] = append(by[key(e)], e)
+		}
 	}
-	slices.Sort(keys)
-	return keys
+	for _, runs := range by {
+		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
+	}
+	return by
 }

@@ -75,8 +75,9 @@ func TestCheckCleanHistory(t *testing.T) {
 }
 
 // Fed a history with an overlap, a stale write, a lost job, a task completed
-// twice with no kill to explain it, a tick claimed by two replicas and a
-// tick without a task, the checker reports each, once.
+// twice with no kill to explain it, a tick claimed by two replicas, a tick
+// enqueued afresh by two and a tick without a task, the checker reports
+// each, once.
 func TestCheckFindsEachViolation(t *testing.T) {
 	h := clean()
 	t0 := h.Start
@@ -98,6 +99,10 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		TickEvent{Replica: "a", Schedule: "s", Tick: 102, Kind: "on_time", At: at(2000)},
 		TickEvent{Replica: "b", Schedule: "s", Tick: 102, Kind: "on_time", At: at(2001)},
 	)
+	h.Enqueues = append(h.Enqueues, // both enqueue it afresh: a second task id would run it twice
+		TickEvent{Replica: "a", Schedule: "s", Tick: 102, Kind: "on_time", Result: "enqueued", At: at(2005)},
+		TickEvent{Replica: "b", Schedule: "s", Tick: 102, Kind: "catch_up", Result: "caught_up", At: at(2006)},
+	)
 	h.Ticks = append(h.Ticks, Tick{Schedule: "s", Tick: 102, State: "completed"}, Tick{Schedule: "s", Tick: 103, State: ""})
 
 	r := Check(h)
@@ -107,6 +112,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		"jobs_lost":                        r.JobsLost,
 		"jobs_completed_twice_unexplained": r.JobsCompletedTwiceUnexplained,
 		"ticks_claimed_twice":              r.TicksClaimedTwice,
+		"ticks_enqueued_twice":             r.TicksEnqueuedTwice,
 		"ticks_missing":                    r.TicksMissing,
 	} {
 		if got != 1 {
@@ -117,11 +123,11 @@ func TestCheckFindsEachViolation(t *testing.T) {
 	for _, v := range r.Evidence {
 		checks[v.Check]++
 	}
-	if len(r.Evidence) != 6 || len(checks) != 6 {
-		t.Errorf("evidence %d lines over %d checks, want 6 and 6: %+v", len(r.Evidence), len(checks), r.Evidence)
+	if len(r.Evidence) != 7 || len(checks) != 7 {
+		t.Errorf("evidence %d lines over %d checks, want 7 and 7: %+v", len(r.Evidence), len(checks), r.Evidence)
 	}
-	if r.Violations() != 6 {
-		t.Errorf("violations %d, want 6", r.Violations())
+	if r.Violations() != 7 {
+		t.Errorf("violations %d, want 7", r.Violations())
 	}
 }
 

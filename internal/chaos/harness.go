@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,12 +65,7 @@ var schedules = []struct{ name, cron, order string }{
 
 func schedulerConfig(redisAddr string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, `redis:
-  addr: %q
-  dial_timeout: 1s
-  read_timeout: 1s
-  write_timeout: 1s
-log:
+	fmt.Fprintf(&b, `%slog:
   format: json
   level: debug
 scheduler:
@@ -80,7 +74,7 @@ scheduler:
   task_retention: 1h
   max_catch_up: 100
 schedules:
-`, redisAddr, tickLockTTL)
+`, redisSection(redisAddr), tickLockTTL)
 	for i, s := range schedules {
 		fmt.Fprintf(&b, `  - name: %s
     cron: %q
@@ -98,12 +92,7 @@ schedules:
 // workerConfig is a worker's file; lockExtra adds lines under lock: (the
 // etcd back end).
 func workerConfig(redisAddr, lockExtra string) string {
-	return fmt.Sprintf(`redis:
-  addr: %q
-  dial_timeout: 1s
-  read_timeout: 1s
-  write_timeout: 1s
-log:
+	return fmt.Sprintf(`%slog:
   format: json
   level: info
 lock:
@@ -115,7 +104,13 @@ lock:
   contention_backoff_min: 50ms
   contention_backoff_max: 1s
   demo: true
-`, redisAddr, prefix, lockTTL, lockExtra)
+`, redisSection(redisAddr), prefix, lockTTL, lockExtra)
+}
+
+// redisSection is both roles' redis: section, with short timeouts so that a
+// dead or paused Redis is noticed within a second.
+func redisSection(addr string) string {
+	return fmt.Sprintf("redis:\n  addr: %q\n  dial_timeout: 1s\n  read_timeout: 1s\n  write_timeout: 1s\n", addr)
 }
 
 // run is one chaos run's state.
@@ -364,6 +359,13 @@ func (r *run) inject(deadline time.Time) {
 	}
 }
 
+// pausable is a process a fault can pause: a role, a Redis server, an etcd
+// member (all proctest processes).
+type pausable interface {
+	Pause()
+	Resume()
+}
+
 // plan is one drawn fault, ready to run.
 type plan struct {
 	budget time.Duration // at most how long it takes, restart included
@@ -383,90 +385,76 @@ func (r *run) draw(kind string) plan {
 	drain := ms(50, 2500)
 	w, s := r.workers[wi], r.schedulers[si]
 	restartBudget := 3 * time.Second // a restart is usually ready in 1s; a slower one eats into the quiet tail
-	switch kind {
-	case FaultWorkerKill:
-		return plan{down + restartBudget, func() Fault {
-			f := r.begin(kind, w, "SIGKILL mid-work, restarted after "+down.String())
-			w.kill()
+	onWorker := func(detail string) func() Fault { return func() Fault { return r.begin(kind, w, detail) } }
+	on := func(target, detail string) func() Fault {
+		return func() Fault { return Fault{Kind: kind, Target: target, Start: time.Now(), Detail: detail} }
+	}
+	// restarted kills a process, leaves it down for down, and starts it again.
+	restarted := func(budget time.Duration, begin func() Fault, kill, restart func()) plan {
+		return plan{budget, func() Fault {
+			f := begin()
+			kill()
 			time.Sleep(down)
-			w.start(r.tb)
+			restart()
 			return r.end(f)
 		}}
+	}
+	// paused stops a process (SIGSTOP) for d, then continues it; target
+	// finds it when the fault starts.
+	paused := func(budget, d time.Duration, begin func() Fault, target func() pausable) plan {
+		return plan{budget, func() Fault {
+			p := target()
+			f := begin()
+			p.Pause()
+			time.Sleep(d)
+			p.Resume()
+			return r.end(f)
+		}}
+	}
+	pauseDetail := func(d time.Duration) string { return fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL) }
+	switch kind {
+	case FaultWorkerKill:
+		return restarted(down+restartBudget, onWorker("SIGKILL mid-work, restarted after "+down.String()),
+			w.kill, func() { w.start(r.tb) })
 	case FaultWorkerKillDrain:
 		return plan{drain + down + restartBudget, func() Fault {
 			f := r.begin(kind, w, fmt.Sprintf("SIGTERM, SIGKILL %v into the drain, restarted after %v", drain, down))
-			w.signal(syscall.SIGTERM)
-			select {
-			case <-w.done: // drained before the kill came
-				w.cmd = nil
+			if w.term(drain) { // drained before the kill came
 				f.Detail += " (had exited by itself)"
-			case <-time.After(drain):
-				w.kill()
 			}
 			time.Sleep(down)
 			w.start(r.tb)
 			return r.end(f)
 		}}
 	case FaultSchedulerKill:
-		return plan{time.Second + offset + down + restartBudget, func() Fault {
+		begin := func() Fault {
 			next := time.Now().Truncate(time.Second).Add(time.Second)
 			time.Sleep(time.Until(next.Add(offset)))
-			f := r.begin(kind, s, fmt.Sprintf("SIGKILL %v into a tick, restarted after %v", offset, down))
-			s.kill()
-			time.Sleep(down)
-			s.start(r.tb)
-			return r.end(f)
-		}}
+			return r.begin(kind, s, fmt.Sprintf("SIGKILL %v into a tick, restarted after %v", offset, down))
+		}
+		return restarted(time.Second+offset+down+restartBudget, begin, s.kill, func() { s.start(r.tb) })
 	case FaultWorkerPauseShort, FaultWorkerPauseLong:
 		d := short
 		if kind == FaultWorkerPauseLong {
 			d = long
 		}
-		return plan{d, func() Fault {
-			f := r.begin(kind, w, fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL))
-			w.signal(syscall.SIGSTOP)
-			time.Sleep(d)
-			w.signal(syscall.SIGCONT)
-			return r.end(f)
-		}}
+		return paused(d, d, onWorker(pauseDetail(d)), func() pausable { return w })
 	case FaultRedisPauseShort, FaultRedisPauseLong:
 		d := short
 		if kind == FaultRedisPauseLong {
 			d = long
 		}
-		return plan{d, func() Fault {
-			f := Fault{Kind: kind, Target: "redis", Start: time.Now(), Detail: fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL)}
-			r.redis.Pause()
-			time.Sleep(d)
-			r.redis.Resume()
-			return r.end(f)
-		}}
+		return paused(d, d, on("redis", pauseDetail(d)), func() pausable { return r.redis })
 	case FaultRedisKill:
-		return plan{down + 10*time.Second, func() Fault {
-			f := Fault{Kind: kind, Target: "redis", Start: time.Now(), Detail: fmt.Sprintf("SIGKILL, restarted from its AOF after %v", down)}
-			r.redis.Kill()
-			time.Sleep(down)
-			r.redis.Restart()
-			return r.end(f)
-		}}
+		return restarted(down+10*time.Second, on("redis", fmt.Sprintf("SIGKILL, restarted from its AOF after %v", down)),
+			r.redis.Kill, r.redis.Restart)
 	case FaultEtcdLeaderPause:
-		return plan{long + 5*time.Second, func() Fault {
-			m := r.etcd.Leader()
-			f := Fault{Kind: kind, Target: "etcd-leader", Start: time.Now(), Detail: fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", long, lockTTL)}
-			m.Pause()
-			time.Sleep(long)
-			m.Resume()
-			return r.end(f)
-		}}
+		return paused(long+5*time.Second, long, on("etcd-leader", pauseDetail(long)),
+			func() pausable { return r.etcd.Leader() })
 	case FaultEtcdMemberKill:
 		m := r.etcd.Members[r.rng.IntN(len(r.etcd.Members))]
-		return plan{down + 10*time.Second, func() Fault {
-			f := Fault{Kind: kind, Target: "etcd-member", Start: time.Now(), Detail: fmt.Sprintf("SIGKILL, restarted with its data after %v", down)}
-			m.Kill()
-			time.Sleep(down)
-			m.Restart()
-			return r.end(f)
-		}}
+		return restarted(down+10*time.Second, on("etcd-member", fmt.Sprintf("SIGKILL, restarted with its data after %v", down)),
+			m.Kill, m.Restart)
 	case FaultWorkerPartition:
 		return plan{long, func() Fault {
 			f := r.begin(kind, w, fmt.Sprintf("link to Redis black-holed for %v", long))
@@ -481,8 +469,7 @@ func (r *run) draw(kind string) plan {
 
 func (r *run) begin(kind string, p *role, detail string) Fault {
 	f := Fault{Kind: kind, Target: p.name, Start: time.Now(), Detail: detail}
-	if p.cmd != nil {
-		f.PID = p.pid()
+	if f.PID = p.Pid(); f.PID != 0 {
 		if strings.HasPrefix(p.name, "worker") {
 			f.Worker = fmt.Sprintf("%s:%d", r.host, f.PID)
 		}

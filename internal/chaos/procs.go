@@ -5,84 +5,70 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // readyTimeout bounds how long a started binary may take to answer /readyz.
 const readyTimeout = 30 * time.Second
 
-// build compiles cmd/scheduler and cmd/worker into dir, without the race
-// detector (the processes under test are the ones users run).
+// build compiles cmd/scheduler and cmd/worker into dir (proctest.Build:
+// without the race detector, the processes under test are the ones users run).
 func build(tb testing.TB, dir string) (scheduler, worker string) {
 	tb.Helper()
-	cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
-		"github.com/lockstep-dev/lockstep/cmd/scheduler", "github.com/lockstep-dev/lockstep/cmd/worker")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("chaos: go build: %v\n%s", err, out)
+	bins, err := proctest.Build(dir, "github.com/lockstep-dev/lockstep/cmd/scheduler", "github.com/lockstep-dev/lockstep/cmd/worker")
+	if err != nil {
+		tb.Fatalf("chaos: %v", err)
 	}
-	return filepath.Join(dir, "scheduler"), filepath.Join(dir, "worker")
+	return bins["scheduler"], bins["worker"]
 }
 
 // role is one replica slot (scheduler-1, worker-2) whose process the faults
-// kill and restart; each incarnation logs to its own file.
+// kill, pause and restart; each incarnation is a new process with its own
+// HTTP port and log file.
 type role struct {
 	name   string
 	bin    string
 	config string
 	logDir string
 
-	incarnation int
-	logs        []string // every incarnation's log file
-	cmd         *exec.Cmd
-	done        chan struct{}
-	http        string
+	incarnation    int
+	logs           []string // every incarnation's log file
+	*proctest.Proc          // the current incarnation; nil before the first start
+	http           string
 }
 
 // start starts a new incarnation and waits until it answers /readyz.
 func (r *role) start(tb testing.TB) {
 	tb.Helper()
 	r.incarnation++
-	port, err := redistest.FreePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		tb.Fatalf("chaos: free port: %v", err)
 	}
 	r.http = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	path := filepath.Join(r.logDir, fmt.Sprintf("%s.%d.log", r.name, r.incarnation))
-	f, err := os.Create(path)
-	if err != nil {
-		tb.Fatalf("chaos: %v", err)
-	}
-	defer f.Close() // the child has its own descriptor
-	cmd := exec.Command(r.bin, "--config", r.config, "--http-addr", r.http)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the harness
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("chaos: start %s: %v", r.name, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	r.cmd, r.done = cmd, done
 	r.logs = append(r.logs, path)
-	if err := r.waitReady(readyTimeout); err != nil {
-		log, _ := os.ReadFile(path)
-		tb.Fatalf("chaos: %s: %v; log:\n%s", r.name, err, tail(log, 3000))
+	r.Proc = proctest.New(tb, proctest.Spec{
+		What: r.name, Bin: r.bin, Args: []string{"--config", r.config, "--http-addr", r.http},
+		Log: path, Ready: r.waitReady,
+	})
+	if err := r.Start(); err != nil {
+		tb.Fatalf("chaos: %v", err)
 	}
 }
 
-func (r *role) waitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+// waitReady waits until the process answers /readyz (proctest's Ready).
+func (r *role) waitReady(exited <-chan struct{}) error {
+	deadline := time.Now().Add(readyTimeout)
 	client := &http.Client{Timeout: time.Second}
 	for {
 		select {
-		case <-r.done:
+		case <-exited:
 			return fmt.Errorf("exited during start")
 		default:
 		}
@@ -95,46 +81,19 @@ func (r *role) waitReady(timeout time.Duration) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready within %v (last: %v)", timeout, err)
+			return fmt.Errorf("not ready within %v (last: %v)", readyTimeout, err)
 		}
 		time.Sleep(50 * time.Millisecond) // polling /readyz, the observable itself
 	}
 }
 
-func (r *role) pid() int { return r.cmd.Process.Pid }
-
-func (r *role) signal(sig syscall.Signal) { _ = r.cmd.Process.Signal(sig) }
-
-// kill sends SIGKILL (a stopped process dies too) and waits for the exit.
+// kill sends SIGKILL and waits for the exit (nothing before the first start).
 func (r *role) kill() {
-	if r.cmd == nil {
-		return
+	if r.Proc != nil {
+		r.Kill()
 	}
-	_ = r.cmd.Process.Kill()
-	<-r.done
-	r.cmd = nil
 }
 
 // term sends SIGTERM and waits up to timeout for the exit, then kills. It
 // reports whether the process exited by itself.
-func (r *role) term(timeout time.Duration) bool {
-	if r.cmd == nil {
-		return true
-	}
-	r.signal(syscall.SIGTERM)
-	select {
-	case <-r.done:
-		r.cmd = nil
-		return true
-	case <-time.After(timeout):
-		r.kill()
-		return false
-	}
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
-}
+func (r *role) term(timeout time.Duration) bool { return r.Proc == nil || r.Stop(timeout) }

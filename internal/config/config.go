@@ -3,6 +3,8 @@ package config
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
 // Common holds the sections shared by both binaries.
@@ -177,8 +179,8 @@ func DefaultWorker() *WorkerConfig {
 			Concurrency:          10,
 			Queues:               map[string]int{"default": 1},
 			ShutdownTimeout:      30 * time.Second,
-			ContentionBackoffMin: 100 * time.Millisecond,
-			ContentionBackoffMax: 10 * time.Second,
+			ContentionBackoffMin: backoff.Requeue.Min,
+			ContentionBackoffMax: backoff.Requeue.Max,
 		},
 	}
 }

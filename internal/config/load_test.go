@@ -14,10 +14,7 @@ const minimal = "redis:\n  addr: 127.0.0.1:6379\n"
 
 func TestLoadWorkerDefaults(t *testing.T) {
 	t.Parallel()
-	got, err := LoadWorker(writeFile(t, "w.yaml", minimal), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := loadWorker(t, minimal)
 	want := DefaultWorker()
 	want.Redis.Addr = "127.0.0.1:6379"
 	if !reflect.DeepEqual(got, want) {
@@ -143,10 +140,7 @@ schedules:
 
 func TestLoadNullKeepsDefault(t *testing.T) {
 	t.Parallel()
-	got, err := LoadWorker(writeFile(t, "w.yaml", minimal+"worker:\n  concurrency:\n  queues: ~\nlog:\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := loadWorker(t, minimal+"worker:\n  concurrency:\n  queues: ~\nlog:\n")
 	if got.Worker.Concurrency != 10 || !reflect.DeepEqual(got.Worker.Queues, map[string]int{"default": 1}) {
 		t.Errorf("got %+v", got.Worker)
 	}
@@ -155,23 +149,41 @@ func TestLoadNullKeepsDefault(t *testing.T) {
 func TestLoadPasswordFile(t *testing.T) {
 	t.Parallel()
 	pw := writeFile(t, "pw", "from-file\r\n")
-	got, err := LoadWorker(writeFile(t, "w.yaml", minimal+"  password_file: "+pw+"\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := loadWorker(t, minimal+"  password_file: "+pw+"\n")
 	if got.Redis.Password != "from-file" || got.Redis.PasswordFile != pw {
 		t.Errorf("password not read from file: %q", string(got.Redis.Password))
+	}
+}
+
+// override is one environment override and a check that it was applied.
+type override struct {
+	name  string
+	env   map[string]string
+	check func(*WorkerConfig) bool
+}
+
+// checkOverrides loads the worker config file with each override's
+// environment and checks that it was applied.
+func checkOverrides(t *testing.T, file string, tests []override) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := LoadWorker(file, envMap(tt.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Errorf("override not applied: %+v", c)
+			}
+		})
 	}
 }
 
 func TestEnvOverrides(t *testing.T) {
 	t.Parallel()
 	file := writeFile(t, "w.yaml", minimal+"worker:\n  concurrency: 3\n  queues: {low: 1}\n")
-	tests := []struct {
-		name  string
-		env   map[string]string
-		check func(*WorkerConfig) bool
-	}{
+	tests := []override{
 		{"string", map[string]string{"LOCKSTEP_REDIS_ADDR": "10.0.0.1:7000"}, func(c *WorkerConfig) bool { return c.Redis.Addr == "10.0.0.1:7000" }},
 		{"http addr", map[string]string{"LOCKSTEP_HTTP_ADDR": ":1234"}, func(c *WorkerConfig) bool { return c.HTTP.Addr == ":1234" }},
 		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
@@ -188,18 +200,7 @@ func TestEnvOverrides(t *testing.T) {
 		}},
 		{"unrelated", map[string]string{"LOCKSTEP_NOPE": "x", "REDIS_ADDR": "y"}, func(c *WorkerConfig) bool { return c.Redis.Addr == "127.0.0.1:6379" }},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c, err := LoadWorker(file, envMap(tt.env))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(c) {
-				t.Errorf("override not applied: %+v", c)
-			}
-		})
-	}
+	checkOverrides(t, file, tests)
 }
 
 func TestEnvSchedules(t *testing.T) {

@@ -27,3 +27,13 @@ func envMap(m map[string]string) func(string) (string, bool) {
 		return v, ok
 	}
 }
+
+// loadWorker loads a worker configuration from yml, failing the test on error.
+func loadWorker(t *testing.T, yml string) *WorkerConfig {
+	t.Helper()
+	c, err := LoadWorker(writeFile(t, "w.yaml", yml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -52,10 +52,7 @@ func TestModeOptions(t *testing.T) {
 
 func TestModeSecretsRedacted(t *testing.T) {
 	t.Parallel()
-	c, err := LoadWorker(writeFile(t, "w.yaml", "redis:\n  mode: sentinel\n  addrs: [s1:26379]\n  master_name: m\n  sentinel_password: "+secret+"\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loadWorker(t, "redis:\n  mode: sentinel\n  addrs: [s1:26379]\n  master_name: m\n  sentinel_password: "+secret+"\n")
 	var logs bytes.Buffer
 	slog.New(slog.NewTextHandler(&logs, nil)).Info("loaded", "redis", c.Redis)
 	js, err := json.Marshal(c)
@@ -75,11 +72,7 @@ func TestModeSecretsRedacted(t *testing.T) {
 func TestModeEnvOverrides(t *testing.T) {
 	t.Parallel()
 	file := writeFile(t, "w.yaml", minimal)
-	tests := []struct {
-		name  string
-		env   map[string]string
-		check func(*WorkerConfig) bool
-	}{
+	tests := []override{
 		{"cluster, comma list", map[string]string{"LOCKSTEP_REDIS_MODE": "cluster", "LOCKSTEP_REDIS_ADDR": "", "LOCKSTEP_REDIS_ADDRS": "c1:7000, c2:7000,"},
 			func(c *WorkerConfig) bool {
 				return c.Redis.Mode == RedisCluster && reflect.DeepEqual(c.Redis.Addrs, []string{"c1:7000", "c2:7000"})
@@ -95,18 +88,7 @@ func TestModeEnvOverrides(t *testing.T) {
 				return c.Lock.Backend == BackendRedlock && len(c.Lock.Nodes) == 5 && c.Lock.NodeTimeout == 80*time.Millisecond
 			}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c, err := LoadWorker(file, envMap(tt.env))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tt.check(c) {
-				t.Errorf("override not applied: %+v", c)
-			}
-		})
-	}
+	checkOverrides(t, file, tests)
 }
 
 // Each mode, loaded from YAML, reaches a real deployment through both the
@@ -116,10 +98,7 @@ func TestModesReachRealDeployments(t *testing.T) {
 	ctx := context.Background()
 	run := func(t *testing.T, yml string, wantClient string, check func(*lock.Locker, *lock.Lease)) {
 		t.Helper()
-		c, err := LoadWorker(writeFile(t, "w.yaml", yml), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := loadWorker(t, yml)
 		opts, err := c.Redis.UniversalOptions()
 		if err != nil {
 			t.Fatal(err)

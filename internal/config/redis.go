@@ -105,23 +105,9 @@ func (r RedisConfig) LogValue() slog.Value {
 // a Cluster client for cluster. Zero timeouts and pool size leave go-redis
 // defaults.
 func (r RedisConfig) UniversalOptions() (*redis.UniversalOptions, error) {
-	pw, t, err := r.credentials()
+	o, err := r.serverOptions(r.Addr)
 	if err != nil {
 		return nil, err
-	}
-	o := &redis.UniversalOptions{
-		Addrs:        []string{r.Addr},
-		DB:           r.DB,
-		Username:     r.Username,
-		Password:     pw,
-		DialTimeout:  r.DialTimeout,
-		ReadTimeout:  r.ReadTimeout,
-		WriteTimeout: r.WriteTimeout,
-		PoolSize:     r.PoolSize,
-		TLSConfig:    t,
-		// Context deadlines bound every call: the watchdog relies on it so a
-		// renewal round never outlives the leases' local deadline.
-		ContextTimeoutEnabled: true,
 	}
 	switch r.Mode {
 	case RedisSentinel:
@@ -150,20 +136,32 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 // NodeOptions returns go-redis options for one server at addr (a Redlock node)
 // with this section's credentials, TLS, timeouts and pool size.
 func (r RedisConfig) NodeOptions(addr string) (*redis.Options, error) {
+	o, err := r.serverOptions(addr)
+	if err != nil {
+		return nil, err
+	}
+	return o.Simple(), nil
+}
+
+// serverOptions returns the options for one server at addr that every mode
+// shares: credentials, TLS, timeouts, pool size.
+func (r RedisConfig) serverOptions(addr string) (*redis.UniversalOptions, error) {
 	pw, t, err := r.credentials()
 	if err != nil {
 		return nil, err
 	}
-	return &redis.Options{
-		Addr:                  addr,
-		DB:                    r.DB,
-		Username:              r.Username,
-		Password:              pw,
-		DialTimeout:           r.DialTimeout,
-		ReadTimeout:           r.ReadTimeout,
-		WriteTimeout:          r.WriteTimeout,
-		PoolSize:              r.PoolSize,
-		TLSConfig:             t,
+	return &redis.UniversalOptions{
+		Addrs:        []string{addr},
+		DB:           r.DB,
+		Username:     r.Username,
+		Password:     pw,
+		DialTimeout:  r.DialTimeout,
+		ReadTimeout:  r.ReadTimeout,
+		WriteTimeout: r.WriteTimeout,
+		PoolSize:     r.PoolSize,
+		TLSConfig:    t,
+		// Context deadlines bound every call: the watchdog relies on it so a
+		// renewal round never outlives the leases' local deadline.
 		ContextTimeoutEnabled: true,
 	}, nil
 }

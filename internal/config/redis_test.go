@@ -56,10 +56,7 @@ func TestSecretsNotInErrors(t *testing.T) {
 // Secrets must not reach any printed or logged form of a loaded config.
 func TestSecretsRedacted(t *testing.T) {
 	t.Parallel()
-	c, err := LoadWorker(writeFile(t, "w.yaml", "redis:\n  addr: a:1\n  username: app\n  password: "+secret+"\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loadWorker(t, "redis:\n  addr: a:1\n  username: app\n  password: "+secret+"\n")
 	var logs bytes.Buffer
 	for _, h := range []slog.Handler{slog.NewJSONHandler(&logs, nil), slog.NewTextHandler(&logs, nil)} {
 		slog.New(h).Info("loaded", "redis", c.Redis, "config", c, "ptr", &c.Redis, "password", c.Redis.Password)
@@ -125,6 +122,17 @@ func TestRedisOptions(t *testing.T) {
 	}
 	if u.TLSConfig == nil || u.TLSConfig.ServerName != "redis.internal" || u.TLSConfig.RootCAs == nil || len(u.TLSConfig.Certificates) != 1 {
 		t.Errorf("TLSConfig = %+v", u.TLSConfig)
+	}
+
+	// A Redlock node gets the same settings, for its own address.
+	n, err := r.NodeOptions("node:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Addr != "node:7000" || n.DB != 4 || n.Username != "app" || n.Password != secret || n.DialTimeout != time.Second ||
+		n.ReadTimeout != 2*time.Second || n.WriteTimeout != 3*time.Second || n.PoolSize != 7 || !n.ContextTimeoutEnabled ||
+		n.TLSConfig == nil || n.TLSConfig.ServerName != "redis.internal" {
+		t.Errorf("NodeOptions = %+v", n)
 	}
 
 	plain, err := RedisConfig{Addr: "r:1"}.UniversalOptions()

@@ -253,32 +253,31 @@ type Write struct {
 
 // ReadExecutions returns every entry of the executions stream, oldest first.
 func ReadExecutions(ctx context.Context, c redis.UniversalClient, prefix string) ([]Execution, error) {
-	msgs, err := c.XRange(ctx, Stream(prefix), "-", "+").Result()
-	if err != nil {
-		return nil, fmt.Errorf("demo: read %s: %w", Stream(prefix), err)
-	}
-	out := make([]Execution, 0, len(msgs))
-	for _, m := range msgs {
-		f := fields(m.Values)
-		out = append(out, Execution{
-			ID: m.ID, OrderID: f.s("order_id"), Fence: f.n("fence"), Worker: f.s("worker"), TaskID: f.s("task_id"),
+	return readStream(ctx, c, Stream(prefix), func(id string, f fields) Execution {
+		return Execution{
+			ID: id, OrderID: f.s("order_id"), Fence: f.n("fence"), Worker: f.s("worker"), TaskID: f.s("task_id"),
 			StartedMS: f.n("started_ms"), FinishedMS: f.n("finished_ms"), Outcome: f.s("outcome"),
-		})
-	}
-	return out, nil
+		}
+	})
 }
 
 // ReadWrites returns every entry of the accepted-writes log, oldest first.
 func ReadWrites(ctx context.Context, c redis.UniversalClient, prefix string) ([]Write, error) {
-	msgs, err := c.XRange(ctx, Writes(prefix), "-", "+").Result()
+	return readStream(ctx, c, Writes(prefix), func(id string, f fields) Write {
+		return Write{ID: id, OrderID: f.s("order_id"), Fence: f.n("fence"), TaskID: f.s("task_id"),
+			Worker: f.s("worker"), Op: f.s("op"), AtMS: f.n("at_ms")}
+	})
+}
+
+// readStream returns every entry of stream, oldest first, each decoded by one.
+func readStream[T any](ctx context.Context, c redis.UniversalClient, stream string, one func(id string, f fields) T) ([]T, error) {
+	msgs, err := c.XRange(ctx, stream, "-", "+").Result()
 	if err != nil {
-		return nil, fmt.Errorf("demo: read %s: %w", Writes(prefix), err)
+		return nil, fmt.Errorf("demo: read %s: %w", stream, err)
 	}
-	out := make([]Write, 0, len(msgs))
+	out := make([]T, 0, len(msgs))
 	for _, m := range msgs {
-		f := fields(m.Values)
-		out = append(out, Write{ID: m.ID, OrderID: f.s("order_id"), Fence: f.n("fence"), TaskID: f.s("task_id"),
-			Worker: f.s("worker"), Op: f.s("op"), AtMS: f.n("at_ms")})
+		out = append(out, one(m.ID, fields(m.Values)))
 	}
 	return out, nil
 }

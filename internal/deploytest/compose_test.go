@@ -3,6 +3,7 @@ package deploytest
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -54,7 +55,7 @@ func (s composeService) dependsOn() []string {
 	var out []string
 	switch d := s.DependsOn.(type) {
 	case map[string]any:
-		out = sortedKeys(d)
+		out = slices.Sorted(maps.Keys(d))
 	case []any:
 		for _, name := range d {
 			out = append(out, fmt.Sprint(name))
@@ -124,7 +125,7 @@ func TestCompose(t *testing.T) {
 	targets := prom.targets()
 
 	// Each mounted host path exists.
-	for _, name := range sortedKeys(c.Services) {
+	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
 		for target, src := range c.Services[name].mounts(dir) {
 			if _, err := os.Stat(src); err != nil {
 				t.Errorf("service %s: volume for %s: %v", name, target, err)
@@ -141,7 +142,7 @@ func TestCompose(t *testing.T) {
 	}
 
 	roles := map[string][]string{} // role -> services
-	for _, name := range sortedKeys(c.Services) {
+	for _, name := range slices.Sorted(maps.Keys(c.Services)) {
 		s := c.Services[name]
 		if s.Build == nil {
 			continue

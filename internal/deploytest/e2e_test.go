@@ -1,23 +1,17 @@
 package deploytest
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -224,113 +218,56 @@ func waitQuery(t *testing.T, p *Prometheus, expr string, timeout time.Duration) 
 }
 
 // buildBinaries builds ./cmd/<name> for each name into one temporary
-// directory, in one go build (without -race: the binaries are the objects of
-// the test, not its subject), and returns their paths by name.
+// directory (proctest.Build) and returns their paths by name.
 func buildBinaries(t *testing.T, root string, names ...string) map[string]string {
 	t.Helper()
-	dir := t.TempDir()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	bins := map[string]string{}
+	var pkgs []string
 	for _, n := range names {
-		args = append(args, "./cmd/"+n)
-		bins[n] = filepath.Join(dir, n)
+		pkgs = append(pkgs, filepath.Join(root, "cmd", n))
 	}
-	cmd := exec.Command(goTool, args...)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	bins, err := proctest.Build(t.TempDir(), pkgs...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bins
 }
 
-// binProc is a running Lockstep binary and the JSON log it writes to stderr.
+// binProc is a running Lockstep binary and the JSON log it writes.
 type binProc struct {
+	*proctest.Proc
 	role string
-	cmd  *exec.Cmd
-	addr chan string // the metrics server's address, once logged
-	done chan struct{}
-
-	mu    sync.Mutex
-	lines []string // the last lines of stderr
+	log  proctest.Log
 }
 
 // startBinary starts bin with args and only the environment env (plus
 // PATH), and kills it when the test ends.
 func startBinary(t *testing.T, bin, role string, env []string, args ...string) *binProc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
+	p := &binProc{role: role}
+	p.Proc = proctest.New(t, proctest.Spec{What: role, Bin: bin, Args: args,
+		Env: append([]string{"PATH=" + os.Getenv("PATH")}, env...), Output: &p.log})
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &binProc{role: role, cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.scan(stderr)
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-	})
+	t.Cleanup(p.Kill)
 	return p
-}
-
-func (p *binProc) scan(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	found := false
-	for sc.Scan() {
-		line := sc.Text()
-		p.mu.Lock()
-		p.lines = append(p.lines, line)
-		if len(p.lines) > 200 {
-			p.lines = slices.Delete(p.lines, 0, 100)
-		}
-		p.mu.Unlock()
-		var m struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if !found && json.Unmarshal([]byte(line), &m) == nil && m.Msg == "metrics server listening" && m.Addr != "" {
-			found = true
-			p.addr <- m.Addr
-		}
-	}
-	_, _ = io.Copy(io.Discard, r)
 }
 
 // metricsAddr waits for the address the metrics server listens on.
 func (p *binProc) metricsAddr(t *testing.T, timeout time.Duration) string {
 	t.Helper()
-	select {
-	case a := <-p.addr:
-		return a
-	case <-p.done:
-		p.dumpTail(t, 20)
-		t.Fatalf("%s %d exited (%v) before serving /metrics", p.role, p.cmd.Process.Pid, p.cmd.ProcessState)
-	case <-time.After(timeout):
-		p.dumpTail(t, 20)
-		t.Fatalf("%s %d: no metrics server within %v", p.role, p.cmd.Process.Pid, timeout)
-	}
-	return ""
+	rec := p.log.Wait(t, 0, timeout, p.Exited(), "the "+p.role+"'s metrics server", func(m map[string]any) bool {
+		return m["msg"] == "metrics server listening" && m["addr"] != ""
+	})
+	return rec["addr"].(string)
 }
 
+// dumpTail logs the process's last n lines.
 func (p *binProc) dumpTail(t *testing.T, n int) {
 	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Logf("last lines of %s %d:", p.role, p.cmd.Process.Pid)
-	for _, l := range p.lines[max(0, len(p.lines)-n):] {
+	lines := strings.Split(p.log.String(), "\n")
+	t.Logf("last lines of %s %d:", p.role, p.Pid())
+	for _, l := range lines[max(0, len(lines)-n):] {
 		t.Log("  " + l)
 	}
 }

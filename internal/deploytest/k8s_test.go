@@ -205,7 +205,7 @@ func TestKubernetes(t *testing.T) {
 	checkKustomization(t, dir, objs)
 
 	roles := map[string]bool{}
-	for _, name := range sortedKeys(byKind["Deployment"]) {
+	for _, name := range slices.Sorted(maps.Keys(byKind["Deployment"])) {
 		o := byKind["Deployment"][name]
 		d := decodeSpec[deploymentSpec](t, o)
 		if !subset(d.Selector.MatchLabels, d.Template.Metadata.Labels) {
@@ -225,7 +225,7 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 	}
-	for _, role := range sortedKeys(loaders) {
+	for _, role := range slices.Sorted(maps.Keys(loaders)) {
 		if !roles[role] {
 			t.Errorf("k8s: no Deployment runs the %s", role)
 		}
@@ -267,7 +267,7 @@ func checkLockstepContainer(t *testing.T, o k8sObject, d deploymentSpec, c conta
 				return inv.role
 			}
 			if text, ok = cm.Data[rel]; !ok {
-				t.Errorf("%s: ConfigMap %s has no key %s (keys %v)", where, cm.Metadata.Name, rel, sortedKeys(cm.Data))
+				t.Errorf("%s: ConfigMap %s has no key %s (keys %v)", where, cm.Metadata.Name, rel, slices.Sorted(maps.Keys(cm.Data)))
 				return inv.role
 			}
 		}
@@ -423,7 +423,7 @@ func checkKustomization(t *testing.T, dir string, objs []k8sObject) {
 	for _, o := range objs {
 		files[o.file] = true
 	}
-	if got, want := slices.Sorted(slices.Values(k.Resources)), sortedKeys(files); !slices.Equal(got, want) {
+	if got, want := slices.Sorted(slices.Values(k.Resources)), slices.Sorted(maps.Keys(files)); !slices.Equal(got, want) {
 		t.Errorf("kustomization.yaml: resources %v, want the manifests %v", got, want)
 	}
 	images := map[string]bool{}

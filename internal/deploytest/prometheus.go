@@ -11,17 +11,15 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 const (
@@ -46,11 +44,9 @@ type Options struct {
 type Prometheus struct {
 	URL string // http://127.0.0.1:port
 
+	*proctest.Proc
 	interval time.Duration
 	targets  int
-	log      string
-	cmd      *exec.Cmd
-	done     chan struct{} // closed when cmd exits
 	client   *http.Client
 }
 
@@ -61,7 +57,7 @@ type Prometheus struct {
 // prometheus is not installed.
 func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 	tb.Helper()
-	bin := binary(tb, "prometheus")
+	bin := proctest.Binary(tb, "prometheus", "--no-install-recommends prometheus")
 	dir := tb.TempDir()
 	interval := cmp.Or(o.Interval, time.Second)
 	config := filepath.Join(dir, "prometheus.yml")
@@ -74,7 +70,7 @@ func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 	}
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; try a few
-		port, err := redistest.FreePort()
+		port, err := proctest.FreePort()
 		if err != nil {
 			tb.Fatalf("deploytest: free port: %v", err)
 		}
@@ -83,7 +79,6 @@ func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 			URL:      "http://" + addr,
 			interval: interval,
 			targets:  targets,
-			log:      filepath.Join(dir, fmt.Sprintf("prometheus-%d.log", port)),
 			client:   &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second},
 		}
 		args := []string{
@@ -92,7 +87,11 @@ func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 			"--web.listen-address=" + addr,
 			"--log.level=info",
 		}
-		if lastErr = p.start(bin, args); lastErr == nil {
+		p.Proc = proctest.New(tb, proctest.Spec{
+			What: "prometheus " + addr, Bin: bin, Args: args,
+			Log: filepath.Join(dir, fmt.Sprintf("prometheus-%d.log", port)), Ready: p.waitReady,
+		})
+		if lastErr = p.Start(); lastErr == nil {
 			tb.Cleanup(p.stop)
 			return p
 		}
@@ -128,37 +127,15 @@ func writeConfig(path string, o Options, interval time.Duration) error {
 	return os.WriteFile(path, b, 0o600)
 }
 
-func (p *Prometheus) start(bin string, args []string) error {
-	logf, err := os.Create(p.log)
-	if err != nil {
-		return err
-	}
-	defer logf.Close() // the child has its own descriptor
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// The server dies with the test binary even if cleanup never runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.cmd, p.done = cmd, done
-	if err := p.waitReady(); err != nil {
-		p.kill()
-		return fmt.Errorf("%w; log:\n%s", err, p.logTail())
-	}
-	return nil
-}
-
-func (p *Prometheus) waitReady() error {
+// waitReady waits for /-/ready (proctest's Ready).
+func (p *Prometheus) waitReady(exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	var err error
 	for {
 		select {
-		case <-p.done:
-			return errors.New("prometheus exited during start")
+		case <-exited:
+			return errors.New("exited during start")
 		default:
 		}
 		var req *http.Request
@@ -177,35 +154,17 @@ func (p *Prometheus) waitReady() error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("not ready within %v: %w", startTimeout, err)
-		case <-p.done:
-			return errors.New("prometheus exited during start")
+		case <-exited:
+			return errors.New("exited during start")
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-// stop sends SIGTERM, waits for the exit (SIGKILL after stopTimeout).
+// stop sends SIGTERM and waits for the exit (SIGKILL after stopTimeout).
 func (p *Prometheus) stop() {
 	defer p.client.CloseIdleConnections()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(stopTimeout):
-		p.kill()
-	}
-}
-
-func (p *Prometheus) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-func (p *Prometheus) logTail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
+	p.Stop(stopTimeout)
 }
 
 // Result is the answer to an instant query.
@@ -306,7 +265,7 @@ func (p *Prometheus) WaitScraped(tb testing.TB, n int) {
 		}
 		select {
 		case <-ctx.Done():
-			tb.Fatalf("deploytest: targets not scraped %d times within %v: %s\nprometheus log:\n%s", n, timeout, state, p.logTail())
+			tb.Fatalf("deploytest: targets not scraped %d times within %v: %s\nprometheus log:\n%s", n, timeout, state, p.LogTail(3000))
 		case <-time.After(p.interval / 4):
 		}
 	}
@@ -410,17 +369,6 @@ func (p *Prometheus) api(ctx context.Context, path string, form url.Values, data
 		return fmt.Errorf("%s: %s", env.ErrorType, env.Error)
 	}
 	return json.Unmarshal(env.Data, data)
-}
-
-// binary returns the path of a program from Debian's prometheus package.
-func binary(tb testing.TB, name string) string {
-	tb.Helper()
-	bin, err := exec.LookPath(name)
-	if err != nil {
-		tb.Fatalf("deploytest: %s is not installed (%v). Install Debian's prometheus package with "+
-			"`apt-get update && apt-get install -y --no-install-recommends prometheus`, or run `make test`, which does.", name, err)
-	}
-	return bin
 }
 
 // CheckQueries evaluates each query on p and reports, through tb.Errorf, the

@@ -6,13 +6,15 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // TestPromtool runs Debian's promtool on the Prometheus files: the rules
 // parse, their unit tests in alerts_test.yml pass, and the compose
 // configuration (with the rules it loads) is valid.
 func TestPromtool(t *testing.T) {
-	promtool := binary(t, "promtool")
+	promtool := proctest.Binary(t, "promtool", "--no-install-recommends prometheus")
 	dir := filepath.Join(Root(t), "deploy", "prometheus")
 	for _, args := range [][]string{
 		{"check", "rules", "alerts.yml"},

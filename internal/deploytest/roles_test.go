@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,9 +63,9 @@ func loadConfig(t *testing.T, where, role, path string, env map[string]string) (
 	}
 	known := knownEnv(role)
 	ok = true
-	for _, name := range sortedKeys(env) {
+	for _, name := range slices.Sorted(maps.Keys(env)) {
 		if strings.HasPrefix(name, "LOCKSTEP_") && !known[name] {
-			t.Errorf("%s: the %s configuration has no variable %s (it reads %s)", where, role, name, strings.Join(sortedKeys(known), ", "))
+			t.Errorf("%s: the %s configuration has no variable %s (it reads %s)", where, role, name, strings.Join(slices.Sorted(maps.Keys(known)), ", "))
 			ok = false
 		}
 	}
@@ -128,7 +129,7 @@ func parseInvocation(img *image, argv []string) (invocation, error) {
 	inv := invocation{binary: argv[0]}
 	pkg, ok := img.binaries[argv[0]]
 	if !ok {
-		return inv, fmt.Errorf("%s is not a binary the Dockerfile builds (%s)", argv[0], strings.Join(sortedKeys(img.binaries), ", "))
+		return inv, fmt.Errorf("%s is not a binary the Dockerfile builds (%s)", argv[0], strings.Join(slices.Sorted(maps.Keys(img.binaries)), ", "))
 	}
 	inv.role = filepath.Base(pkg)
 	for i := 1; i < len(argv); i++ {
@@ -157,13 +158,4 @@ func parseInvocation(img *image, argv []string) (invocation, error) {
 		return inv, fmt.Errorf("no --config")
 	}
 	return inv, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

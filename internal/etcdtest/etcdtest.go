@@ -19,12 +19,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +29,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockstep-dev/lockstep/internal/proctest"
-	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // startTimeout bounds how long a cluster may take to become healthy.
@@ -44,17 +40,17 @@ type Cluster struct {
 	Members []*Member
 }
 
-// Member is one etcd process.
+// Member is one etcd process. Kill (its data stays), Pause, Resume and
+// Restart (with its data, on the same ports; it returns once the process
+// runs, not once it is healthy: a lone member of a dead cluster cannot be)
+// come from proctest.
 type Member struct {
+	*proctest.Proc
 	tb        testing.TB
 	Name      string
 	ClientURL string // http://127.0.0.1:port
 	PeerURL   string
-	args      []string
 	dir       string
-
-	mu   sync.Mutex
-	proc proctest.Proc
 }
 
 // Start starts a one-member cluster.
@@ -67,7 +63,7 @@ func Start(tb testing.TB) *Cluster {
 // reports healthy (a leader is elected and each member serves reads).
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	bin := binary(tb)
+	bin := proctest.Binary(tb, "etcd", "etcd-server")
 	var lastErr error
 	for range 3 { // a free port can be taken between probe and bind; try again
 		c, err := launch(tb, bin, n)
@@ -85,11 +81,11 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 	var initial []string
 	token := fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())
 	for i := range n {
-		cport, err := redistest.FreePort()
+		cport, err := proctest.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		pport, err := redistest.FreePort()
+		pport, err := proctest.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -104,7 +100,7 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 		c.Members = append(c.Members, m)
 	}
 	for _, m := range c.Members {
-		m.args = []string{
+		args := []string{
 			"--name", m.Name,
 			"--data-dir", filepath.Join(m.dir, "data"),
 			"--listen-client-urls", m.ClientURL,
@@ -120,9 +116,10 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 			"--log-level", "warn",
 			"--log-outputs", filepath.Join(m.dir, "etcd.log"),
 		}
+		m.Proc = proctest.New(tb, proctest.Spec{What: "etcd " + m.Name, Bin: bin, Args: args, Log: filepath.Join(m.dir, "etcd.log")})
 	}
 	for _, m := range c.Members {
-		if err := m.startProcess(bin); err != nil {
+		if err := m.Start(); err != nil {
 			c.killAll()
 			return nil, err
 		}
@@ -203,36 +200,6 @@ func (m *Member) isLeader() bool {
 	return err == nil && st.Header.MemberId == st.Leader
 }
 
-// Kill sends SIGKILL and waits for the process to exit. Its data stays, for Restart.
-func (m *Member) Kill() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.killLocked()
-}
-
-// Pause stops the process with SIGSTOP: connections stay open, nothing answers.
-func (m *Member) Pause() { m.signal(syscall.SIGSTOP) }
-
-// Resume continues a paused process with SIGCONT.
-func (m *Member) Resume() { m.signal(syscall.SIGCONT) }
-
-// Restart kills the member (if running) and starts it again with its data on
-// the same ports; it returns once the process runs, not once it is healthy
-// (a lone member of a dead cluster cannot be).
-func (m *Member) Restart() {
-	m.tb.Helper()
-	m.Kill()
-	bin := binary(m.tb)
-	var err error
-	for range 50 { // the ports are ours; only a lingering socket can delay the bind
-		if err = m.startProcess(bin); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	m.tb.Fatalf("etcdtest: restart %s: %v", m.Name, err)
-}
-
 // WaitHealthy waits until the member answers healthy (it has a leader and
 // serves reads), failing the test after a while.
 func (m *Member) WaitHealthy() {
@@ -242,32 +209,16 @@ func (m *Member) WaitHealthy() {
 	}
 }
 
-func (m *Member) signal(sig syscall.Signal) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.proc.Signal(sig); err != nil {
-		m.tb.Fatalf("etcdtest: signal %v to %s: %v", sig, m.Name, err)
-	}
-}
-
-func (m *Member) startProcess(bin string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.proc.Start(bin, m.args...)
-}
-
 // waitHealthy polls the member's /health until it answers healthy.
 func (m *Member) waitHealthy() error {
-	m.mu.Lock()
-	done := m.proc.Done()
-	m.mu.Unlock()
+	done := m.Exited()
 	hc := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(startTimeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
-			return fmt.Errorf("etcd %s exited during start; log:\n%s", m.Name, m.logTail())
+			return fmt.Errorf("etcd %s exited during start; log:\n%s", m.Name, m.LogTail(2000))
 		default:
 		}
 		resp, err := hc.Get(m.ClientURL + "/health")
@@ -283,31 +234,11 @@ func (m *Member) waitHealthy() error {
 		lastErr = err
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("etcd %s not healthy within %v: %v; log:\n%s", m.Name, startTimeout, lastErr, m.logTail())
+	return fmt.Errorf("etcd %s not healthy within %v: %v; log:\n%s", m.Name, startTimeout, lastErr, m.LogTail(2000))
 }
-
-func (m *Member) logTail() string {
-	b, _ := os.ReadFile(filepath.Join(m.dir, "etcd.log"))
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
-
-func (m *Member) killLocked() { m.proc.Kill() }
 
 func (c *Cluster) killAll() {
 	for _, m := range c.Members {
 		m.Kill()
 	}
-}
-
-func binary(tb testing.TB) string {
-	tb.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		tb.Fatalf("etcdtest: etcd is not installed (%v). Install it with "+
-			"`apt-get update && apt-get install -y etcd-server`, or run `make test`, which does.", err)
-	}
-	return bin
 }

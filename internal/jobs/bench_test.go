@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -180,7 +181,7 @@ func (r *benchRig) info(b *testing.B, section, field string) float64 {
 // on its own resource: acquire, watchdog hold, release) with the same jobs
 // on a plain asynq server, on the same kind of Redis, in one run.
 func BenchmarkThroughput(b *testing.B) {
-	cfg := Config{Concurrency: 10, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 	for _, mode := range []string{"asynq", "locked"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
@@ -381,7 +382,7 @@ func BenchmarkContention(b *testing.B) {
 	const jobsN, work = 200, 5 * time.Millisecond
 	for _, mode := range hotModes[:3] { // without a lock, one order is not hot
 		b.Run(mode, func(b *testing.B) {
-			cfg := Config{Concurrency: 8, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+			cfg := Config{Concurrency: 8, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 			r := newBenchRig(b)
 			var hot, distinct figures
 			var hotCmds, distinctCmds int64
@@ -423,7 +424,7 @@ func BenchmarkHotResources(b *testing.B) {
 	const resN, perRes, work = 50, 40, 5 * time.Millisecond
 	for _, mode := range hotModes {
 		b.Run(mode, func(b *testing.B) {
-			cfg := Config{Concurrency: 16, Backoff: DefaultBackoff, LockTTL: 30 * time.Second}
+			cfg := Config{Concurrency: 16, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 			r := newBenchRig(b)
 			var sum figures
 			var ideal time.Duration
@@ -473,7 +474,7 @@ func spinAcquire(ctx context.Context, l *lock.Locker, resource string) (*lock.Le
 type wakeBaseline struct {
 	client  *redis.Client
 	locker  *lock.Locker
-	backoff lock.Backoff
+	backoff backoff.Jitter
 	h       *hotRun
 }
 

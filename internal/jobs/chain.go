@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
@@ -158,7 +159,7 @@ type finished struct {
 // chaining reports whether this slot may run another handed-on task: not
 // when the server stops or the delivered task's context is near its end.
 func (s *Server) chaining(ctx context.Context) bool {
-	if s.state.Load() != stateRunning || ctx.Err() != nil {
+	if s.life.Phase() != lifecycle.Running || ctx.Err() != nil {
 		return false
 	}
 	d, ok := ctx.Deadline()

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -26,7 +27,7 @@ func testConfig() Config {
 		Concurrency:     4,
 		ShutdownTimeout: 2 * time.Second,
 		LockTTL:         300 * time.Millisecond,
-		Backoff:         lock.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Backoff:         backoff.Jitter{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
@@ -57,7 +58,7 @@ func isFailure(err error) bool {
 
 // retryDelay is asynq's Config.RetryDelayFunc. n is the task's retry count
 // before this retry.
-func retryDelay(backoff lock.Backoff) asynq.RetryDelayFunc {
+func retryDelay(b backoff.Jitter) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		var c *ContendedError
 		var soon *soonError
@@ -66,7 +67,7 @@ func retryDelay(backoff lock.Backoff) asynq.RetryDelayFunc {
 			return onSecondBoundary(c.Delay, time.Now())
 		case errors.As(err, &soon), errors.Is(err, lock.ErrLockLost), errors.Is(err, asynq.ErrLeaseExpired):
 			// A crashed worker (lease expired) is a lost lock too: retry soon.
-			return onSecondBoundary(backoff.Nth(n+1), time.Now())
+			return onSecondBoundary(b.Nth(n+1), time.Now())
 		}
 		return asynq.DefaultRetryDelayFunc(n, err, t)
 	}

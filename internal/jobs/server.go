@@ -8,12 +8,13 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -35,9 +36,6 @@ const (
 	DefaultLockTTL     = 30 * time.Second
 )
 
-// DefaultBackoff is the contention and lost-lock retry backoff by default.
-var DefaultBackoff = lock.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
-
 // Config configures a Server. Zero values take the defaults.
 type Config struct {
 	Queues          map[string]int // queue name -> priority; default {"default": 1}
@@ -48,8 +46,8 @@ type Config struct {
 	// Backoff is the fallback delay of a task whose lock was busy, should
 	// no hand-off reach it first (added to the lock's remaining TTL, more
 	// for the waiters behind the first), and the retry delay after a lost
-	// lock: decorrelated jitter from Min, capped at Max. Default 100ms..10s.
-	Backoff lock.Backoff
+	// lock: decorrelated jitter from Min, capped at Max. Default backoff.Requeue.
+	Backoff backoff.Jitter
 	// PollInterval is how often an idle worker looks for tasks (asynq sleeps
 	// 0.5 to 1.5 of it after finding every queue empty) and how often due
 	// retries are moved back to their queues; a hand-off never waits for
@@ -85,19 +83,12 @@ type Server struct {
 	// resource's waiters, with its first contention (Unix ms).
 	onWait func(job Job, since float64)
 
-	state    atomic.Int32
+	life     lifecycle.Machine
 	mu       sync.Mutex
 	holds    map[*watchdog.Hold]struct{}
 	inflight int           // ProcessTask calls running; guarded by mu
 	idle     chan struct{} // closed when inflight drops to 0; guarded by mu
 }
-
-const (
-	stateNew int32 = iota
-	stateRunning
-	stateStopping
-	stateStopped
-)
 
 // NewServer returns a server; it touches Redis only once started.
 func NewServer(p Params) *Server {
@@ -108,7 +99,7 @@ func NewServer(p Params) *Server {
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
 	if c.Backoff.Min <= 0 {
-		c.Backoff = DefaultBackoff
+		c.Backoff = backoff.Requeue
 	}
 	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
 	s := &Server{
@@ -153,30 +144,29 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 	return max(d, time.Nanosecond) // asynq reads 0 as its 8s default
 }
 
-// Start starts taking tasks; it returns at once.
+// Start starts taking tasks. Like every background service it follows
+// internal/lifecycle: it returns at once, a repeated Start does nothing, a
+// Start after Stop fails.
 func (s *Server) Start(context.Context) error {
-	if !s.state.CompareAndSwap(stateNew, stateRunning) {
-		return errors.New("jobs: server already started")
-	}
-	if err := s.srv.Start(s); err != nil {
-		s.state.Store(stateStopped)
-		return fmt.Errorf("jobs: start: %w", err)
-	}
-	s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
-	return nil
+	return s.life.Start(func() error {
+		if err := s.srv.Start(s); err != nil {
+			return fmt.Errorf("jobs: start: %w", err)
+		}
+		s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
+		return nil
+	})
 }
 
-// Stop stops taking tasks and lets running handlers finish within the
-// shutdown timeout. asynq then puts the tasks of handlers still running back
-// in their queues and cancels their contexts; Stop waits for those handlers
-// to return and release their locks, and releases any lock still held. It
-// is safe to call more than once.
-func (s *Server) Stop(ctx context.Context) error {
-	if !s.state.CompareAndSwap(stateRunning, stateStopping) {
-		s.state.CompareAndSwap(stateNew, stateStopped)
-		return nil
-	}
-	defer s.state.Store(stateStopped)
+// Stop stops taking tasks and lets running handlers finish within the shutdown
+// timeout. asynq then puts the tasks of handlers still running back in their
+// queues and cancels their contexts; Stop waits for those handlers to return
+// and release their locks, and releases any lock still held. Like every
+// background service it follows internal/lifecycle: it is safe before Start
+// and to repeat, and a Stop that finds another under way waits for it, bounded
+// by its own ctx.
+func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
+
+func (s *Server) stop(ctx context.Context) error {
 	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
 	s.log.Info("worker stopping: no new tasks; waiting for running handlers", "timeout", s.cfg.ShutdownTimeout)
 
@@ -231,13 +221,10 @@ func (s *Server) releaseAll() int {
 
 // Ready reports whether the server is taking tasks.
 func (s *Server) Ready(context.Context) error {
-	switch s.state.Load() {
-	case stateRunning:
-		return nil
-	case stateNew:
-		return errors.New("not started")
+	if p := s.life.Phase(); p != lifecycle.Running {
+		return errors.New(p.String())
 	}
-	return errors.New("stopping")
+	return nil
 }
 
 // ProcessTask is the lock middleware around every handler (asynq.Handler).

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
@@ -333,7 +334,7 @@ func TestOnSecondBoundary(t *testing.T) {
 
 func TestRetryPolicy(t *testing.T) {
 	t.Parallel()
-	b := lock.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+	b := backoff.Jitter{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 	delay := retryDelay(b)
 	contended := &ContendedError{Resource: "r", Ahead: 2, Delay: 30 * time.Millisecond}
 	lost := &lostError{lost: &lock.LostError{Key: "r", Reason: lock.ReasonStolen}}

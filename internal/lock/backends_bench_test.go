@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -84,7 +85,7 @@ func benchHandoff(b *testing.B, l *lock.Locker) {
 	ctx := context.Background()
 	var left atomic.Int64
 	left.Store(int64(b.N))
-	backoff := lock.WithWaitBackoff(lock.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond})
+	backoff := lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 10 * time.Millisecond})
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	for range workers {

@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -88,7 +89,7 @@ func TestGuaranteesOnEtcd(t *testing.T) {
 func checkEtcdFenceAcrossRestarts(t *testing.T, d deployment, cluster *etcdtest.Cluster) {
 	ctx := context.Background()
 	wait := []lock.AcquireOption{lock.MaxWait(10 * time.Second),
-		lock.WithWaitBackoff(lock.Backoff{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond})}
+		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond})}
 	crashed, err := d.locker().TryAcquire(ctx, "restarts", time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -141,7 +142,7 @@ func checkContention(t *testing.T, d deployment, workers, perWorker int) {
 		wg.Go(func() {
 			for range perWorker {
 				lease, err := l.Acquire(ctx, "hot", 5*time.Second,
-					lock.WithWaitBackoff(lock.Backoff{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
+					lock.WithWaitBackoff(backoff.Jitter{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
 				if err != nil {
 					errs <- err
 					return
@@ -223,7 +224,7 @@ func checkStaleHolder(t *testing.T, d deployment, ttl time.Duration) {
 		t.Fatal(err)
 	}
 	second, err := d.locker().Acquire(ctx, "stale", time.Minute, lock.MaxWait(10*ttl+5*time.Second),
-		lock.WithWaitBackoff(lock.Backoff{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
+		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatalf("acquire after the first lease expired: %v", err)
 	}

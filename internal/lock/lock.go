@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
 
@@ -29,7 +30,7 @@ type Locker struct {
 	be      backend
 	kind    string // "single", "redlock" or "etcd"
 	prefix  string
-	backoff Backoff
+	backoff backoff.Jitter
 	maxWait time.Duration
 	metrics *metrics.Metrics
 
@@ -43,7 +44,7 @@ type settings struct {
 	fenceTTL    time.Duration
 	replicas    int
 	replWait    time.Duration
-	backoff     Backoff
+	backoff     backoff.Jitter
 	maxWait     time.Duration
 	metrics     *metrics.Metrics
 	nodeTimeout time.Duration
@@ -79,8 +80,11 @@ func WaitReplicas(n int, timeout time.Duration) Option {
 	return option(optWaitReplicas, func(s *settings) { s.replicas, s.replWait = n, timeout })
 }
 
-// WithBackoff sets the default wait between Acquire attempts.
-func WithBackoff(b Backoff) Option { return option(optBackoff, func(s *settings) { s.backoff = b }) }
+// WithBackoff sets the default wait between Acquire attempts (default
+// backoff.LockWait).
+func WithBackoff(b backoff.Jitter) Option {
+	return option(optBackoff, func(s *settings) { s.backoff = b })
+}
 
 // WithMaxWait sets how long Acquire waits by default (0: until the context ends).
 func WithMaxWait(d time.Duration) Option {
@@ -93,7 +97,7 @@ func WithMetrics(m *metrics.Metrics) Option {
 }
 
 func newSettings(opts []Option) settings {
-	s := settings{prefix: DefaultPrefix, fenceTTL: DefaultFenceTTL, backoff: DefaultBackoff}
+	s := settings{prefix: DefaultPrefix, fenceTTL: DefaultFenceTTL, backoff: backoff.LockWait}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -338,7 +342,7 @@ func waitEnded(ctx context.Context, resource string, attempts int) error {
 type AcquireOption func(*waitConfig)
 
 type waitConfig struct {
-	backoff  Backoff
+	backoff  backoff.Jitter
 	maxWait  time.Duration
 	attempts *int
 }
@@ -347,7 +351,7 @@ type waitConfig struct {
 func MaxWait(d time.Duration) AcquireOption { return func(w *waitConfig) { w.maxWait = d } }
 
 // WithWaitBackoff sets the delays between attempts of this Acquire.
-func WithWaitBackoff(b Backoff) AcquireOption { return func(w *waitConfig) { w.backoff = b } }
+func WithWaitBackoff(b backoff.Jitter) AcquireOption { return func(w *waitConfig) { w.backoff = b } }
 
 // CountAttempts stores in *n the number of attempts Acquire made that found
 // the lock busy.

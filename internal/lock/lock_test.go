@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -150,7 +151,7 @@ func TestAcquireWaitsForRelease(t *testing.T) {
 	got := make(chan error, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),
-			lock.WithWaitBackoff(lock.Backoff{Min: time.Millisecond, Max: 20 * time.Millisecond}))
+			lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 20 * time.Millisecond}))
 		if err == nil && lease.Fence() <= holder.Fence() {
 			err = fmt.Errorf("fence %d not above holder's %d", lease.Fence(), holder.Fence())
 		}
@@ -177,7 +178,7 @@ func TestAcquireGivesUpAtMaxWaitWithBoundedAttempts(t *testing.T) {
 	var attempts int
 	start := time.Now()
 	_, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(time.Second),
-		lock.CountAttempts(&attempts), lock.WithWaitBackoff(lock.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
+		lock.CountAttempts(&attempts), lock.WithWaitBackoff(backoff.Jitter{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
 	elapsed := time.Since(start)
 	if !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("Acquire on a held lock: %v, want ErrNotAcquired", err)
@@ -206,39 +207,6 @@ func TestAcquireHonoursContext(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Acquire returned %v after cancel", d)
-	}
-}
-
-func TestBackoffGrowsWithJitterWithinBounds(t *testing.T) {
-	t.Parallel()
-	b := lock.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
-	var prev time.Duration
-	distinct := map[time.Duration]bool{}
-	var reachedHalfMax bool
-	for range 200 {
-		d := b.Next(prev)
-		if d < b.Min || d > b.Max {
-			t.Fatalf("delay %v outside [%v, %v]", d, b.Min, b.Max)
-		}
-		if d > b.Max/2 {
-			reachedHalfMax = true
-		}
-		distinct[d] = true
-		prev = d
-	}
-	if !reachedHalfMax {
-		t.Fatal("200 decorrelated-jitter steps never grew past half the max")
-	}
-	if len(distinct) < 50 {
-		t.Fatalf("only %d distinct delays in 200: no jitter", len(distinct))
-	}
-	if d := b.Nth(1); d > 30*time.Millisecond {
-		t.Fatalf("Nth(1) = %v, want at most 3×Min", d)
-	}
-	for range 100 {
-		if d := b.Nth(50); d < b.Min || d > b.Max {
-			t.Fatalf("Nth(50) = %v outside bounds", d)
-		}
 	}
 }
 

@@ -9,12 +9,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // slowFallback makes any wake-up that is not a release's show: a waiter that
 // missed its wake-up sleeps 5s (or half its lock's TTL) before trying again.
-var slowFallback = lock.WithWaitBackoff(lock.Backoff{Min: 5 * time.Second, Max: 5 * time.Second})
+var slowFallback = lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Second, Max: 5 * time.Second})
 
 // queued returns how many waiters resource's queue holds (see acquire.lua).
 func queued(c *redis.Client, l *lock.Locker, resource string) int64 {
@@ -194,7 +195,7 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	addDeadWaiter(t, c, q, "long-dead", 0) // its hash already expired: skipped
 	got := make(chan error, 1)
 	go func() {
-		lease, err := l.Acquire(ctx, "crash", ttl, lock.WithWaitBackoff(lock.Backoff{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}),
+		lease, err := l.Acquire(ctx, "crash", ttl, lock.WithWaitBackoff(backoff.Jitter{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}),
 			lock.MaxWait(10*time.Second))
 		if err == nil {
 			err = lease.Release(ctx)

@@ -64,90 +64,79 @@ type Metrics struct {
 // (tests, library users) gets by default.
 func New(reg prometheus.Registerer) *Metrics {
 	latency := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+	var c collectorSet
 	m := &Metrics{
-		LockAcquire: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_lock_acquire_total",
-			Help: "Lock acquire attempts by result (acquired, busy, error).",
-		}, []string{"result"}),
-		LockAcquireDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "lockstep_lock_acquire_duration_seconds",
-			Help:    "Time of one acquire attempt against Redis.",
-			Buckets: latency,
-		}),
-		Renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_lock_renewals_total",
-			Help: "Lease renewals by result (renewed, lost, error, panic).",
-		}, []string{"result"}),
-		RenewalDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "lockstep_lock_renewal_duration_seconds",
-			Help:    "Time of one renewal round trip (a batch of leases).",
-			Buckets: latency,
-		}),
-		LocksHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "lockstep_locks_held",
-			Help: "Leases currently held and renewed by this process.",
-		}),
-		LockLost: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_lock_lost_total",
-			Help: "Leases lost while held, by reason (stolen, expired, unreachable, max_hold, quorum_lost).",
-		}, []string{"reason"}),
-		LockHeld: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "lockstep_lock_held_seconds",
-			Help:    "How long leases were held, from acquire to release or loss.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}),
-		LockNotices: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "lockstep_lock_notices_total",
-			Help: "Server notices (client tracking) on held keys that no write of this process explained; each makes the watchdog renew those leases at once.",
-		}),
-		JobsProcessed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_jobs_processed_total",
-			Help: "Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).",
-		}, []string{"type", "result"}),
-		JobContended: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_job_contended_total",
-			Help: "Jobs that found their resource lock busy, by task type.",
-		}, []string{"type"}),
-		SchedulerTicks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lockstep_scheduler_ticks_total",
-			Help: "Cron ticks seen by this replica, by schedule and result (enqueued, follower, duplicate, missed, caught_up).",
-		}, []string{"schedule", "result"}),
-		SchedulerTickLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "lockstep_scheduler_tick_lateness_seconds",
-			Help:    "Enqueue time minus the tick's scheduled time.",
-			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}),
-		SchedulerTicksMissed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "lockstep_scheduler_ticks_missed_total",
-			Help: "Ticks that no replica enqueued in time and the catch-up policy dropped.",
-		}),
-		SchedulerLeaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "lockstep_scheduler_leader_changes_total",
-			Help: "Ticks this replica won when another replica had won the previous tick of the schedule; summed over replicas, the leader changes.",
-		}),
-		SchedulerSchedules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "lockstep_scheduler_schedules",
-			Help: "Schedules this replica knows, by source (file, runtime) and state (running, paused).",
-		}, []string{"source", "state"}),
+		LockAcquire: c.counterVec("lockstep_lock_acquire_total",
+			"Lock acquire attempts by result (acquired, busy, error).", "result"),
+		LockAcquireDuration: c.histogram("lockstep_lock_acquire_duration_seconds",
+			"Time of one acquire attempt against Redis.", latency),
+		Renewals: c.counterVec("lockstep_lock_renewals_total",
+			"Lease renewals by result (renewed, lost, error, panic).", "result"),
+		RenewalDuration: c.histogram("lockstep_lock_renewal_duration_seconds",
+			"Time of one renewal round trip (a batch of leases).", latency),
+		LocksHeld: c.gauge("lockstep_locks_held",
+			"Leases currently held and renewed by this process."),
+		LockLost: c.counterVec("lockstep_lock_lost_total",
+			"Leases lost while held, by reason (stolen, expired, unreachable, max_hold, quorum_lost).", "reason"),
+		LockHeld: c.histogram("lockstep_lock_held_seconds",
+			"How long leases were held, from acquire to release or loss.", prometheus.ExponentialBuckets(0.01, 4, 10)),
+		LockNotices: c.counter("lockstep_lock_notices_total",
+			"Server notices (client tracking) on held keys that no write of this process explained; each makes the watchdog renew those leases at once."),
+		JobsProcessed: c.counterVec("lockstep_jobs_processed_total",
+			"Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).", "type", "result"),
+		JobContended: c.counterVec("lockstep_job_contended_total",
+			"Jobs that found their resource lock busy, by task type.", "type"),
+		SchedulerTicks: c.counterVec("lockstep_scheduler_ticks_total",
+			"Cron ticks seen by this replica, by schedule and result (enqueued, follower, duplicate, missed, caught_up).", "schedule", "result"),
+		SchedulerTickLateness: c.histogram("lockstep_scheduler_tick_lateness_seconds",
+			"Enqueue time minus the tick's scheduled time.", []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}),
+		SchedulerTicksMissed: c.counter("lockstep_scheduler_ticks_missed_total",
+			"Ticks that no replica enqueued in time and the catch-up policy dropped."),
+		SchedulerLeaderChanges: c.counter("lockstep_scheduler_leader_changes_total",
+			"Ticks this replica won when another replica had won the previous tick of the schedule; summed over replicas, the leader changes."),
+		SchedulerSchedules: c.gaugeVec("lockstep_scheduler_schedules",
+			"Schedules this replica knows, by source (file, runtime) and state (running, paused).", "source", "state"),
 	}
-	for _, r := range AcquireResults {
-		m.LockAcquire.WithLabelValues(r)
-	}
-	for _, r := range RenewalResults {
-		m.Renewals.WithLabelValues(r)
-	}
-	for _, r := range LostReasons {
-		m.LockLost.WithLabelValues(r)
+	for vec, values := range map[*prometheus.CounterVec][]string{
+		m.LockAcquire: AcquireResults, m.Renewals: RenewalResults, m.LockLost: LostReasons,
+	} {
+		for _, v := range values {
+			vec.WithLabelValues(v)
+		}
 	}
 	if reg != nil {
-		reg.MustRegister(
-			m.LockAcquire, m.LockAcquireDuration, m.Renewals, m.RenewalDuration,
-			m.LocksHeld, m.LockLost, m.LockHeld, m.LockNotices, m.JobsProcessed, m.JobContended,
-			m.SchedulerTicks, m.SchedulerTickLateness, m.SchedulerTicksMissed,
-			m.SchedulerLeaderChanges, m.SchedulerSchedules,
-		)
+		reg.MustRegister(c...)
 	}
 	return m
+}
+
+// collectorSet builds collectors and keeps each, so that New registers
+// every one it built.
+type collectorSet []prometheus.Collector
+
+func keep[C prometheus.Collector](s *collectorSet, c C) C {
+	*s = append(*s, c)
+	return c
+}
+
+func (s *collectorSet) counter(name, help string) prometheus.Counter {
+	return keep(s, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
+}
+
+func (s *collectorSet) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return keep(s, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+}
+
+func (s *collectorSet) gauge(name, help string) prometheus.Gauge {
+	return keep(s, prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help}))
+}
+
+func (s *collectorSet) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return keep(s, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels))
+}
+
+func (s *collectorSet) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return keep(s, prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}))
 }
 
 // NewRegistry returns a registry with the Go runtime and process collectors.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 )
 
 // readyTimeout bounds all checks of one /readyz request. It is below the
@@ -40,10 +42,10 @@ type Server struct {
 	srv          *http.Server
 	notReady     atomic.Bool // last /readyz failed; to log changes only
 
-	mu      sync.Mutex
-	ln      net.Listener
-	served  chan struct{} // closed when Serve returns
-	stopped bool
+	life   lifecycle.Machine
+	mu     sync.Mutex
+	ln     net.Listener  // guarded by mu, for Addr
+	served chan struct{} // closed when Serve returns
 }
 
 // NewServer returns a server for addr (host:port; port 0 picks a free one).
@@ -79,46 +81,48 @@ func NewServer(addr string, g prometheus.Gatherer, checks map[string]func(contex
 }
 
 // Start listens at once, so that a bad or busy address is its error, and
-// serves in a goroutine. It never blocks. A server starts at most once.
+// serves in a goroutine; a failed Start leaves the server stopped. Like every
+// background service it follows internal/lifecycle: it returns at once, a
+// repeated Start does nothing, a Start after Stop fails.
 func (s *Server) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ln != nil || s.stopped {
-		return errors.New("metrics server: already started")
-	}
-	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", s.addr)
+	err := s.life.Start(func() error {
+		ln, err := new(net.ListenConfig).Listen(ctx, "tcp", s.addr)
+		if err != nil {
+			return err
+		}
+		served := make(chan struct{})
+		s.mu.Lock()
+		s.ln, s.served = ln, served
+		s.mu.Unlock()
+		go func() {
+			defer close(served)
+			if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("metrics server stopped", "addr", ln.Addr().String(), "err", err)
+			}
+		}()
+		s.log.Info("metrics server listening", "addr", ln.Addr().String())
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("metrics server: %w", err)
 	}
-	served := make(chan struct{})
-	s.ln, s.served = ln, served
-	go func() {
-		defer close(served)
-		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("metrics server stopped", "addr", ln.Addr().String(), "err", err)
-		}
-	}()
-	s.log.Info("metrics server listening", "addr", ln.Addr().String())
 	return nil
 }
 
-// Stop closes the listener, waits for requests in flight until ctx ends
-// (then drops them and returns ctx's error) and for the serving goroutine to
-// exit. It is safe to call more than once, and before Start.
+// Stop closes the listener, waits for requests in flight until ctx ends (then
+// drops them and returns ctx's error) and for the serving goroutine to exit.
+// Like every background service it follows internal/lifecycle: it is safe
+// before Start and to repeat, and a Stop that finds another under way waits
+// for it, bounded by its own ctx.
 func (s *Server) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	served := s.served
-	s.served, s.stopped = nil, true
-	s.mu.Unlock()
-	if served == nil {
-		return nil
-	}
-	err := s.srv.Shutdown(ctx)
-	if err != nil {
-		_ = s.srv.Close()
-	}
-	<-served
-	return err
+	return s.life.Stop(ctx, func(ctx context.Context) error {
+		err := s.srv.Shutdown(ctx)
+		if err != nil {
+			_ = s.srv.Close()
+		}
+		<-s.served
+		return err
+	})
 }
 
 // Addr is the address listened on once started (with the real port when

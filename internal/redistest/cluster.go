@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // clusterTimeout bounds how long a new cluster may take to agree on its slots.
@@ -34,11 +36,7 @@ func StartCluster(tb testing.TB, masters int, directives ...string) *Cluster {
 	if masters < 3 {
 		tb.Fatalf("redistest: a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		tb.Fatalf("redistest: redis-cli is not installed (%v); it comes with the redis-server package "+
-			"(`apt-get install -y redis-server`)", err)
-	}
+	cli := proctest.Binary(tb, "redis-cli", "redis-server") // redis-cli comes with it
 	c := &Cluster{tb: tb}
 	args := []string{"--cluster", "create"}
 	for range masters {
@@ -53,7 +51,7 @@ func StartCluster(tb testing.TB, masters int, directives ...string) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, tail(out, 2000))
+		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out[max(len(out)-2000, 0):])
 	}
 	c.waitHealthy(ctx)
 	return c
@@ -85,24 +83,12 @@ func (c *Cluster) waitHealthy(ctx context.Context) {
 }
 
 // Addrs returns the addresses of all nodes.
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.Nodes))
-	for i, s := range c.Nodes {
-		addrs[i] = s.Addr
-	}
-	return addrs
-}
+func (c *Cluster) Addrs() []string { return addrsOf(c.Nodes) }
 
 // Client returns a new cluster client seeded with every node, closed when the
 // test ends.
 func (c *Cluster) Client(opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
-	o := &redis.ClusterOptions{Addrs: c.Addrs()}
-	for _, f := range opts {
-		f(o)
-	}
-	client := redis.NewClusterClient(o)
-	c.tb.Cleanup(func() { _ = client.Close() })
-	return client
+	return client(c.tb, &redis.ClusterOptions{Addrs: c.Addrs()}, opts, redis.NewClusterClient)
 }
 
 // NodeFor returns the master that serves key's hash slot.

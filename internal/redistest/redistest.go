@@ -19,34 +19,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // startTimeout bounds how long a server may take to answer PING after exec.
 const startTimeout = 10 * time.Second
 
-// Server is one redis-server process owned by a test.
+// Server is one redis-server process owned by a test. Kill, Pause, Resume
+// and Restart (on the same port, with no data, or with what its AOF holds for
+// a server from StartAOF) come from proctest.
 type Server struct {
+	*proctest.Proc
 	tb   testing.TB
 	Addr string // host:port on 127.0.0.1
 	Port int
-	args []string
-	dir  string
-
-	mu   sync.Mutex
-	proc proctest.Proc
 }
 
 // Start starts a private redis-server. Extra config directives may be given
@@ -72,23 +68,21 @@ func Start(tb testing.TB, directives ...string) *Server {
 // fails. The server is killed in tb's cleanup.
 func launch(tb testing.TB, args func(port int, dir string) []string) *Server {
 	tb.Helper()
-	bin := binary(tb)
+	bin := proctest.Binary(tb, "redis-server", "redis-server")
 	dir := tb.TempDir()
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; try a few
-		port, err := FreePort()
+		port, err := proctest.FreePort()
 		if err != nil {
 			tb.Fatalf("redistest: free port: %v", err)
 		}
-		s := &Server{
-			tb:   tb,
-			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			Port: port,
-			dir:  dir,
-			args: args(port, dir),
-		}
-		if lastErr = s.start(bin); lastErr == nil {
-			tb.Cleanup(s.stop)
+		s := &Server{tb: tb, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port}
+		s.Proc = proctest.New(tb, proctest.Spec{
+			What: "redis-server " + s.Addr, Bin: bin, Args: args(port, dir),
+			Log: logFile(dir, port), Ready: s.waitReady,
+		})
+		if lastErr = s.Start(); lastErr == nil {
+			tb.Cleanup(s.Kill)
 			return s
 		}
 	}
@@ -143,80 +137,37 @@ func StartWithReplica(tb testing.TB) (master, replica *Server) {
 
 // Client returns a new client for the server, closed when the test ends.
 func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
-	o := &redis.Options{Addr: s.Addr}
+	return client(s.tb, &redis.Options{Addr: s.Addr}, opts, redis.NewClient)
+}
+
+// client makes a client of o, tuned by opts, closed when tb's test ends.
+func client[O any, C io.Closer](tb testing.TB, o *O, opts []func(*O), newClient func(*O) C) C {
 	for _, f := range opts {
 		f(o)
 	}
-	c := redis.NewClient(o)
-	s.tb.Cleanup(func() { _ = c.Close() })
+	c := newClient(o)
+	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
-// Kill sends SIGKILL and waits for the process to exit.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
-
-// Pause stops the process with SIGSTOP: connections stay open, nothing answers.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
-
-// Resume continues a paused process with SIGCONT.
-func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
-
-// Restart kills the server (if running) and starts it again on the same port,
-// with no data, or with what its AOF holds for a server from StartAOF.
-func (s *Server) Restart() {
-	s.tb.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-	bin := binary(s.tb)
-	var err error
-	for range 50 { // the port is ours; only a lingering socket can delay the bind
-		if err = s.startLocked(bin); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+// addrsOf returns the servers' addresses.
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
 	}
-	s.tb.Fatalf("redistest: restart %s: %v", s.Addr, err)
+	return addrs
 }
 
-func (s *Server) signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.proc.Signal(sig); err != nil {
-		s.tb.Fatalf("redistest: signal %v to %s: %v", sig, s.Addr, err)
-	}
-}
-
-func (s *Server) start(bin string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.startLocked(bin)
-}
-
-func (s *Server) startLocked(bin string) error {
-	if err := s.proc.Start(bin, s.args...); err != nil {
-		return err
-	}
-	if err := s.waitReady(); err != nil {
-		s.killLocked()
-		log, _ := os.ReadFile(logFile(s.dir, s.Port))
-		return fmt.Errorf("%w; log:\n%s", err, tail(log, 2000))
-	}
-	return nil
-}
-
-func (s *Server) waitReady() error {
+// waitReady waits for PONG (proctest's Ready).
+func (s *Server) waitReady(exited <-chan struct{}) error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
-		case <-s.proc.Done():
-			return errors.New("redis-server exited during start")
+		case <-exited:
+			return errors.New("exited during start")
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -232,31 +183,6 @@ func (s *Server) waitReady() error {
 	}
 }
 
-func (s *Server) killLocked() { s.proc.Kill() }
-
-func (s *Server) stop() { s.Kill() }
-
-func binary(tb testing.TB) string {
-	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		tb.Fatalf("redistest: redis-server is not installed (%v). Install it with "+
-			"`apt-get update && apt-get install -y redis-server`, or run `make test`, which does.", err)
-	}
-	return bin
-}
-
-// FreePort returns a loopback port that was free a moment ago. Another
-// process can take it before the caller binds it: callers retry.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // expand turns "name", "value" pairs into redis-server flags.
 func expand(directives []string) []string {
 	out := make([]string, 0, len(directives))
@@ -267,11 +193,4 @@ func expand(directives []string) []string {
 		}
 	}
 	return out
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
 }

@@ -92,24 +92,12 @@ func StartSentinel(tb testing.TB, directives ...string) *Sentinel {
 }
 
 // SentinelAddrs returns the addresses of the three sentinels.
-func (s *Sentinel) SentinelAddrs() []string {
-	addrs := make([]string, len(s.Sentinels))
-	for i, sn := range s.Sentinels {
-		addrs[i] = sn.Addr
-	}
-	return addrs
-}
+func (s *Sentinel) SentinelAddrs() []string { return addrsOf(s.Sentinels) }
 
 // Client returns a new go-redis failover client (the master as the sentinels
 // name it), closed when the test ends.
 func (s *Sentinel) Client(opts ...func(*redis.FailoverOptions)) *redis.Client {
-	o := &redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs()}
-	for _, f := range opts {
-		f(o)
-	}
-	c := redis.NewFailoverClient(o)
-	s.tb.Cleanup(func() { _ = c.Close() })
-	return c
+	return client(s.tb, &redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs()}, opts, redis.NewFailoverClient)
 }
 
 // Master returns the data node the first answering sentinel names as master.

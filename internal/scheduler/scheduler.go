@@ -17,8 +17,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
-	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
 
@@ -43,9 +44,6 @@ const (
 	// sweepLimit bounds the pending ticks one sweep reads per schedule.
 	sweepLimit = 100
 )
-
-// redisBackoff spaces retries of one Redis call.
-var redisBackoff = lock.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // Scheduler runs one replica of Lockstep's scheduler: every schedule's ticks,
 // claimed in Redis so that each is enqueued into asynq exactly once across all
@@ -76,9 +74,7 @@ type Scheduler struct {
 
 	earlyLogged atomic.Int64 // when "clock ahead" was last logged, Unix ns
 
-	mu        sync.Mutex
-	started   bool
-	stopped   bool
+	life      lifecycle.Machine
 	loops     context.Context    // parent of every schedule's loop
 	fires     context.Context    // parent of every tick in flight
 	stopLoops context.CancelFunc // ends the waiting: no new ticks
@@ -201,16 +197,13 @@ func defaultReplicaID() string {
 }
 
 // Start starts one goroutine per schedule and one that takes over unfinished
-// ticks, and returns at once. It fails if the scheduler was started before.
-// Redis need not be reachable: the loops retry, and ticks that nobody could
-// claim are handled by the catch-up policy once it is back.
-func (s *Scheduler) Start(context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return errors.New("scheduler: already started")
-	}
-	s.started = true
+// ticks. Redis need not be reachable: the loops retry, and ticks that nobody
+// could claim are handled by the catch-up policy once it is back. Like every
+// background service it follows internal/lifecycle: it returns at once, a
+// repeated Start does nothing, a Start after Stop fails.
+func (s *Scheduler) Start(context.Context) error { return s.life.Start(s.start) }
+
+func (s *Scheduler) start() error {
 	loops, stopLoops := context.WithCancel(context.Background())
 	fires, stopFires := context.WithCancel(context.Background())
 	s.stopLoops, s.stopFires = stopLoops, stopFires
@@ -228,15 +221,12 @@ func (s *Scheduler) Start(context.Context) error {
 
 // Stop stops taking new ticks, lets ticks in flight finish until ctx ends
 // (then aborts them: their leases expire and other replicas take them over)
-// and waits for every goroutine. Safe to call more than once, and before Start.
-func (s *Scheduler) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	if !s.started || s.stopped {
-		s.mu.Unlock()
-		return nil
-	}
-	s.stopped = true
-	s.mu.Unlock()
+// and waits for every goroutine. Like every background service it follows
+// internal/lifecycle: it is safe before Start and to repeat, and a Stop that
+// finds another under way waits for it, bounded by its own ctx.
+func (s *Scheduler) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
+
+func (s *Scheduler) stop(ctx context.Context) error {
 	s.running.Store(false)
 	s.stopLoops()
 	done := make(chan struct{})
@@ -452,7 +442,7 @@ func retry(ctx context.Context, f func(context.Context) error) error {
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		delay = redisBackoff.Next(delay)
+		delay = backoff.RedisRetry.Next(delay)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -168,8 +168,7 @@ func TestNoTrackingFallsBackToRenewals(t *testing.T) {
 // deadline timer has had a chance to run (as after a pause of the process).
 func TestDeadlineIsCheckedAtUse(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	for _, check := range []struct {
 		name string
 		done func(ctx context.Context) bool
@@ -209,8 +208,7 @@ func TestDeadlineIsCheckedAtUse(t *testing.T) {
 // looked) and counts it once; a loss the watchdog found is not counted again.
 func TestFinishReportsLossFoundAtRelease(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	bg := context.Background()
 	_, hold := r.holdTTL(t, "fin", longTTL)
 	if err := r.admin.Set(bg, r.locker.Key("fin"), "someone-else", time.Minute).Err(); err != nil {

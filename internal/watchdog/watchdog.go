@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 )
@@ -81,11 +82,10 @@ type Watchdog struct {
 	stopNotices context.CancelFunc
 	noticesDone chan struct{}
 
-	wake     chan struct{} // a hold was added or is due earlier
-	quit     chan struct{}
-	done     chan struct{}
-	start    sync.Once
-	stopOnce sync.Once
+	wake chan struct{} // a hold was added or is due earlier
+	quit chan struct{}
+	done chan struct{}
+	life lifecycle.Machine
 
 	// testHookRenew, when set, runs for each lease while a round is built;
 	// tests use it to inject a panic into one renewal.
@@ -108,43 +108,46 @@ func New(opts Options) *Watchdog {
 	}
 }
 
-// Start starts the renewal loop; it returns at once and is safe to repeat.
-func (w *Watchdog) Start(context.Context) error {
-	w.start.Do(func() {
-		go w.loop()
-		if w.opts.Notifier != nil {
-			ctx, cancel := context.WithCancel(context.Background())
-			w.stopNotices, w.noticesDone = cancel, make(chan struct{})
-			go func() {
-				defer close(w.noticesDone)
-				w.opts.Notifier.Run(ctx, w.onNotice)
-			}()
-		}
-	})
+// Start starts the renewal loop (and the notice listener); the first Hold
+// starts it too. Like every background service it follows internal/lifecycle:
+// it returns at once, a repeated Start does nothing, a Start after Stop fails.
+func (w *Watchdog) Start(context.Context) error { return w.life.Start(w.start) }
+
+func (w *Watchdog) start() error {
+	go w.loop()
+	if w.opts.Notifier != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w.stopNotices, w.noticesDone = cancel, make(chan struct{})
+		go func() {
+			defer close(w.noticesDone)
+			w.opts.Notifier.Run(ctx, w.onNotice)
+		}()
+	}
 	return nil
 }
 
 // Stop ends the renewal loop and cancels every hold still open with cause
-// ErrStopped. It does not release leases: their holders do. It is safe to call
-// more than once and waits for an in-flight round, bounded by ctx.
-func (w *Watchdog) Stop(ctx context.Context) error {
-	w.stopOnce.Do(func() {
-		w.start.Do(func() { close(w.done) }) // never started: nothing to wait for
-		w.mu.Lock()
-		w.stopped = true
-		holds := make([]*Hold, 0, len(w.holds))
-		for h := range w.holds {
-			holds = append(holds, h)
-		}
-		w.mu.Unlock()
-		close(w.quit)
-		if w.stopNotices != nil {
-			w.stopNotices()
-		}
-		for _, h := range holds {
-			h.end(ErrStopped)
-		}
-	})
+// ErrStopped. It does not release leases: their holders do. It waits for an
+// in-flight round, bounded by ctx. Like every background service it follows
+// internal/lifecycle: it is safe before Start and to repeat, and a Stop that
+// finds another under way waits for it, bounded by its own ctx.
+func (w *Watchdog) Stop(ctx context.Context) error { return w.life.Stop(ctx, w.stop) }
+
+func (w *Watchdog) stop(ctx context.Context) error {
+	w.mu.Lock()
+	w.stopped = true
+	holds := make([]*Hold, 0, len(w.holds))
+	for h := range w.holds {
+		holds = append(holds, h)
+	}
+	w.mu.Unlock()
+	close(w.quit)
+	if w.stopNotices != nil {
+		w.stopNotices()
+	}
+	for _, h := range holds {
+		h.end(ErrStopped)
+	}
 	select {
 	case <-w.done:
 	case <-ctx.Done():
@@ -205,8 +208,9 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 	}
 	h.setDeadline(h.deadline)
 	hctx := &leaseContext{Context: cctx, h: h}
+	started := w.life.Start(w.start) == nil // fails once stopped, even if never started
 	w.mu.Lock()
-	if w.stopped {
+	if !started || w.stopped {
 		h.ended = true
 		w.mu.Unlock()
 		cancel(ErrStopped)
@@ -241,7 +245,6 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 	}
 	w.mu.Unlock()
 	w.metrics.LocksHeld.Inc()
-	_ = w.Start(ctx)
 	w.poke()
 	return hctx, h
 }

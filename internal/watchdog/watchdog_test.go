@@ -134,6 +134,13 @@ func newRig(t *testing.T, addr string, srv *redistest.Server, opts watchdog.Opti
 	return &rig{srv: srv, client: c, admin: srv.Client(), rec: rec, locker: lock.New(c), wd: wd, metrics: m}
 }
 
+// startRig is newRig on a Redis server of its own.
+func startRig(t *testing.T, opts watchdog.Options) *rig {
+	t.Helper()
+	srv := redistest.Start(t)
+	return newRig(t, srv.Addr, srv, opts)
+}
+
 func (r *rig) hold(t *testing.T, resource string, opts ...watchdog.HoldOption) (context.Context, *watchdog.Hold) {
 	t.Helper()
 	lease, err := r.locker.TryAcquire(context.Background(), resource, ttl)
@@ -162,8 +169,7 @@ func cancelled(t *testing.T, ctx context.Context, within time.Duration) (time.Ti
 
 func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	ctx, hold := r.hold(t, "r")
 	select {
 	case <-ctx.Done():
@@ -206,8 +212,7 @@ func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
 
 func TestKeyDeletedCancelsExpired(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	ctx, hold := r.hold(t, "r")
 	defer hold.Stop()
 	bg := context.Background()
@@ -231,8 +236,7 @@ func TestKeyDeletedCancelsExpired(t *testing.T) {
 
 func TestKeyOverwrittenCancelsStolenAndLeavesOtherTokenAlone(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	ctx, hold := r.hold(t, "r")
 	defer hold.Stop()
 	bg := context.Background()
@@ -347,8 +351,7 @@ func TestUnreachableRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
 
 func TestMaxHoldCancelsAndReleaseFreesTheKey(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	start := time.Now()
 	ctx, hold := r.hold(t, "r", watchdog.MaxHold(2*ttl))
 	at, reason := cancelled(t, ctx, 4*ttl)
@@ -368,8 +371,7 @@ func TestMaxHoldCancelsAndReleaseFreesTheKey(t *testing.T) {
 
 func TestPanicInOneRenewalDoesNotStopOthers(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	watchdog.SetTestHookRenew(r.wd, func(l *lock.Lease) {
 		if l.Key() == "bad" {
 			panic("injected")
@@ -397,8 +399,7 @@ func TestTenThousandLeasesFewRoundTrips(t *testing.T) {
 	t.Parallel()
 	const n = 10_000
 	const longTTL = 2 * time.Second // interval ~667ms
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	bg := context.Background()
 	var lost atomic.Int32
 	holds := make([]*watchdog.Hold, n)
@@ -457,8 +458,7 @@ func TestTenThousandLeasesFewRoundTrips(t *testing.T) {
 
 func TestStopCancelsOpenHolds(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRig(t, srv.Addr, srv, watchdog.Options{})
+	r := startRig(t, watchdog.Options{})
 	ctx, _ := r.hold(t, "r")
 	if err := r.wd.Stop(context.Background()); err != nil {
 		t.Fatal(err)
@@ -473,6 +473,27 @@ func TestStopCancelsOpenHolds(t *testing.T) {
 	late, _ := r.wd.Hold(context.Background(), lease)
 	if !errors.Is(context.Cause(late), watchdog.ErrStopped) {
 		t.Fatalf("Hold after Stop: cause %v, want ErrStopped", context.Cause(late))
+	}
+}
+
+// A watchdog stopped before it ever started (no Start, no Hold) refuses
+// later holds: their contexts end at once with ErrStopped, and no loop starts.
+func TestStopBeforeStartRefusesHolds(t *testing.T) {
+	t.Parallel()
+	r := startRig(t, watchdog.Options{})
+	if err := r.wd.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop before Start: %v", err)
+	}
+	ctx, h := r.hold(t, "never")
+	if !errors.Is(context.Cause(ctx), watchdog.ErrStopped) {
+		t.Fatalf("Hold after Stop before Start: cause %v, want ErrStopped", context.Cause(ctx))
+	}
+	h.Stop()
+	if n := r.wd.Held(); n != 0 {
+		t.Fatalf("Held() = %d after a refused hold", n)
+	}
+	if err := r.wd.Start(context.Background()); err == nil {
+		t.Fatal("Start after Stop succeeded")
 	}
 }
 
