@@ -8,7 +8,10 @@
 //     goroutine on a key of its own (no waiting).
 //   - contended/16: 16 goroutines take one key with a wait, hold it 1ms,
 //     release; alone/1 is one goroutine doing the same loop, for the
-//     throughput ratio.
+//     throughput ratio. A waiter served in arrival order waits for the
+//     holds and hand-offs ahead of it, so the table also splits a cycle of
+//     the lock into the hold (the 1ms sleep and its overshoot) and the
+//     hand-off (from a release call to the next holder's acquire return).
 //
 // Repetitions are interleaved (every peer once per repetition) so that the
 // load of a shared machine spreads over all of them; figures are medians,
@@ -166,6 +169,12 @@ type sample struct {
 	self                    time.Duration // this process's (the peer's client code)
 	p50, p99                time.Duration // contended: wait for the lock
 	perMin, perMax          int64         // contended: acquisitions per goroutine
+	// contended: where a wait goes. With the lock held by one goroutine at a
+	// time, a waiter's wait is the holds and hand-offs ahead of it: hold is
+	// the mean time from an acquire's return to its release call (the 1ms
+	// sleep and its overshoot), handoff the median time from a release call
+	// to the next holder's acquire returning.
+	hold, handoff time.Duration
 }
 
 func (s sample) rate() float64       { return float64(s.ops) / s.elapsed.Seconds() }
@@ -249,9 +258,14 @@ func (s server) cycle(p peer, goroutines int, rep int) sample {
 	})
 }
 
+// span is one holder's time with the lock: from its acquire's return to its
+// release call.
+type span struct{ got, release time.Time }
+
 func (s server) contended(p peer, goroutines int, rep int) sample {
 	key := fmt.Sprintf("hot:%s:%d:%d", p.name, goroutines, rep)
-	return s.measure(p, goroutines, *contTime, func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration) {
+	spans := make([][]span, goroutines)
+	out := s.measure(p, goroutines, *contTime, func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration) {
 		var n int64
 		var waits []time.Duration
 		for !stop.Load() {
@@ -260,15 +274,37 @@ func (s server) contended(p peer, goroutines int, rep int) sample {
 			if err != nil {
 				fail(fmt.Errorf("%s: %w", p.name, err))
 			}
-			waits = append(waits, time.Since(t))
+			got := time.Now()
+			waits = append(waits, got.Sub(t))
 			time.Sleep(*hold)
+			rel := time.Now()
 			if err := release(); err != nil {
 				fail(fmt.Errorf("%s: release: %w", p.name, err))
 			}
+			spans[g] = append(spans[g], span{got, rel})
 			n++
 		}
 		return n, waits
 	})
+	var all []span
+	for _, ss := range spans {
+		all = append(all, ss...)
+	}
+	slices.SortFunc(all, func(a, b span) int { return a.got.Compare(b.got) })
+	var held time.Duration
+	var gaps []time.Duration
+	for i, sp := range all {
+		held += sp.release.Sub(sp.got)
+		if i > 0 {
+			gaps = append(gaps, sp.got.Sub(all[i-1].release))
+		}
+	}
+	if len(all) > 1 {
+		out.hold = held / time.Duration(len(all))
+		slices.Sort(gaps)
+		out.handoff = gaps[len(gaps)/2]
+	}
+	return out
 }
 
 func main() {
