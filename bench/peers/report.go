@@ -50,7 +50,7 @@ func ratio(a, b []sample) []float64 {
 
 func report(names []string, r map[string]map[string][]sample) {
 	raw, bsm := names[0], names[1]
-	fmt.Printf("\n### Uncontended acquire + release (each goroutine on its own key), medians of %d interleaved repetitions (min–max)\n\n", *reps)
+	fmt.Printf("\n### Uncontended acquire + release (each goroutine on its own key), medians of %d interleaved repetitions of %v (min–max)\n\n", *cycleReps, *cycleTime)
 	fmt.Println("| peer | goroutines | cycles/s | vs raw | vs redislock | client cmds/cycle | round trips/cycle | server cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, kind := range []string{"cycle/1", "cycle/64"} {
