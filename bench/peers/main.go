@@ -8,11 +8,16 @@
 //     goroutine on a key of its own (no waiting).
 //   - contended/16: 16 goroutines take one key with a wait, hold it 1ms,
 //     release; alone/1 is one goroutine doing the same loop, for the
-//     throughput ratio.
+//     throughput ratio. A waiter served in arrival order waits for the
+//     holds and hand-offs ahead of it, so the table also splits a cycle of
+//     the lock into the hold (the 1ms sleep and its overshoot) and the
+//     hand-off (from a release call to the next holder's acquire return).
 //
 // Repetitions are interleaved (every peer once per repetition) so that the
-// load of a shared machine spreads over all of them; figures are medians,
-// with the spread (min–max) over repetitions. Client commands and round
+// load of a shared machine spreads over all of them; the uncontended runs
+// are short (200ms) and repeated 25 times over the whole run, since a
+// second's load on a shared machine can halve a one-goroutine cycle rate.
+// Figures are medians, with the spread (min–max) over repetitions. Client commands and round
 // trips are counted by a go-redis hook (a pipeline is one round trip);
 // server commands (scripts' inner commands included) and Redis CPU come
 // from INFO commandstats and INFO cpu.
@@ -42,8 +47,9 @@ import (
 )
 
 var (
-	reps       = flag.Int("reps", 5, "interleaved repetitions")
-	cycleTime  = flag.Duration("cycle", time.Second, "length of one uncontended run")
+	reps       = flag.Int("reps", 5, "interleaved repetitions of the contended runs")
+	cycleReps  = flag.Int("cycle-reps", 25, "interleaved repetitions of the uncontended runs")
+	cycleTime  = flag.Duration("cycle", 200*time.Millisecond, "length of one uncontended run")
 	contTime   = flag.Duration("contended", 2*time.Second, "length of one contended run")
 	contenders = flag.Int("contenders", 16, "goroutines of the contended runs")
 	hold       = flag.Duration("hold", time.Millisecond, "hold time of the contended runs")
@@ -166,6 +172,12 @@ type sample struct {
 	self                    time.Duration // this process's (the peer's client code)
 	p50, p99                time.Duration // contended: wait for the lock
 	perMin, perMax          int64         // contended: acquisitions per goroutine
+	// contended: where a wait goes. With the lock held by one goroutine at a
+	// time, a waiter's wait is the holds and hand-offs ahead of it: hold is
+	// the mean time from an acquire's return to its release call (the 1ms
+	// sleep and its overshoot), handoff the median time from a release call
+	// to the next holder's acquire returning.
+	hold, handoff time.Duration
 }
 
 func (s sample) rate() float64       { return float64(s.ops) / s.elapsed.Seconds() }
@@ -249,9 +261,14 @@ func (s server) cycle(p peer, goroutines int, rep int) sample {
 	})
 }
 
+// span is one holder's time with the lock: from its acquire's return to its
+// release call.
+type span struct{ got, release time.Time }
+
 func (s server) contended(p peer, goroutines int, rep int) sample {
 	key := fmt.Sprintf("hot:%s:%d:%d", p.name, goroutines, rep)
-	return s.measure(p, goroutines, *contTime, func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration) {
+	spans := make([][]span, goroutines)
+	out := s.measure(p, goroutines, *contTime, func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration) {
 		var n int64
 		var waits []time.Duration
 		for !stop.Load() {
@@ -260,15 +277,37 @@ func (s server) contended(p peer, goroutines int, rep int) sample {
 			if err != nil {
 				fail(fmt.Errorf("%s: %w", p.name, err))
 			}
-			waits = append(waits, time.Since(t))
+			got := time.Now()
+			waits = append(waits, got.Sub(t))
 			time.Sleep(*hold)
+			rel := time.Now()
 			if err := release(); err != nil {
 				fail(fmt.Errorf("%s: release: %w", p.name, err))
 			}
+			spans[g] = append(spans[g], span{got, rel})
 			n++
 		}
 		return n, waits
 	})
+	var all []span
+	for _, ss := range spans {
+		all = append(all, ss...)
+	}
+	slices.SortFunc(all, func(a, b span) int { return a.got.Compare(b.got) })
+	var held time.Duration
+	var gaps []time.Duration
+	for i, sp := range all {
+		held += sp.release.Sub(sp.got)
+		if i > 0 {
+			gaps = append(gaps, sp.got.Sub(all[i-1].release))
+		}
+	}
+	if len(all) > 1 {
+		out.hold = held / time.Duration(len(all))
+		slices.Sort(gaps)
+		out.handoff = gaps[len(gaps)/2]
+	}
+	return out
 }
 
 func main() {
@@ -283,23 +322,32 @@ func main() {
 	}
 	kinds := []struct {
 		name string
+		reps int
 		run  func(p peer, rep int) sample
 		only func(p peer) bool
 	}{
-		{"cycle/1", func(p peer, rep int) sample { return srv.cycle(p, 1, rep) }, func(peer) bool { return true }},
-		{"cycle/64", func(p peer, rep int) sample { return srv.cycle(p, 64, rep) }, func(peer) bool { return true }},
-		{fmt.Sprintf("contended/%d", *contenders), func(p peer, rep int) sample { return srv.contended(p, *contenders, rep) },
+		{"cycle/1", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 1, rep) }, func(peer) bool { return true }},
+		{"cycle/64", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 64, rep) }, func(peer) bool { return true }},
+		{fmt.Sprintf("contended/%d", *contenders), *reps, func(p peer, rep int) sample { return srv.contended(p, *contenders, rep) },
 			func(p peer) bool { return p.wait != nil }},
-		{"alone/1", func(p peer, rep int) sample { return srv.contended(p, 1, rep) }, func(p peer) bool { return p.wait != nil }},
+		{"alone/1", *reps, func(p peer, rep int) sample { return srv.contended(p, 1, rep) }, func(p peer) bool { return p.wait != nil }},
 	}
 	results := map[string]map[string][]sample{}
 	for _, k := range kinds {
 		results[k.name] = map[string][]sample{}
 	}
-	fmt.Fprintf(os.Stderr, "redis-server %s, %d repetitions\n", redisVersion(srv), *reps)
-	for rep := range *reps {
+	fmt.Fprintf(os.Stderr, "redis-server %s, %d repetitions (uncontended runs: %d)\n", redisVersion(srv), *reps, *cycleReps)
+	// Short uncontended runs, many times over: on a shared machine the load
+	// changes from one second to the next, and a peer's run should not land
+	// on a busier second than its neighbours' more often than theirs.
+	total := max(*reps, *cycleReps)
+	for rep := range total {
 		for _, k := range kinds {
 			if !strings.Contains(k.name, *only) && !(*only == "contended" && k.name == "alone/1") {
+				continue
+			}
+			// Spread a kind's repetitions evenly over the whole run.
+			if rep*k.reps/total == (rep+1)*k.reps/total {
 				continue
 			}
 			for _, p := range ps {
@@ -311,7 +359,7 @@ func main() {
 			}
 			ps = append(ps[1:], ps[0])
 		}
-		fmt.Fprintf(os.Stderr, "repetition %d of %d done\n", rep+1, *reps)
+		fmt.Fprintf(os.Stderr, "repetition %d of %d done\n", rep+1, total)
 	}
 	report(names, results)
 }

@@ -50,7 +50,7 @@ func ratio(a, b []sample) []float64 {
 
 func report(names []string, r map[string]map[string][]sample) {
 	raw, bsm := names[0], names[1]
-	fmt.Printf("\n### Uncontended acquire + release (each goroutine on its own key), medians of %d interleaved repetitions (min–max)\n\n", *reps)
+	fmt.Printf("\n### Uncontended acquire + release (each goroutine on its own key), medians of %d interleaved repetitions of %v (min–max)\n\n", *cycleReps, *cycleTime)
 	fmt.Println("| peer | goroutines | cycles/s | vs raw | vs redislock | client cmds/cycle | round trips/cycle | server cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, kind := range []string{"cycle/1", "cycle/64"} {
@@ -73,8 +73,8 @@ func report(names []string, r map[string]map[string][]sample) {
 	}
 	cont := fmt.Sprintf("contended/%d", *contenders)
 	fmt.Printf("\n### %d goroutines, one key, %v hold, each waiting as its library does; medians of %d repetitions (min–max)\n\n", *contenders, *hold, *reps)
-	fmt.Println("| peer | acquisitions/s | vs one goroutine alone | round trips/acq | wait p50 | wait p99 | acquisitions per goroutine (min–max, worst rep) | max/min | Redis CPU µs/acq |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+	fmt.Println("| peer | acquisitions/s | vs one goroutine alone | round trips/acq | wait p50 | wait p99 | acquisitions per goroutine (min–max, worst rep) | max/min | Redis CPU µs/acq | hold (mean) | release → next holder (p50) |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
 	for _, n := range names {
 		ss := r[cont][n]
 		if len(ss) == 0 {
@@ -84,7 +84,7 @@ func report(names []string, r map[string]map[string][]sample) {
 			fa, fb := float64(a.perMax)/float64(max(a.perMin, 1)), float64(b.perMax)/float64(max(b.perMin, 1))
 			return cmpF(fa, fb)
 		})
-		fmt.Printf("| %s | %s | %s | %.2f | %s | %s | %d–%d | %s | %.1f |\n", n,
+		fmt.Printf("| %s | %s | %s | %.2f | %s | %s | %d–%d | %s | %.1f | %s | %s |\n", n,
 			spread(each(ss, sample.rate), "%.0f"),
 			spread(ratio(ss, r["alone/1"][n]), "%.2f×"),
 			median(each(ss, func(s sample) float64 { return s.per(s.trips) })),
@@ -92,7 +92,9 @@ func report(names []string, r map[string]map[string][]sample) {
 			spread(each(ss, func(s sample) float64 { return float64(s.p99) / 1e6 }), "%.1f ms"),
 			worst.perMin, worst.perMax,
 			spread(each(ss, func(s sample) float64 { return float64(s.perMax) / float64(max(s.perMin, 1)) }), "%.2f"),
-			median(each(ss, func(s sample) float64 { return float64(s.cpu.Microseconds()) / float64(max(s.ops, 1)) })))
+			median(each(ss, func(s sample) float64 { return float64(s.cpu.Microseconds()) / float64(max(s.ops, 1)) })),
+			ms(median(each(ss, func(s sample) float64 { return float64(s.hold) }))),
+			ms(median(each(ss, func(s sample) float64 { return float64(s.handoff) }))))
 	}
 }
 

@@ -46,15 +46,17 @@ type batchItem struct {
 
 // do runs the script for one item and returns that item's reply.
 func (b *batcher) do(ctx context.Context, keys []string, args []any) (any, error) {
-	it := &batchItem{ctx: ctx, keys: keys, args: args}
 	b.mu.Lock()
 	if !b.inFlight {
+		// Alone: the caller's own call, with its keys, values and context as
+		// they are (nothing allocated or copied for the batch).
 		b.inFlight = true
 		b.mu.Unlock()
-		b.send([]*batchItem{it})
-		return it.reply, it.err
+		reply, err := run(ctx, b.client, b.script, keys, args...)
+		b.next()
+		return reply, err
 	}
-	it.done = make(chan struct{})
+	it := &batchItem{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
 	b.queue = append(b.queue, it)
 	b.mu.Unlock()
 	// Not bounded by ctx: once queued, the item may be sent at any moment,
@@ -70,19 +72,26 @@ func (b *batcher) do(ctx context.Context, keys []string, args []any) (any, error
 // send makes one call for batch, gives each item its reply, and hands the
 // items queued meanwhile to the first of their callers to send.
 func (b *batcher) send(batch []*batchItem) {
-	var keys []string
-	var args []any
-	live := batch[:0:0]
+	live := make([]*batchItem, 0, len(batch))
 	for _, it := range batch {
 		if err := it.ctx.Err(); err != nil { // given up before it was sent
 			it.err = err
 			continue
 		}
 		live = append(live, it)
-		keys = append(keys, it.keys...)
-		args = append(args, it.args...)
 	}
-	if len(live) > 0 {
+	switch len(live) {
+	case 0:
+	case 1: // the script's reply for one lock is that lock's
+		it := live[0]
+		it.reply, it.err = run(it.ctx, b.client, b.script, it.keys, it.args...)
+	default:
+		var keys []string
+		var args []any
+		for _, it := range live {
+			keys = append(keys, it.keys...)
+			args = append(args, it.args...)
+		}
 		// The items' callers share the call: no single caller's cancellation
 		// may fail the others, and it may take until the latest deadline.
 		ctx, cancel := sharedContext(live)
@@ -100,7 +109,17 @@ func (b *batcher) send(batch []*batchItem) {
 			}
 		}
 	}
+	b.next()
+	for _, it := range batch {
+		if it.lead == nil {
+			close(it.done)
+		}
+	}
+}
 
+// next ends a call: the items queued meanwhile (up to maxBatch) go to the
+// first of their callers to send, or nothing is in flight any more.
+func (b *batcher) next() {
 	b.mu.Lock()
 	var next []*batchItem
 	if len(b.queue) > 0 {
@@ -117,11 +136,6 @@ func (b *batcher) send(batch []*batchItem) {
 	if next != nil {
 		next[0].lead = next
 		close(next[0].done)
-	}
-	for _, it := range batch {
-		if it.done != nil && it.lead == nil {
-			close(it.done)
-		}
 	}
 }
 

@@ -1,5 +1,7 @@
 package lock
 
+import "strings"
+
 // keys are the Redis keys of one resource. They share the hash tag {resource}
 // so that every script touching them runs on one Cluster slot.
 type keys struct {
@@ -10,9 +12,21 @@ type keys struct {
 }
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
+// The four keys are cut from one string: one allocation per lease.
 func (l *Locker) keysFor(resource string) keys {
-	base := l.prefix + "{" + resource + "}"
-	return keys{lock: base, fence: base + ":fence", owners: base + ":owners", queue: base + ":queue"}
+	n := len(l.prefix) + len(resource) + 2 // prefix{resource}
+	var b strings.Builder
+	b.Grow(3*n + len(":fence:owners:queue"))
+	for _, suffix := range [...]string{":fence", ":owners", ":queue"} {
+		b.WriteString(l.prefix)
+		b.WriteByte('{')
+		b.WriteString(resource)
+		b.WriteByte('}')
+		b.WriteString(suffix)
+	}
+	all := b.String()
+	f, o := n+len(":fence"), 2*n+len(":fence:owners")
+	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:]}
 }
 
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):

@@ -442,8 +442,14 @@ func (s *Lease) reentrantFlag() string {
 	return ""
 }
 
-func newToken() string {
-	var b [16]byte
+// tokenBytes is the random part of a token (128 bits).
+const tokenBytes = 16
+
+func newToken() string { return string(appendRandomHex(make([]byte, 0, 2*tokenBytes))) }
+
+// appendRandomHex appends tokenBytes random bytes, in hex, to dst.
+func appendRandomHex(dst []byte) []byte {
+	var b [tokenBytes]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return hex.EncodeToString(b[:])
+	return hex.AppendEncode(dst, b[:])
 }

@@ -29,18 +29,6 @@ func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
 		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiterID()}
 }
 
-// one returns the only reply of a one-lock call of acquire.lua or release.lua.
-func one(reply any, err error) (any, error) {
-	if err != nil {
-		return nil, err
-	}
-	vals, ok := reply.([]any)
-	if !ok || len(vals) != 1 {
-		return nil, fmt.Errorf("unexpected reply %v", reply)
-	}
-	return vals[0], nil
-}
-
 // parseGrant reads acquire.lua's reply for one lock, taken with token.
 func parseGrant(node int, token string, reply any, err error) grant {
 	g := grant{node: node, err: err}
@@ -108,7 +96,7 @@ func releaseStatus(reply any, err error) (int64, error) {
 // releaseOn runs release.lua for token and owner on c (see releaseStatus).
 func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64) (int64, error) {
 	keys, args := releaseArgs(k, token, owner, fenceTTL)
-	return releaseStatus(one(run(ctx, c, scriptRelease, keys, args...)))
+	return releaseStatus(run(ctx, c, scriptRelease, keys, args...))
 }
 
 // raiseFenceOn lifts c's fencing counter of s to fence while c holds s's

@@ -137,7 +137,7 @@ func (r *redlock) acquire(ctx context.Context, s *Lease) (bool, error) {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			reply, err := one(run(nctx, c, scriptAcquire, keys, args...))
+			reply, err := run(nctx, c, scriptAcquire, keys, args...)
 			g := parseGrant(i, s.token, reply, err)
 			if g.err != nil {
 				g.err = fmt.Errorf("node %d: %w", i, g.err)

@@ -89,7 +89,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	if err != nil {
 		return grant{err: err}
 	}
-	reply, err := one(cmds[0].Val(), cmds[0].Err())
+	reply, err := cmds[0].Result()
 	g := parseGrant(0, s.token, reply, err)
 	if g.err != nil || g.status != 1 {
 		return g
@@ -172,8 +172,7 @@ func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, ke
 	if bt != nil {
 		return bt.do(ctx, keys, args)
 	}
-	reply, err := run(ctx, b.client, script, keys, args...)
-	return one(reply, err)
+	return run(ctx, b.client, script, keys, args...)
 }
 
 func (b *single) release(ctx context.Context, s *Lease) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,7 +27,9 @@ import (
 // next hand-off skips it, and one that was handed the lock just before it
 // crashed holds it for its TTL, like any crashed holder. A waiter whose
 // Acquire ends without the lock leaves the queue (leave.lua) and releases a
-// hand-off that reached it meanwhile, which hands the lock on.
+// hand-off that reached it meanwhile, which hands the lock on. The BLPOP
+// runs on the Acquire's own goroutine; a context that ends during it pushes
+// a marker to the waiter's wake list, which ends it at once.
 //
 // The lease's validity: a hand-off was made at the server time at, after the
 // waiter's last busy attempt, answered with the server time then; so the
@@ -81,70 +82,60 @@ func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool,
 		sleep(ctx, d)
 		return false, nil
 	}
-	type result struct {
-		vals []string
-		err  error
-	}
-	var (
-		mu        sync.Mutex
-		abandoned bool // the caller's ctx ended: a hand-off popped now is passed on
-		done      = make(chan result, 1)
-	)
-	go func() {
-		defer func() { <-b.waits }()
-		// BLPOP takes seconds, fractions allowed (Redis ≥ 6). Not cancelled
-		// with ctx: a hand-off it pops must reach the lease or be released.
-		cmd := redis.NewStringSliceCmd(ctx, "blpop", s.keys.queue+":"+s.wait.id+":wake",
-			strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
-		_ = b.client.Process(context.WithoutCancel(ctx), cmd)
-		vals, err := cmd.Result()
-		mu.Lock()
-		defer mu.Unlock()
-		if abandoned {
-			if len(vals) == 2 {
-				b.releaseHandoff(context.WithoutCancel(ctx), s, vals[1])
-			}
-			return
-		}
-		done <- result{vals, err}
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-ctx.Done():
-		mu.Lock()
-		select {
-		case r = <-done:
-			mu.Unlock()
-			if len(r.vals) == 2 { // handed over just as we gave up: pass it on
-				b.releaseHandoff(context.WithoutCancel(ctx), s, r.vals[1])
-			}
-		default:
-			abandoned = true
-			mu.Unlock()
+	defer func() { <-b.waits }()
+	// The BLPOP runs on the caller's goroutine (a hand-off wakes the Acquire
+	// itself, nothing else runs in between) and is not cancelled with ctx: a
+	// hand-off it pops must reach the lease or be released. When ctx ends
+	// first, a marker pushed to the wake list ends it at once.
+	wake := s.keys.queue + ":" + s.wait.id + ":wake"
+	marked := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(marked)
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_, _ = b.client.Pipelined(mctx, func(p redis.Pipeliner) error {
+			p.RPush(mctx, wake, wakeCancelled)
+			p.PExpire(mctx, wake, s.ttl)
+			return nil
+		})
+	})
+	cmd := redis.NewStringSliceCmd(ctx, "blpop", wake, strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
+	_ = b.client.Process(context.WithoutCancel(ctx), cmd)
+	vals, err := cmd.Result()
+	if !stop() {
+		// ctx ended: the marker is in the list (the Acquire's leave deletes
+		// it) unless this BLPOP popped it; a hand-off popped before it is
+		// passed on.
+		<-marked
+		if err == nil && len(vals) == 2 && vals[1] != wakeCancelled {
+			b.releaseHandoff(context.WithoutCancel(ctx), s, vals[1])
 		}
 		return false, nil
 	}
 	switch {
-	case errors.Is(r.err, redis.Nil): // timed out: try again
+	case errors.Is(err, redis.Nil): // timed out: try again
 		return false, nil
-	case r.err != nil:
-		return false, r.err
-	case len(r.vals) != 2:
+	case err != nil:
+		return false, err
+	case len(vals) != 2:
 		return false, nil
 	}
 	var g grant
-	if !parseHandoff(&g, r.vals[1]) {
+	if !parseHandoff(&g, vals[1]) {
 		return false, nil
 	}
 	s.token, s.fence, s.sent = g.token, g.fence, s.wait.handedAt(g.at)
 	return true, nil
 }
 
+// wakeCancelled is what a waiter whose context ended pushes to its own wake
+// list to end its BLPOP (never a hand-off: parseHandoff rejects it).
+const wakeCancelled = "cancelled"
+
 func (b *single) leave(ctx context.Context, s *Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	v, err := run(ctx, b.client, scriptLeave, []string{s.keys.queue}, s.wait.id)
+	v, err := run(ctx, b.client, scriptLeave, []string{s.keys.queue}, s.wait.id, wakeCancelled)
 	if h, ok := v.(string); ok && err == nil {
 		b.releaseHandoff(ctx, s, h)
 	}

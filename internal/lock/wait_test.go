@@ -176,6 +176,37 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	}
 }
 
+// TestLeaveReleasesAHandOffBehindTheCancelMarker: a waiter whose context
+// ended pushed its cancel marker to its wake list and is still queued when a
+// release hands it the lock; leaving must find that hand-off behind the
+// marker and release it, not delete it with the list (the lock would then
+// stay with a waiter that is gone, for its TTL).
+func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	holder, err := l.TryAcquire(ctx, "marker", 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := l.Key("marker") + ":queue"
+	addDeadWaiter(t, c, q, "w", 10*time.Second)
+	if err := c.RPush(ctx, q+":w:wake", "cancelled").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, l.Key("marker")).Val(); v != "w-token" {
+		t.Fatalf("after the release the lock holds %q, want the waiter's token", v)
+	}
+	lock.Leave(l, "marker", "w")
+	if n := c.Exists(ctx, l.Key("marker"), q+":w:wake", q+":w", q).Val(); n != 0 {
+		keys, _ := c.Keys(ctx, l.Key("marker")+"*").Result()
+		t.Fatalf("after the waiter left, keys remain: %v (the hand-off behind the marker was not released)", keys)
+	}
+}
+
 // TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL puts a waiter at the head of
 // the queue that will never come back (what a killed process leaves: its
 // entry and its hash with its token, alive for its TTL). The release hands

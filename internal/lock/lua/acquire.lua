@@ -14,7 +14,7 @@
 -- ARGV[5i-1]  owner id for a reentrant acquire, or ""
 -- ARGV[5i]    waiter id W of an Acquire that waits, or "" (TryAcquire)
 --
--- Returns one reply per lock, in order:
+-- Returns one reply per lock, in order (for one lock, that reply alone):
 --   fence              acquired afresh: fence (> 0) is the new fencing token
 --   {token, fence}     re-entered: the holder's token and fence; hold count + 1
 --   0                  busy (TryAcquire): held, or free for an earlier waiter
@@ -81,5 +81,8 @@ for i = 0, #KEYS / 4 - 1 do
     reply = {0, time()}
   end
   out[#out + 1] = reply
+end
+if #out == 1 then
+  return out[1]
 end
 return out

@@ -40,11 +40,10 @@ end
 -- crashed waiter's hash expired: it is dropped), and wakes it.
 local function handoff(lock, fencekey, owners, q, fencettl)
   for _ = 1, 16 do
-    local first = redis.call('ZRANGE', q, 0, 0)[1]
+    local first = redis.call('ZPOPMIN', q)[1]
     if not first then
       return false
     end
-    redis.call('ZREM', q, first)
     local w = redis.call('HMGET', q .. ':' .. first, 'token', 'ttl', 'owner')
     if w[1] then
       redis.call('SET', lock, w[1], 'PX', w[2])

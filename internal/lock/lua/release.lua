@@ -13,7 +13,7 @@
 -- ARGV[3i-1]  owner id of a reentrant lease, or ""
 -- ARGV[3i]    fencing counter ttl in milliseconds
 --
--- Returns one status per lock, in order:
+-- Returns one status per lock, in order (for one lock, that status alone):
 --   1   released (the key is gone, or handed to the first waiter)
 --   2   reentrant hold count decremented; an outer hold still has the lock
 --   0   the key is gone: the lease had expired (a waiter, if any, got it)
@@ -46,5 +46,8 @@ for i = 0, #KEYS / 4 - 1 do
     end
   end
   out[#out + 1] = status
+end
+if #out == 1 then
+  return out[1]
 end
 return out
