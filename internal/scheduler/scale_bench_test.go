@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -173,6 +174,60 @@ func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
 	return total
 }
 
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, usec float64 }
+
+func commandStats(b *testing.B, c redis.UniversalClient) map[string]cmdStat {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || name == line {
+			continue
+		}
+		var st cmdStat
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			f, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				st.calls = f
+			case "usec":
+				st.usec = f
+			}
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// logCommandStats logs what Redis executed per tick between two
+// commandstats: calls and execution time by command (a script's time
+// includes the commands it calls, which are listed too; reading and
+// writing the sockets is in INFO cpu only).
+func logCommandStats(b *testing.B, before, after map[string]cmdStat, ticks int) {
+	type row struct {
+		name string
+		cmdStat
+	}
+	var rows []row
+	for name, a := range after {
+		d := cmdStat{a.calls - before[name].calls, a.usec - before[name].usec}
+		if d.calls > 0 && name != "info" {
+			rows = append(rows, row{name, d})
+		}
+	}
+	slices.SortFunc(rows, func(x, y row) int { return cmp.Compare(y.usec, x.usec) })
+	var sb strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&sb, " %s %.3g calls %.2gus;", r.name, r.calls/float64(ticks), r.usec/float64(ticks))
+	}
+	b.Logf("per tick:%s", sb.String())
+}
+
 // run measures b.N bursts after one warm-up burst.
 func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Warm up on the first burst that starts at least 3s from now (start-up, connections, scripts).
@@ -184,6 +239,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
 	cpu0 := redisCPU(b, srv.Client())
+	stats0 := commandStats(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
 		bl.wait(b, tick, n)
@@ -193,6 +249,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Followers' claims come claimGrace after each burst; let them land.
 	time.Sleep(claimGrace + 500*time.Millisecond)
 	cpu := redisCPU(b, srv.Client()) - cpu0
+	logCommandStats(b, stats0, commandStats(b, srv.Client()), b.N*n)
 
 	bl.mu.Lock()
 	s := slices.Clone(bl.samples)

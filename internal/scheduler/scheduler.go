@@ -156,10 +156,11 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		return nil, err
 	}
 	set := c.Scheduler
+	scripts := newRunner(client)
 	s := &Scheduler{
 		client:    client,
-		scripts:   newRunner(client),
-		enq:       asynq.NewClientFromRedisClient(client),
+		scripts:   scripts,
+		enq:       asynq.NewClientFromRedisClient(pipelinedScripts{client, scripts}),
 		file:      entries,
 		store:     NewStore(client, c.Lock.Prefix),
 		prefix:    c.Lock.Prefix,
