@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
@@ -34,6 +35,20 @@ type entry struct {
 	// label is the schedule label of its tick series: its name, or
 	// OtherSchedules for run-time schedules beyond maxLabeledRuntime.
 	label string
+	// unsettled is the latest tick (Unix seconds) that this replica did not
+	// see done: another replica had it, or it may still be pending. Only
+	// schedules with one lately are swept between full sweeps.
+	unsettled atomic.Int64
+}
+
+// unsettle records that tick may still be pending.
+func (e *entry) unsettle(tick int64) {
+	for {
+		cur := e.unsettled.Load()
+		if cur >= tick || e.unsettled.CompareAndSwap(cur, tick) {
+			return
+		}
+	}
 }
 
 // OtherSchedules is the schedule label of the tick series of the run-time
