@@ -53,10 +53,12 @@ type storeKeys struct {
 	channel  string // pub/sub channel: a change's new version, published by the change's script
 	replicas string // zset: live scheduler replicas -> last heartbeat
 	declared string // prefix of each replica's set of the file schedules it declares: declared + id
+	claimed  string // prefix of each second's claim digests: claimed + T, hash: replica -> sum (claim.lua)
 }
 
 func storeKeysFor(prefix string) storeKeys {
 	base := prefix + "{schedules}"
 	return storeKeys{defs: base + ":defs", meta: base + ":meta", file: base + ":file",
-		version: base + ":version", channel: base + ":changed", replicas: base + ":replicas", declared: base + ":file:"}
+		version: base + ":version", channel: base + ":changed", replicas: base + ":replicas", declared: base + ":file:",
+		claimed: base + ":claimed:"}
 }

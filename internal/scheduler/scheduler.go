@@ -97,7 +97,12 @@ type Scheduler struct {
 	applied atomic.Int64          // version of the run-time schedules last applied
 
 	replicas atomic.Pointer[[]string] // the live replicas, from the last heartbeat
-	crashed  atomic.Bool              // test hook: died as by SIGKILL, so no clean leave
+	digests  string                   // prefix of the claim digests; "" in a Cluster (follow.go)
+	followMu sync.Mutex
+	follow   map[int64]*followView // by second
+	// followerChecks counts the follower ticks checked one by one (tests).
+	followerChecks atomic.Int64
+	crashed        atomic.Bool // test hook: died as by SIGKILL, so no clean leave
 }
 
 // liveEntry is a schedule whose loop runs.
@@ -170,9 +175,13 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		live:      map[string]*liveEntry{},
 		paused:    map[string]bool{},
 		shadow:    map[string]bool{},
+		follow:    map[int64]*followView{},
 		skew:      set.MaxClockSkew,
 		lease:     set.TickLockTTL,
 		retention: set.TaskRetention,
+	}
+	if !scripts.cluster {
+		s.digests = s.store.k.claimed
 	}
 	s.lateAfter = s.skew + claimMargin
 	s.horizon = s.retention - 2*s.skew - s.lease

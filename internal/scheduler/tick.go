@@ -39,13 +39,19 @@ type claimReply struct {
 	n          int64  // claimHeld: lease left in ms; claimEarly: server time in ms
 }
 
-// claim claims tick of e; a follower (not the tick's first claimer, on
-// time) only checks whether the tick was claimed, unless nobody did.
-func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string, follower bool) (claimReply, error) {
+// Roles of a claim (claim.lua).
+const (
+	roleClaim    = "0" // a takeover or a catch-up
+	roleFollower = "1" // not the tick's first claimer, on time: checks whether the tick was claimed, unless nobody did
+	roleFirst    = "2" // the tick's first claimer, on time: counted in the claim digest of the tick's second
+)
+
+func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token, role string) (claimReply, error) {
 	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
-		keys:   []string{e.keys.state, e.keys.history},
-		args:   []any{tick, token, b01(follower)},
-		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds()},
+		keys: []string{e.keys.state, e.keys.history},
+		args: []any{tick, token, role, e.digest},
+		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds(),
+			s.digests, digestTTL.Milliseconds()},
 	})
 	if err != nil {
 		return claimReply{}, err
@@ -85,7 +91,14 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			e.unsettle(tick)
 		}
 	}()
-	follower := k == onTime && !s.first(e.name)
+	role := roleClaim
+	if k == onTime {
+		role = roleFirst
+		if !s.first(e.name) {
+			role = roleFollower
+		}
+	}
+	follower := role == roleFollower
 	if follower {
 		// Another replica claims this tick first; claim it only if that one
 		// has not (the claim then answers at once, done or held).
@@ -96,6 +109,11 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			tm.Stop()
 			return nil
 		}
+		if s.claimedByFirst(ctx, e, t) {
+			s.count(e, t, ResultFollower, 1)
+			return nil
+		}
+		s.followerChecks.Add(1)
 	}
 	token := s.id + "/" + strconv.FormatUint(s.seq.Add(1), 10)
 
@@ -106,7 +124,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	var sent time.Time
 	claimOnce := func(ctx context.Context) (err error) {
 		sent = time.Now()
-		r, err = s.claim(ctx, e, tick, token, follower)
+		r, err = s.claim(ctx, e, tick, token, role)
 		return err
 	}
 	var err error

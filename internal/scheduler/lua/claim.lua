@@ -13,11 +13,22 @@
 --          (or is new), so at most once a day per schedule rather than at every claim
 -- ARGV[3]  replica id, recorded as the leader of a fresh claim
 -- ARGV[4]  how far T may lie ahead of this server's clock, in milliseconds (max_clock_skew + margin)
--- ARGV[2+3i]  T, the i-th tick's scheduled time in Unix seconds
--- ARGV[3+3i]  token of the i-th attempt (replica id + sequence number)
--- ARGV[4+3i]  "1" if the caller is not the tick's first claimer: a tick at or behind the watermark
---             is answered done without looking at its lease (the first claimer's sweep takes over
---             an orphaned one), so a follower's check costs one read
+-- ARGV[5]  prefix of the claim digests, "lockstep:{schedules}:claimed:" ("" in a Cluster: none)
+-- ARGV[6]  ttl of a claim digest in milliseconds
+-- ARGV[3+4i]  T, the i-th tick's scheduled time in Unix seconds
+-- ARGV[4+4i]  token of the i-th attempt (replica id + sequence number)
+-- ARGV[5+4i]  role: "0" a claim (a takeover, a catch-up); "1" a follower's check, the caller not
+--             being the tick's first claimer: a tick at or behind the watermark is answered done
+--             without looking at its lease (the first claimer's sweep takes over an orphaned one),
+--             so the check costs one read; "2" the first claimer's claim on time, counted in the
+--             digest of T
+-- ARGV[6+4i]  the schedule's digest: a 48-bit hash of its name, as a decimal
+--
+-- Claim digests: P{schedules}:claimed:<T>, hash: replica id -> the sum modulo 2^48 of the digests
+-- of the schedules whose tick T it claimed first (role "2") and found at or behind the watermark
+-- afterwards (any answer but early). A follower that expects the same sum (the same live replicas,
+-- the same schedules) knows without a per-tick check that all those ticks were claimed. The key is
+-- not in KEYS: outside a Cluster only, where every key is on the one node.
 --
 -- Returns one reply per tick, in order:
 --   {1, prev_tick, prev_leader}  claimed afresh: T was ahead of the watermark, which moved from prev_tick
@@ -41,13 +52,13 @@ local function now()
   return now_ms
 end
 local lease = tonumber(ARGV[1])
-local function claim(state, history, ts, token, follower)
+local function claim(state, history, ts, token, role)
   local t = tonumber(ts)
   local field = 'p:' .. ts
   local st = redis.call('HMGET', state, 'tick', 'leader', field)
   local w, leader, p = st[1], st[2], st[3]
   if w and t <= tonumber(w) then
-    if not p or follower == '1' then
+    if not p or role == '1' then
       return {0}
     end
     local sp = string.find(p, ' ', 1, true)
@@ -68,9 +79,24 @@ local function claim(state, history, ts, token, follower)
   end
   return {1, w or '', leader or ''}
 end
+local M = 281474976710656 -- 2^48: sums of two digests stay exact in Lua's doubles
+local digests = {}
 local out = {}
 for i = 1, #KEYS / 2 do
   local k = 2 * (i - 1)
-  out[i] = claim(KEYS[k + 1], KEYS[k + 2], ARGV[2 + 3 * i], ARGV[3 + 3 * i], ARGV[4 + 3 * i])
+  local ts, role = ARGV[3 + 4 * i], ARGV[5 + 4 * i]
+  local r = claim(KEYS[k + 1], KEYS[k + 2], ts, ARGV[4 + 4 * i], role)
+  if role == '2' and r[1] ~= 4 then
+    digests[ts] = ((digests[ts] or 0) + tonumber(ARGV[6 + 4 * i])) % M
+  end
+  out[i] = r
+end
+if ARGV[5] ~= '' then
+  for ts, sum in pairs(digests) do
+    local key = ARGV[5] .. ts
+    local cur = tonumber(redis.call('HGET', key, ARGV[3]) or '0')
+    redis.call('HSET', key, ARGV[3], string.format('%.0f', (cur + sum) % M))
+    redis.call('PEXPIRE', key, ARGV[6])
+  end
 end
 return out
