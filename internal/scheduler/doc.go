@@ -181,7 +181,9 @@
 // summed modulo 2^48) to P{schedules}:claimed:<T>. A follower computes, once
 // per second, the sum it expects from each first claimer (the schedules due
 // at T that its view of the live set gives to that replica) and reads the
-// digests in one pipeline, once more claimGrace later if one differs. Equal,
+// digests in one pipeline, again claimGrace apart while one differs (a first
+// claimer still claiming; up to followReads times, twice when it is
+// missing: a first claimer that is dead or does not run them). Equal,
 // every one of those ticks is at or behind its watermark, which is all a
 // follower's per-tick check would learn. Different (views of the live set or
 // of the schedules that differ, a first claimer that is dead or slow, a

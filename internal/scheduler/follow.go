@@ -3,8 +3,6 @@ package scheduler
 import (
 	"context"
 	"hash/fnv"
-	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -35,8 +33,9 @@ const (
 	// followViews is how many seconds of follower views a replica keeps.
 	followViews = 64
 	// followReads is how many times a follower reads a digest that is not
-	// the expected one, claimGrace apart, before it checks each tick.
-	followReads = 2
+	// the expected one, claimGrace apart, before it checks each tick (a
+	// missing one: twice).
+	followReads = 5
 )
 
 // nameDigest is a schedule's digest: a 48-bit hash of its name.
@@ -103,8 +102,11 @@ func (s *Scheduler) loadFollowView(ctx context.Context, v *followView, t time.Ti
 	defer cancel()
 	key := s.digests + strconv.FormatInt(t.Unix(), 10)
 	v.claimed = map[string]bool{}
-	// A first claimer that is slow (a loaded machine) may still be claiming:
-	// its digest is read again before the ticks are checked one by one.
+	// A first claimer whose digest is there but differs is most likely
+	// still claiming (a loaded machine): its digest is read again, up to
+	// followReads times claimGrace apart. One whose digest is missing after
+	// two reads is taken for dead, or for not knowing these schedules.
+	missing := map[string]int{}
 	for attempt := range followReads {
 		if attempt > 0 {
 			tm := time.NewTimer(claimGrace)
@@ -118,18 +120,21 @@ func (s *Scheduler) loadFollowView(ctx context.Context, v *followView, t time.Ti
 		cmds := map[string]*redis.StringCmd{}
 		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for o := range sums {
-				if !v.claimed[o] {
+				if !v.claimed[o] && missing[o] < 2 {
 					cmds[o] = p.HGet(ctx, key, o)
 				}
 			}
 			return nil
 		})
+		if len(cmds) == 0 {
+			return
+		}
 		for o, c := range cmds {
 			got, err := strconv.ParseUint(c.Val(), 10, 64)
 			v.claimed[o] = err == nil && got == sums[o]
-		}
-		if len(v.claimed) == len(sums) && !slices.Contains(slices.Collect(maps.Values(v.claimed)), false) {
-			return
+			if c.Err() == redis.Nil {
+				missing[o]++
+			}
 		}
 	}
 }

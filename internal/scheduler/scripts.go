@@ -60,7 +60,9 @@ type call struct {
 }
 
 // batchItem is one tick in a batched script call: its keys and arguments;
-// common holds the leading ARGV, the same for every call of a replica.
+// common holds the leading ARGV, the same for every tick merged into one
+// call (the replica's settings, the tick's second): items whose common
+// differ go in different calls.
 type batchItem struct {
 	keys   []string
 	args   []any
@@ -252,12 +254,14 @@ func (p pipelinedScripts) EvalSha(ctx context.Context, sha1 string, keys []strin
 	}
 }
 
-// merge replaces the batched calls in batch by one call per script and
-// slot (per script outside a Cluster) whose reply is split among them.
+// merge replaces the batched calls in batch by one call per script, common
+// arguments and slot (outside a Cluster: per script and common arguments)
+// whose reply is split among them.
 func (r *runner) merge(batch []*call) []*call {
 	type group struct {
 		script *redis.Script
 		slot   uint16
+		common string
 	}
 	groups := map[group][]*call{}
 	var order []group
@@ -272,7 +276,7 @@ func (r *runner) merge(batch []*call) []*call {
 			close(c.done)
 			continue
 		}
-		g := group{script: c.script}
+		g := group{script: c.script, common: fmt.Sprint(c.item.common...)}
 		if r.cluster {
 			g.slot = slot(c.item.keys[0])
 		}

@@ -49,9 +49,9 @@ const (
 func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token, role string) (claimReply, error) {
 	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
 		keys: []string{e.keys.state, e.keys.history},
-		args: []any{tick, token, role, e.digest},
+		args: []any{token, e.digest},
 		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds(),
-			s.digests, digestTTL.Milliseconds()},
+			s.digests, digestTTL.Milliseconds(), tick, role},
 	})
 	if err != nil {
 		return claimReply{}, err
@@ -279,7 +279,7 @@ func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 func (s *Scheduler) doneItem(e *entry, tick int64, rec tickRecord) *batchItem {
 	return &batchItem{
 		keys:   []string{e.keys.state, e.keys.history},
-		args:   []any{tick, rec.json()},
-		common: []any{historyLen, s.stateTTL.Milliseconds()},
+		args:   []any{rec.json()},
+		common: []any{historyLen, s.stateTTL.Milliseconds(), tick},
 	}
 }

@@ -1,4 +1,4 @@
--- claim: take the leases of ticks of one or more schedules, all due together. Replicas batch the
+-- claim: take the leases of the ticks of one second T of one or more schedules. Replicas batch the
 -- claims of ticks due in the same second into one call per Cluster slot (per node outside a
 -- Cluster), so a second with 10,000 due ticks costs one round trip, not 10,000.
 --
@@ -15,20 +15,21 @@
 -- ARGV[4]  how far T may lie ahead of this server's clock, in milliseconds (max_clock_skew + margin)
 -- ARGV[5]  prefix of the claim digests, "lockstep:{schedules}:claimed:" ("" in a Cluster: none)
 -- ARGV[6]  ttl of a claim digest in milliseconds
--- ARGV[3+4i]  T, the i-th tick's scheduled time in Unix seconds
--- ARGV[4+4i]  token of the i-th attempt (replica id + sequence number)
--- ARGV[5+4i]  role: "0" a claim (a takeover, a catch-up); "1" a follower's check, the caller not
---             being the tick's first claimer: a tick at or behind the watermark is answered done
---             without looking at its lease (the first claimer's sweep takes over an orphaned one),
---             so the check costs one read; "2" the first claimer's claim on time, counted in the
---             digest of T
--- ARGV[6+4i]  the schedule's digest: a 48-bit hash of its name, as a decimal
+-- ARGV[7]  T, the ticks' scheduled time in Unix seconds
+-- ARGV[8]  role: "0" a claim (a takeover, a catch-up); "1" a follower's check, the caller not
+--          being the ticks' first claimer: a tick at or behind the watermark is answered done
+--          without looking at its lease (the first claimer's sweep takes over an orphaned one), so
+--          the check costs one read; "2" the first claimer's claim on time, counted in the digest
+--          of T
+-- ARGV[7+2i]  token of the i-th attempt (replica id + sequence number)
+-- ARGV[8+2i]  the i-th schedule's digest: a 48-bit hash of its name, as a decimal
 --
 -- Claim digests: P{schedules}:claimed:<T>, hash: replica id -> the sum modulo 2^48 of the digests
 -- of the schedules whose tick T it claimed first (role "2") and found at or behind the watermark
--- afterwards (any answer but early). A follower that expects the same sum (the same live replicas,
--- the same schedules) knows without a per-tick check that all those ticks were claimed. The key is
--- not in KEYS: outside a Cluster only, where every key is on the one node.
+-- afterwards (any answer but early), over all its calls for T. A follower that expects the same
+-- sum (the same live replicas, the same schedules) knows without a per-tick check that all those
+-- ticks were claimed. The key is not in KEYS: outside a Cluster only, where every key is on the
+-- one node.
 --
 -- Returns one reply per tick, in order:
 --   {1, prev_tick, prev_leader}  claimed afresh: T was ahead of the watermark, which moved from prev_tick
@@ -80,23 +81,20 @@ local function claim(state, history, ts, token, role)
   return {1, w or '', leader or ''}
 end
 local M = 281474976710656 -- 2^48: sums of two digests stay exact in Lua's doubles
-local digests = {}
+local ts, role = ARGV[7], ARGV[8]
+local sum, counted = 0, false
 local out = {}
 for i = 1, #KEYS / 2 do
-  local k = 2 * (i - 1)
-  local ts, role = ARGV[3 + 4 * i], ARGV[5 + 4 * i]
-  local r = claim(KEYS[k + 1], KEYS[k + 2], ts, ARGV[4 + 4 * i], role)
+  local r = claim(KEYS[2 * i - 1], KEYS[2 * i], ts, ARGV[7 + 2 * i], role)
   if role == '2' and r[1] ~= 4 then
-    digests[ts] = ((digests[ts] or 0) + tonumber(ARGV[6 + 4 * i])) % M
+    sum, counted = (sum + tonumber(ARGV[8 + 2 * i])) % M, true
   end
   out[i] = r
 end
-if ARGV[5] ~= '' then
-  for ts, sum in pairs(digests) do
-    local key = ARGV[5] .. ts
-    local cur = tonumber(redis.call('HGET', key, ARGV[3]) or '0')
-    redis.call('HSET', key, ARGV[3], string.format('%.0f', (cur + sum) % M))
-    redis.call('PEXPIRE', key, ARGV[6])
-  end
+if counted and ARGV[5] ~= '' then
+  local key = ARGV[5] .. ts
+  local cur = tonumber(redis.call('HGET', key, ARGV[3]) or '0')
+  redis.call('HSET', key, ARGV[3], string.format('%.0f', (cur + sum) % M))
+  redis.call('PEXPIRE', key, ARGV[6])
 end
 return out
