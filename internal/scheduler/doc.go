@@ -14,19 +14,30 @@
 // For schedule N and prefix P (default "lockstep:"), all sharing the hash tag
 // {schedule:N}, so each script runs on one Redis Cluster slot:
 //
-//	P{schedule:N}:tick:<T>   the tick's leader lock: the winning attempt's token, PX tick_lock_ttl
-//	P{schedule:N}:pending    zset of ticks claimed and not yet done
-//	P{schedule:N}:state      hash: tick (the watermark: highest tick claimed or skipped), leader
+//	P{schedule:N}:state      hash: tick (the watermark: highest tick claimed or skipped), leader,
+//	                         and p:<T> = "<lease end, Redis ms> <token>" for each tick T claimed
+//	                         and not yet done: the tick's leader lease (tick_lock_ttl)
 //	P{schedule:N}:history    list of the latest ticks' records (JSON), newest first (lockstep ticks)
 //
-// pending, state and history carry a TTL of at least 400 days, refreshed on
-// every claim. The run-time schedules share the tag {schedules}:
+// state and history carry a TTL of at least 400 days, set when the watermark
+// enters a new UTC day (so once a day, not at every claim). The run-time
+// schedules and the replicas share the tag {schedules}:
 //
-//	P{schedules}:defs       hash: name -> definition (JSON)
-//	P{schedules}:meta       hash: name -> since, paused, spec, updated_ms (JSON)
-//	P{schedules}:file       hash: name -> definition of the file schedules replicas run
-//	P{schedules}:version    counter of changes; P{schedules}:changed is the pub/sub channel
-//	P{schedules}:replicas   zset: live replica -> last heartbeat (server ms)
+//	P{schedules}:defs         hash: name -> definition (JSON)
+//	P{schedules}:meta         hash: name -> since, paused, spec, updated_ms (JSON)
+//	P{schedules}:file         hash: name -> definition of the file schedules live replicas run
+//	P{schedules}:file:<id>    set: the file schedules replica id declares (TTL: 10 × replicaExpiry,
+//	                          refreshed by its heartbeat)
+//	P{schedules}:version      counter of changes; P{schedules}:changed is the pub/sub channel
+//	P{schedules}:replicas     zset: live replica -> last heartbeat (server ms)
+//	P{schedules}:claimed:<T>  hash: replica -> digest of the ticks of second T it claimed first
+//	                          (outside a Cluster; TTL 1 minute; see Followers)
+//
+// A file schedule stays in P{schedules}:file while a live replica declares
+// it: a replica that leaves, or whose heartbeat expires, takes its
+// declarations with it (replicas.lua), and one that registers removes the
+// names that no live replica declares (register.lua), so a schedule removed
+// from every replica's config leaves the listing.
 //
 // # Run-time schedules
 //
@@ -42,13 +53,13 @@
 // One tick moves through these states; every arrow is one atomic script:
 //
 //	              claim.lua: T > watermark
-//	              watermark := T, lock T, T pending
+//	              watermark := T, lease on T (p:T)
 //	┌─────────┐ ─────────────────────────────────▶ ┌─────────┐  done.lua, after the  ┌──────┐
 //	│ unknown │                                    │ claimed │ ────────────────────▶ │ done │
 //	└─────────┘                                    └─────────┘  enqueue (or its task └──────┘
 //	     │                                  lease    │   ▲      id existed already)
-//	     │ skip.lua, or a later tick      expires    │   │ claim.lua: T pending,
-//	     │ claimed (catch-up policy,                 ▼   │ lock gone: a takeover
+//	     │ skip.lua, or a later tick      ends       │   │ claim.lua: T pending,
+//	     │ claimed (catch-up policy,                 ▼   │ lease over: a takeover
 //	     │ a stall)                             ┌──────────┐
 //	     ▼                                      │ orphaned │
 //	┌─────────┐                                 └──────────┘
@@ -61,9 +72,9 @@
 // claim.lua answers, for a tick T:
 //   - fresh: T was ahead of the watermark; it is now pending with this
 //     attempt's lock, and the watermark is T. The caller enqueues.
-//   - taken: T was pending and its lock had expired (or was this attempt's);
+//   - taken: T was pending and its lease was over (or was this attempt's);
 //     the caller takes over and enqueues.
-//   - held: another attempt's lock on T is live. The caller is a follower.
+//   - held: another attempt's lease on T is live. The caller is a follower.
 //   - done: T is at or behind the watermark and not pending: it was enqueued,
 //     or dropped by the catch-up policy. Ticks never go backwards.
 //   - early: T lies further ahead of Redis's clock than max_clock_skew + 1s.
@@ -85,7 +96,7 @@
 //     share every tick_lock_ttl/2 and takes over ticks whose lock expired,
 //     within max(tick_lock_ttl, replicaExpiry) + tick_lock_ttl/2 of the
 //     claim (the dead leader's share passes on when its heartbeat expires).
-//   - Skewed clocks. Leases are measured by Redis (PX, TIME), never by a
+//   - Skewed clocks. Leases are measured by Redis (TIME), never by a
 //     replica's clock. A replica's clock only decides when it tries a tick:
 //     one that is ahead tries early, one that is behind finds the tick done.
 //     A tick that nobody claimed within max_clock_skew + 1s of T is missed;
@@ -132,13 +143,21 @@
 //
 // # Redis calls
 //
-// A winning replica makes three calls per tick (claim, enqueue, done), a
-// follower one, claimGrace after T. The claims (and dones) of one replica
-// that are due together (every schedule firing in the same second) are
-// merged into one claim.lua (done.lua) call per Cluster slot, one per node
-// outside a Cluster; other script calls go out in one pipeline of EVALSHA.
-// The calls that meet NOSCRIPT are sent again once their scripts are loaded
-// (script.RunPipelined); the others are not repeated.
+// A winning replica makes three calls per tick (claim, enqueue, done); a
+// follower, outside a Cluster, one read per first claimer and second
+// (Followers), in a Cluster one check per tick, claimGrace after T. The
+// claims (and dones) of one replica that are due together (every schedule
+// firing in the same second) are merged into one claim.lua (done.lua) call
+// per Cluster slot, one per node outside a Cluster; asynq's enqueue
+// scripts and the other script calls go out in the same pipeline of
+// EVALSHA. Woken by a call while idle, the runner waits a millisecond for
+// the calls that follow (thousands of goroutines waking at the same second
+// reach it over some milliseconds). The calls that meet NOSCRIPT are sent
+// again once their scripts are loaded (script.RunPipelined); the others are
+// not repeated. Per tick, inside those calls: the claim reads state and
+// writes it once (watermark, leader and lease in one HSET); the done deletes
+// the lease field and pushes the history record (trimmed when it holds twice
+// historyLen records); TTLs are set once a day.
 //
 // # First claimers
 //
@@ -149,8 +168,29 @@
 // replica sweeps pending ticks only of its own share, so a dead replica's
 // pending ticks are swept by the new owners once its heartbeat expires
 // (replicaExpiry), and its unclaimed ticks are claimed after the grace.
-// Every retry is bounded: a claim by max_clock_skew + 1s, an enqueue and a
-// done by tick_lock_ttl.
+// Between full sweeps (every 20th) a replica reads only the schedules with a
+// recent tick that it did not see done itself (it was a follower, or its
+// done failed): a tick that this replica claimed, enqueued and marked done
+// cannot be orphaned. Every retry is bounded: a claim by max_clock_skew +
+// 1s, an enqueue and a done by tick_lock_ttl.
+//
+// # Followers
+//
+// Outside a Cluster, a first claimer's claim call also adds, for each second
+// T, the digests of the schedules it claimed (a 48-bit hash of each name,
+// summed modulo 2^48) to P{schedules}:claimed:<T>. A follower computes, once
+// per second, the sum it expects from each first claimer (the schedules due
+// at T that its view of the live set gives to that replica) and reads the
+// digests in one pipeline, again claimGrace apart while one differs (a first
+// claimer still claiming; up to followReads times, twice when it is
+// missing: a first claimer that is dead or does not run them). Equal,
+// every one of those ticks is at or behind its watermark, which is all a
+// follower's per-tick check would learn. Different (views of the live set or
+// of the schedules that differ, a first claimer that is dead or slow, a
+// retried claim counted twice), the follower checks each of its ticks and
+// claims the ones nobody claimed. G1 does not depend on this read; G2 does,
+// up to a collision: two different sets of schedules have the same sum with
+// probability 2^-48.
 //
 // # Time zones
 //

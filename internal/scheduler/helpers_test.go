@@ -227,3 +227,20 @@ func unixTimes(ts ...time.Time) []int64 {
 	}
 	return out
 }
+
+// pendingTicks returns the ticks pending in k's state, sorted.
+func pendingTicks(t *testing.T, c redis.UniversalClient, k keys) []int64 {
+	t.Helper()
+	state, err := c.HGetAll(t.Context(), k.state).Result()
+	if err != nil {
+		t.Fatalf("read %s: %v", k.state, err)
+	}
+	var out []int64
+	for f, v := range state {
+		if u, _, _, ok := parsePending(f, v); ok {
+			out = append(out, u)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

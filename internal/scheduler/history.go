@@ -65,10 +65,10 @@ type Tick struct {
 // ticks and triggers.
 func (st *Store) Ticks(ctx context.Context, schedule string, n int) ([]Tick, error) {
 	k := keysFor(st.prefix, schedule)
-	var pending *redis.ZSliceCmd
+	var state *redis.MapStringStringCmd
 	var hist *redis.StringSliceCmd
 	_, err := st.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		pending = p.ZRevRangeWithScores(ctx, k.pending, 0, int64(n-1))
+		state = p.HGetAll(ctx, k.state)
 		hist = p.LRange(ctx, k.history, 0, int64(n-1))
 		return nil
 	})
@@ -76,18 +76,12 @@ func (st *Store) Ticks(ctx context.Context, schedule string, n int) ([]Tick, err
 		return nil, fmt.Errorf("schedules: ticks %s: %w", schedule, err)
 	}
 	var out []Tick
-	locks := make([]*redis.StringCmd, len(pending.Val()))
-	if len(locks) > 0 {
-		_, _ = st.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, z := range pending.Val() {
-				locks[i] = p.Get(ctx, k.tick(int64(z.Score)))
-			}
-			return nil
-		})
-	}
-	for i, z := range pending.Val() {
-		u := int64(z.Score)
-		leader, _, _ := strings.Cut(locks[i].Val(), "/") // token: replica/sequence
+	for field, value := range state.Val() {
+		u, _, token, ok := parsePending(field, value)
+		if !ok {
+			continue
+		}
+		leader, _, _ := strings.Cut(token, "/") // token: replica/sequence
 		out = append(out, Tick{Tick: time.Unix(u, 0).UTC(), State: TickPending, Leader: leader, TaskID: TaskID(schedule, time.Unix(u, 0))})
 	}
 	for _, raw := range hist.Val() {

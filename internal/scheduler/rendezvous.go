@@ -14,6 +14,9 @@ var (
 	//go:embed lua/replicas.lua
 	replicasLua    string
 	scriptReplicas = redis.NewScript(replicasLua)
+	//go:embed lua/register.lua
+	registerLua    string
+	scriptRegister = redis.NewScript(registerLua)
 )
 
 const (
@@ -27,19 +30,27 @@ const (
 )
 
 // heartbeat records this replica as live (or gone, join false) and returns
-// the live replicas.
-func (st *Store) heartbeat(ctx context.Context, id string, join bool) ([]string, error) {
-	res, err := runSlice(ctx, st.client, scriptReplicas, []string{st.k.replicas}, id, replicaExpiry.Milliseconds(), b01(join))
+// the live replicas; isNew reports that it was not live before (its file
+// schedules' declaration went with it: it registers them again). The file
+// schedules of replicas found gone leave the registry unless a live
+// replica declares them too.
+func (st *Store) heartbeat(ctx context.Context, id string, join bool) (live []string, isNew bool, err error) {
+	res, err := runSlice(ctx, st.client, scriptReplicas, []string{st.k.replicas, st.k.file, st.k.declared + id},
+		id, replicaExpiry.Milliseconds(), b01(join), st.k.declared)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	ids := make([]string, 0, len(res))
+	if len(res) > 0 {
+		isNew = res[0] == int64(1)
+		res = res[1:]
+	}
+	live = make([]string, 0, len(res))
 	for _, v := range res {
 		if id, ok := v.(string); ok {
-			ids = append(ids, id)
+			live = append(live, id)
 		}
 	}
-	return ids, nil
+	return live, isNew, nil
 }
 
 // first reports whether this replica is the first to claim the ticks of
@@ -49,9 +60,15 @@ func (st *Store) heartbeat(ctx context.Context, id string, join bool) ([]string,
 // others claim it after claimGrace). With no view of the live set yet (or
 // one without itself), a replica claims every tick at once.
 func (s *Scheduler) first(schedule string) bool {
-	live := s.replicas.Load()
+	o, ok := s.owner(schedule, s.replicas.Load())
+	return !ok || o == s.id
+}
+
+// owner returns schedule's first claimer among live; false with no view of
+// the live set, or one without this replica.
+func (s *Scheduler) owner(schedule string, live *[]string) (string, bool) {
 	if live == nil || !slices.Contains(*live, s.id) {
-		return true
+		return "", false
 	}
 	var best string
 	var bestH uint64
@@ -64,7 +81,7 @@ func (s *Scheduler) first(schedule string) bool {
 			best, bestH = id, v
 		}
 	}
-	return best == s.id
+	return best, true
 }
 
 // mix is splitmix64's finalizer: FNV alone orders ids that differ in one

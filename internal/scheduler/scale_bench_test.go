@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,8 +25,10 @@ const burstSpec = "*/10 * * * * *"
 
 // BenchmarkBurst10k: 10,000 schedules due in the same second on 3 replicas
 // and one Redis, beside the baseline of asynq enqueuing the same 10,000
-// tasks (with task ids) from one process and no claims. Reported per burst:
-// p50/p99/max lateness (enqueue time − scheduled time), and Redis CPU per
+// tasks (with task ids) from one process and no claims, 20 enqueuers, one
+// round trip each (asynq's client has no batch enqueue); and, for
+// comparison, the same enqueues pipelined as a replica sends them. Reported
+// per burst: p50/p99/max lateness (enqueue time − scheduled time), and Redis CPU per
 // tick (INFO's used_cpu_user + used_cpu_sys over the measured bursts). Every
 // tick must be enqueued exactly once. One iteration is one burst (10s).
 //
@@ -57,44 +61,62 @@ func benchBurst(b *testing.B, n int) {
 	})
 	b.Run("asynq_enqueue_only", func(b *testing.B) {
 		srv := redistest.Start(b)
-		client := asynq.NewClientFromRedisClient(srv.Client())
-		bl := newBursts()
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		b.Cleanup(func() { cancel(); wg.Wait() })
-		wg.Go(func() {
-			for t := spec.Next(time.Now()); ; t = spec.Next(t) {
-				tm := time.NewTimer(time.Until(t))
-				select {
-				case <-ctx.Done():
-					tm.Stop()
-					return
-				case <-tm.C:
-				}
-				// As many enqueuers as a replica's loops keep busy: the pool size.
-				jobs := make(chan int)
-				var ew sync.WaitGroup
-				for range 20 {
-					ew.Go(func() {
-						for i := range jobs {
-							name := fmt.Sprintf("plain-%05d", i)
-							_, err := client.EnqueueContext(ctx, asynq.NewTask("test:tick", []byte(`{"n":1}`)),
-								asynq.TaskID(TaskID(name, t)), asynq.Retention(time.Hour))
-							if err == nil {
-								bl.add(name, t, time.Since(t))
-							}
-						}
-					})
-				}
-				for i := range n {
-					jobs <- i
-				}
-				close(jobs)
-				ew.Wait()
-			}
-		})
-		bl.run(b, srv, spec, n)
+		// As many enqueuers as a replica's loops keep busy: the pool size.
+		asynqBursts(b, srv, asynq.NewClientFromRedisClient(srv.Client()), spec, n, 20)
 	})
+	// Not a baseline of the target: asynq's enqueue alone, pipelined the way
+	// a replica pipelines it (pipelinedScripts, one goroutine per task), to
+	// show how much of the gap to asynq_enqueue_only is round trips.
+	b.Run("asynq_enqueue_pipelined", func(b *testing.B) {
+		srv := redistest.Start(b)
+		r := newRunner(srv.Client())
+		stopRunner := make(chan struct{})
+		var rw sync.WaitGroup
+		rw.Go(func() { r.loop(stopRunner) })
+		b.Cleanup(func() { close(stopRunner); rw.Wait() })
+		asynqBursts(b, srv, asynq.NewClientFromRedisClient(pipelinedScripts{srv.Client(), r}), spec, n, n)
+	})
+}
+
+// asynqBursts enqueues n tasks with task ids at every tick of spec from
+// enqueuers goroutines, with asynq's client alone, and measures them as
+// benchBurst measures a scheduler.
+func asynqBursts(b *testing.B, srv *redistest.Server, client *asynq.Client, spec Spec, n, enqueuers int) {
+	bl := newBursts()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	b.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() {
+		for t := spec.Next(time.Now()); ; t = spec.Next(t) {
+			tm := time.NewTimer(time.Until(t))
+			select {
+			case <-ctx.Done():
+				tm.Stop()
+				return
+			case <-tm.C:
+			}
+			jobs := make(chan int)
+			var ew sync.WaitGroup
+			for range enqueuers {
+				ew.Go(func() {
+					for i := range jobs {
+						name := fmt.Sprintf("plain-%05d", i)
+						_, err := client.EnqueueContext(ctx, asynq.NewTask("test:tick", []byte(`{"n":1}`)),
+							asynq.TaskID(TaskID(name, t)), asynq.Retention(time.Hour))
+						if err == nil {
+							bl.add(name, t, time.Since(t))
+						}
+					}
+				})
+			}
+			for i := range n {
+				jobs <- i
+			}
+			close(jobs)
+			ew.Wait()
+		}
+	})
+	bl.run(b, srv, spec, n)
 }
 
 // bursts collects per-tick lateness and checks each (schedule, tick) once.
@@ -152,7 +174,9 @@ func (bl *bursts) wait(b *testing.B, tick time.Time, n int) {
 		case <-time.After(50 * time.Millisecond):
 		case <-deadline.C:
 			bl.mu.Lock()
-			b.Fatalf("tick %v: %d of %d schedules enqueued within 15s (results so far: %v)", tick, got, n, bl.results)
+			results := maps.Clone(bl.results)
+			bl.mu.Unlock() // the replicas' hooks take it until they stop
+			b.Fatalf("tick %v: %d of %d schedules enqueued within 15s (results so far: %v)", tick, got, n, results)
 		}
 	}
 }
@@ -173,6 +197,60 @@ func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
 	return total
 }
 
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, usec float64 }
+
+func commandStats(b *testing.B, c redis.UniversalClient) map[string]cmdStat {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || name == line {
+			continue
+		}
+		var st cmdStat
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			f, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				st.calls = f
+			case "usec":
+				st.usec = f
+			}
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// logCommandStats logs what Redis executed per tick between two
+// commandstats: calls and execution time by command (a script's time
+// includes the commands it calls, which are listed too; reading and
+// writing the sockets is in INFO cpu only).
+func logCommandStats(b *testing.B, before, after map[string]cmdStat, ticks int) {
+	type row struct {
+		name string
+		cmdStat
+	}
+	var rows []row
+	for name, a := range after {
+		d := cmdStat{a.calls - before[name].calls, a.usec - before[name].usec}
+		if d.calls > 0 && name != "info" {
+			rows = append(rows, row{name, d})
+		}
+	}
+	slices.SortFunc(rows, func(x, y row) int { return cmp.Compare(y.usec, x.usec) })
+	var sb strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&sb, " %s %.3g calls %.2gus;", r.name, r.calls/float64(ticks), r.usec/float64(ticks))
+	}
+	b.Logf("per tick:%s", sb.String())
+}
+
 // run measures b.N bursts after one warm-up burst.
 func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Warm up on the first burst that starts at least 3s from now (start-up, connections, scripts).
@@ -184,6 +262,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
 	cpu0 := redisCPU(b, srv.Client())
+	stats0 := commandStats(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
 		bl.wait(b, tick, n)
@@ -193,6 +272,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Followers' claims come claimGrace after each burst; let them land.
 	time.Sleep(claimGrace + 500*time.Millisecond)
 	cpu := redisCPU(b, srv.Client()) - cpu0
+	logCommandStats(b, stats0, commandStats(b, srv.Client()), b.N*n)
 
 	bl.mu.Lock()
 	s := slices.Clone(bl.samples)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
@@ -34,6 +35,22 @@ type entry struct {
 	// label is the schedule label of its tick series: its name, or
 	// OtherSchedules for run-time schedules beyond maxLabeledRuntime.
 	label string
+	// digest is nameDigest(name), for claim digests.
+	digest uint64
+	// unsettled is the latest tick (Unix seconds) that this replica did not
+	// see done: another replica had it, or it may still be pending. Only
+	// schedules with one lately are swept between full sweeps.
+	unsettled atomic.Int64
+}
+
+// unsettle records that tick may still be pending.
+func (e *entry) unsettle(tick int64) {
+	for {
+		cur := e.unsettled.Load()
+		if cur >= tick || e.unsettled.CompareAndSwap(cur, tick) {
+			return
+		}
+	}
 }
 
 // OtherSchedules is the schedule label of the tick series of the run-time
@@ -146,6 +163,7 @@ func newEntry(s config.Schedule, prefix string, defaultCatchUp int) (*entry, err
 		name: s.Name, spec: spec, task: s.Task, payload: s.Payload, queue: s.Queue,
 		maxRetry: s.MaxRetry, timeout: s.Timeout, catchUp: s.CatchUp,
 		maxCatchUp: cmp.Or(s.MaxCatchUp, defaultCatchUp), keys: keysFor(prefix, s.Name), def: s,
+		digest: nameDigest(s.Name),
 	}, nil
 }
 

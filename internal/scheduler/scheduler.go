@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -92,7 +93,12 @@ type Scheduler struct {
 	applied atomic.Int64          // version of the run-time schedules last applied
 
 	replicas atomic.Pointer[[]string] // the live replicas, from the last heartbeat
-	crashed  atomic.Bool              // test hook: died as by SIGKILL, so no clean leave
+	digests  string                   // prefix of the claim digests; "" in a Cluster (follow.go)
+	followMu sync.Mutex
+	follow   map[int64]*followView // by second
+	// followerChecks counts the follower ticks checked one by one (tests).
+	followerChecks atomic.Int64
+	crashed        atomic.Bool // test hook: died as by SIGKILL, so no clean leave
 }
 
 // liveEntry is a schedule whose loop runs.
@@ -152,10 +158,11 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		return nil, err
 	}
 	set := c.Scheduler
+	scripts := newRunner(client)
 	s := &Scheduler{
 		client:    client,
-		scripts:   newRunner(client),
-		enq:       asynq.NewClientFromRedisClient(client),
+		scripts:   scripts,
+		enq:       asynq.NewClientFromRedisClient(pipelinedScripts{client, scripts}),
 		file:      entries,
 		store:     NewStore(client, c.Lock.Prefix),
 		prefix:    c.Lock.Prefix,
@@ -164,9 +171,13 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		live:      map[string]*liveEntry{},
 		paused:    map[string]bool{},
 		shadow:    map[string]bool{},
+		follow:    map[int64]*followView{},
 		skew:      set.MaxClockSkew,
 		lease:     set.TickLockTTL,
 		retention: set.TaskRetention,
+	}
+	if !scripts.cluster {
+		s.digests = s.store.k.claimed
 	}
 	s.lateAfter = s.skew + claimMargin
 	s.horizon = s.retention - 2*s.skew - s.lease
@@ -268,6 +279,7 @@ func (s *Scheduler) Ready(context.Context) error {
 // policy instead.
 func (s *Scheduler) loop(loops, fires context.Context, e *entry) {
 	h := health{log: s.log, what: "schedule " + e.name}
+	e.unsettle(s.clock.Now().Unix()) // ticks before this loop: not seen done here
 	cursor := s.clock.Now().Add(-s.lateAfter)
 	if since := time.Unix(e.since, 0); e.since > 0 && cursor.Before(since) {
 		cursor = since // ticks of a new or changed spec start after it took effect
@@ -374,26 +386,24 @@ const fullSweepEvery = 20
 // schedules (those it claims first): a dead replica's share passes to the
 // others with the live set, so every schedule is swept by a live replica
 // and none by all of them. Between full sweeps it reads only the schedules
-// with a tick due in the last 2 × tick_lock_ttl + max_clock_skew + 1s.
+// with a tick in the last 2 × tick_lock_ttl + max_clock_skew + 1s that this
+// replica did not see done (it was not the one that enqueued it, or its
+// done failed): the only ones whose leader can have died just now.
 func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
 	var entries []*entry
-	now := s.clock.Now()
-	recent := now.Add(-2*s.lease - s.lateAfter)
+	recent := s.clock.Now().Add(-2*s.lease - s.lateAfter).Unix()
 	for _, e := range s.liveEntries() {
-		if !s.first(e.name) {
-			continue
-		}
-		if n := e.spec.Next(recent); full || (!n.IsZero() && !n.After(now)) {
+		if s.first(e.name) && (full || e.unsettled.Load() >= recent) {
 			entries = append(entries, e)
 		}
 	}
 	if len(entries) == 0 {
 		return
 	}
-	cmds := make([]*redis.StringSliceCmd, len(entries))
+	cmds := make([]*redis.MapStringStringCmd, len(entries))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, e := range entries {
-			cmds[i] = p.ZRange(ctx, e.keys.pending, 0, sweepLimit-1)
+			cmds[i] = p.HGetAll(ctx, e.keys.state)
 		}
 		return nil
 	})
@@ -403,10 +413,16 @@ func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
 	}
 	h.report(nil)
 	for i, e := range entries {
-		for _, member := range cmds[i].Val() {
-			u, err := strconv.ParseInt(member, 10, 64)
-			if err != nil || ctx.Err() != nil {
-				continue
+		var ticks []int64
+		for field, value := range cmds[i].Val() {
+			if u, _, _, ok := parsePending(field, value); ok {
+				ticks = append(ticks, u)
+			}
+		}
+		slices.Sort(ticks)
+		for _, u := range ticks[:min(len(ticks), sweepLimit)] {
+			if ctx.Err() != nil {
+				return
 			}
 			if err := s.fire(ctx, e, time.Unix(u, 0).UTC(), takeover); err != nil && ctx.Err() == nil {
 				s.log.Warn("takeover failed", "schedule", e.name, "tick", u, "err", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,7 +153,7 @@ func testCrash(t *testing.T, point, takeoverResult string) {
 	assertExactlyOnce(t, srv.Client(), name, spec, tick, last)
 
 	k := keysFor(c.Lock.Prefix, name)
-	if err := srv.Client().ZScore(t.Context(), k.pending, strconv.FormatInt(tick.Unix(), 10)).Err(); err != redis.Nil {
+	if err := srv.Client().HGet(t.Context(), k.state, pendingField(tick.Unix())).Err(); err != redis.Nil {
 		t.Errorf("tick %v still pending: %v", tick, err)
 	}
 	if n := countResult(rec.all(), name, ResultMissed); n != 0 {
@@ -412,7 +411,8 @@ func TestTakeoverOnStartAndHorizon(t *testing.T) {
 	if err := cl.HSet(ctx, k.state, "tick", recent.Unix(), "leader", "dead").Err(); err != nil {
 		t.Fatal(err)
 	}
-	cl.ZAdd(ctx, k.pending, redis.Z{Score: float64(recent.Unix()), Member: recent.Unix()}, redis.Z{Score: float64(old.Unix()), Member: old.Unix()})
+	// Two ticks pending, their leases long over.
+	cl.HSet(ctx, k.state, pendingField(recent.Unix()), "1 dead/1", pendingField(old.Unix()), "1 dead/2")
 
 	rec := newRecorder()
 	replica(t, srv, c, rec, "heir", WithClock(newFakeClock(now)))
@@ -423,8 +423,8 @@ func TestTakeoverOnStartAndHorizon(t *testing.T) {
 	if got := taskTicks(t, cl, name); !slices.Equal(got, unixTimes(recent)) {
 		t.Errorf("tasks at %v, want %v", got, unixTimes(recent))
 	}
-	if n, err := cl.ZCard(ctx, k.pending).Result(); err != nil || n != 0 {
-		t.Errorf("pending: %d, %v; want empty", n, err)
+	if n := pendingTicks(t, cl, k); len(n) != 0 {
+		t.Errorf("pending: %v; want none", n)
 	}
 }
 
@@ -509,12 +509,17 @@ func TestRedisPausedTicksRecovered(t *testing.T) {
 	k := keysFor(c.Lock.Prefix, name)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, err := cl.ZCount(t.Context(), k.pending, "-inf", strconv.FormatInt(after.Unix()-1, 10)).Result()
-		if err == nil && n == 0 {
+		var n []int64
+		for _, u := range pendingTicks(t, cl, k) {
+			if u < after.Unix() {
+				n = append(n, u)
+			}
+		}
+		if len(n) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ticks before %v still pending after 10s: %d, %v", after, n, err)
+			t.Fatalf("ticks before %v still pending after 10s: %v", after, n)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the pending set, the observable itself
 	}

@@ -53,10 +53,16 @@ type call struct {
 	// the runner merges the calls of one script that are due together into
 	// one call per slot.
 	item *batchItem
+	// raw is set for a command built elsewhere (asynq's EVALSHA, through
+	// pipelinedScripts): it goes out in the same pipeline, once, and its
+	// reply is in the command itself.
+	raw *redis.Cmd
 }
 
 // batchItem is one tick in a batched script call: its keys and arguments;
-// common holds the leading ARGV, the same for every call of a replica.
+// common holds the leading ARGV, the same for every tick merged into one
+// call (the replica's settings, the tick's second): items whose common
+// differ go in different calls.
 type batchItem struct {
 	keys   []string
 	args   []any
@@ -65,7 +71,7 @@ type batchItem struct {
 
 func newRunner(c redis.UniversalClient) *runner {
 	_, cluster := c.(*redis.ClusterClient)
-	return &runner{client: c, calls: make(chan *call), cluster: cluster}
+	return &runner{client: c, calls: make(chan *call, maxBatch), cluster: cluster}
 }
 
 // run calls script and names the operation and the schedule in its error.
@@ -106,17 +112,35 @@ func (r *runner) loop(stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case c := <-r.calls:
-				batch = append(batch, c)
-			default:
-				break more
-			}
-		}
+		batch = r.gather(batch, stop)
 		r.exec(batch)
 	}
+}
+
+// Ticks due in the same second wake thousands of goroutines that reach the
+// runner over some milliseconds, not at one instant. Woken by a call while
+// idle, the runner waits linger before it takes what has come, so that they
+// share one pipeline (and one merged claim); calls that come while a
+// pipeline is in flight wait in the channel's buffer for the next one.
+const linger = time.Millisecond
+
+// gather adds to batch the calls that have come within linger.
+func (r *runner) gather(batch []*call, stop <-chan struct{}) []*call {
+	t := time.NewTimer(linger)
+	select {
+	case <-t.C:
+	case <-stop:
+		t.Stop()
+	}
+	for len(batch) < maxBatch {
+		select {
+		case c := <-r.calls:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 func (r *runner) exec(batch []*call) {
@@ -146,26 +170,98 @@ func (r *runner) exec(batch []*call) {
 			defer cancel()
 		}
 	}
-	calls := make([]script.Call, len(live))
-	for i, c := range live {
+	var scripted, raw []*call
+	for _, c := range live {
+		if c.raw != nil {
+			raw = append(raw, c)
+		} else {
+			scripted = append(scripted, c)
+		}
+	}
+	calls := make([]script.Call, len(scripted))
+	for i, c := range scripted {
 		calls[i] = script.Call{Script: c.script, Keys: c.keys, Args: c.args}
 	}
-	cmds, err := script.RunPipelined(ctx, r.client, "scheduler scripts", calls, nil)
-	for i, c := range live {
+	var after func(redis.Pipeliner)
+	if len(raw) > 0 {
+		// Sent with the first pipeline only: RunPipelined sends after again
+		// with the calls that met NOSCRIPT, and a raw command's own
+		// NOSCRIPT is its caller's to handle (redis.Script.Run falls back
+		// to EVAL).
+		sent := false
+		after = func(p redis.Pipeliner) {
+			if sent {
+				return
+			}
+			sent = true
+			for _, c := range raw {
+				_ = p.Process(ctx, c.raw)
+			}
+		}
+	}
+	var cmds []*redis.Cmd
+	var err error
+	if len(scripted) > 0 {
+		cmds, err = script.RunPipelined(ctx, r.client, "scheduler scripts", calls, after)
+	} else {
+		_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error { after(p); return nil })
+	}
+	for i, c := range scripted {
 		c.res, c.err = cmds[i].Result()
 		if err != nil && c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
 			c.err = err // its script could not be loaded again
 		}
 		close(c.done)
 	}
+	for _, c := range raw {
+		close(c.done)
+	}
 }
 
-// merge replaces the batched calls in batch by one call per script and
-// slot (per script outside a Cluster) whose reply is split among them.
+// pipelinedScripts is the Redis client of the replica's asynq client: its
+// EVALSHA calls (asynq's enqueue script) go through the runner, so that the
+// enqueues of the ticks due together share pipelines with each other and
+// with the claims and dones, instead of one round trip each on a pool of 20
+// connections. Everything else goes to the client directly, and so does the
+// EVAL that redis.Script.Run sends after a NOSCRIPT.
+type pipelinedScripts struct {
+	redis.UniversalClient
+	r *runner
+}
+
+func (p pipelinedScripts) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	// A pipeline that is never executed builds the command exactly as
+	// go-redis does (argument flattening, first key position).
+	cmd := p.UniversalClient.Pipeline().EvalSha(ctx, sha1, keys, args...)
+	c := &call{ctx: ctx, raw: cmd, done: make(chan struct{})}
+	select {
+	case p.r.calls <- c:
+	case <-ctx.Done():
+		cmd.SetErr(context.Cause(ctx))
+		return cmd
+	}
+	select {
+	case <-c.done:
+		if c.err != nil {
+			cmd.SetErr(c.err)
+		}
+		return cmd
+	case <-ctx.Done():
+		// cmd may still be in flight: its caller gets another one.
+		gone := redis.NewCmd(ctx)
+		gone.SetErr(context.Cause(ctx))
+		return gone
+	}
+}
+
+// merge replaces the batched calls in batch by one call per script, common
+// arguments and slot (outside a Cluster: per script and common arguments)
+// whose reply is split among them.
 func (r *runner) merge(batch []*call) []*call {
 	type group struct {
 		script *redis.Script
 		slot   uint16
+		common string
 	}
 	groups := map[group][]*call{}
 	var order []group
@@ -180,7 +276,7 @@ func (r *runner) merge(batch []*call) []*call {
 			close(c.done)
 			continue
 		}
-		g := group{script: c.script}
+		g := group{script: c.script, common: fmt.Sprint(c.item.common...)}
 		if r.cluster {
 			g.slot = slot(c.item.keys[0])
 		}

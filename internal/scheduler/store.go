@@ -281,17 +281,19 @@ func (st *Store) version(ctx context.Context) (int64, error) {
 	return v, err
 }
 
-// registerFile records the file schedules a replica runs, so that the API
-// can pause and trigger them without the config file.
-func (st *Store) registerFile(ctx context.Context, file []*entry) error {
-	if len(file) == 0 {
-		return nil
-	}
-	vals := make([]any, 0, 2*len(file))
+// registerFile records the file schedules replica id runs, so that the API
+// can list, pause and trigger them without the config file, and removes from
+// the registry those that no live replica declares (they were in the config
+// of replicas that are gone). A replica's declaration lives as long as its
+// heartbeat (replicas.lua prunes the registry when one is gone).
+func (st *Store) registerFile(ctx context.Context, id string, file []*entry) error {
+	args := make([]any, 0, 3+2*len(file))
+	args = append(args, id, 10*replicaExpiry.Milliseconds(), st.k.declared)
 	for _, e := range file {
-		vals = append(vals, e.name, encodeDef(e.def))
+		args = append(args, e.name, encodeDef(e.def))
 	}
-	return st.client.HSet(ctx, st.k.file, vals...).Err()
+	_, err := script.Run(ctx, st.client, scriptRegister, "", []string{st.k.file, st.k.declared + id, st.k.replicas}, args...)
+	return err
 }
 
 // Info is one schedule as List reports it.

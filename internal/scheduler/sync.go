@@ -24,15 +24,18 @@ func (s *Scheduler) syncer(loops context.Context) {
 		if !s.crashed.Load() { // a clean stop: the others take this replica's share at once
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			_, _ = s.store.heartbeat(ctx, s.id, false)
+			_, _, _ = s.store.heartbeat(ctx, s.id, false)
 		}
 	}()
 	for {
 		if !registered {
-			registered = s.store.registerFile(loops, s.file) == nil
+			registered = s.store.registerFile(loops, s.id, s.file) == nil
 		}
-		if live, err := s.store.heartbeat(loops, s.id, true); err == nil {
+		if live, isNew, err := s.store.heartbeat(loops, s.id, true); err == nil {
 			s.replicas.Store(&live)
+			if isNew {
+				registered = false // it had been gone (a long pause): declare the file schedules again
+			}
 		} else {
 			s.replicas.Store(nil) // claim everything while the view is unknown
 		}

@@ -39,11 +39,19 @@ type claimReply struct {
 	n          int64  // claimHeld: lease left in ms; claimEarly: server time in ms
 }
 
-func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token string) (claimReply, error) {
+// Roles of a claim (claim.lua).
+const (
+	roleClaim    = "0" // a takeover or a catch-up
+	roleFollower = "1" // not the tick's first claimer, on time: checks whether the tick was claimed, unless nobody did
+	roleFirst    = "2" // the tick's first claimer, on time: counted in the claim digest of the tick's second
+)
+
+func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token, role string) (claimReply, error) {
 	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
-		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.state},
-		args:   []any{tick, token},
-		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds()},
+		keys: []string{e.keys.state, e.keys.history},
+		args: []any{token, e.digest},
+		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds(),
+			s.digests, digestTTL.Milliseconds(), tick, role},
 	})
 	if err != nil {
 		return claimReply{}, err
@@ -77,7 +85,21 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	if k == takeover && s.clock.Now().Sub(t) > s.horizon {
 		return s.drop(ctx, e, t)
 	}
-	if k == onTime && !s.first(e.name) {
+	finished := false
+	defer func() {
+		if !finished { // another replica has the tick, or it stays pending: sweep e
+			e.unsettle(tick)
+		}
+	}()
+	role := roleClaim
+	if k == onTime {
+		role = roleFirst
+		if !s.first(e.name) {
+			role = roleFollower
+		}
+	}
+	follower := role == roleFollower
+	if follower {
 		// Another replica claims this tick first; claim it only if that one
 		// has not (the claim then answers at once, done or held).
 		tm := time.NewTimer(claimGrace)
@@ -87,6 +109,11 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			tm.Stop()
 			return nil
 		}
+		if s.claimedByFirst(ctx, e, t) {
+			s.count(e, t, ResultFollower, 1)
+			return nil
+		}
+		s.followerChecks.Add(1)
 	}
 	token := s.id + "/" + strconv.FormatUint(s.seq.Add(1), 10)
 
@@ -97,7 +124,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	var sent time.Time
 	claimOnce := func(ctx context.Context) (err error) {
 		sent = time.Now()
-		r, err = s.claim(ctx, e, tick, token)
+		r, err = s.claim(ctx, e, tick, token, role)
 		return err
 	}
 	var err error
@@ -112,6 +139,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 
 	switch r.code {
 	case claimDone, claimHeld:
+		finished = r.code == claimDone && !follower // a follower's "done" may be pending
 		if k != takeover {
 			s.count(e, t, ResultFollower, 1)
 		}
@@ -159,7 +187,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		s.crash()
 		return nil
 	}
-	s.done(ctx, e, tick, token, tickRecord{Tick: tick, State: TickDone, Leader: s.id, TaskID: TaskID(e.name, t), LateMS: late.Milliseconds()})
+	finished = s.done(ctx, e, tick, tickRecord{Tick: tick, State: TickDone, Leader: s.id, TaskID: TaskID(e.name, t), LateMS: late.Milliseconds()})
 	s.m.SchedulerTicks.WithLabelValues(e.label, result).Inc()
 	s.emit(e, t, result, 1, late)
 	return nil
@@ -214,19 +242,20 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 	return result, late, true
 }
 
-// done removes the tick from the pending set and frees its lock. If it
-// fails, the tick stays pending: a takeover then finds its task id and
-// marks it done.
-func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string, rec tickRecord) {
+// done ends the tick's lease: it is pending no more. If that fails, the
+// tick stays pending: a takeover then finds its task id and marks it done.
+// It reports whether the tick is done.
+func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, rec tickRecord) bool {
 	dctx, cancel := context.WithTimeout(ctx, s.lease)
 	defer cancel()
 	err := retry(dctx, func(ctx context.Context) error {
-		_, err := s.scripts.runBatched(ctx, "done", e.name, scriptDone, s.doneItem(e, tick, token, rec))
+		_, err := s.scripts.runBatched(ctx, "done", e.name, scriptDone, s.doneItem(e, tick, rec))
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("marking tick done failed; a takeover will finish it", "schedule", e.name, "tick", tick, "err", err)
 	}
+	return err == nil
 }
 
 // drop removes a pending tick too old to take over safely: its task id may
@@ -234,11 +263,11 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, token string
 func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	tick := t.Unix()
 	res, err := s.scripts.runBatched(ctx, "drop", e.name, scriptDone,
-		s.doneItem(e, tick, "", tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}))
+		s.doneItem(e, tick, tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}))
 	if err != nil {
 		return err
 	}
-	if a, ok := res.([]any); !ok || len(a) != 2 || a[0] != int64(1) {
+	if res != int64(1) {
 		return nil // another replica dropped it
 	}
 	s.log.Error("dropped unfinished tick older than the takeover horizon", "schedule", e.name, "tick", t, "horizon", s.horizon)
@@ -247,10 +276,10 @@ func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 }
 
 // doneItem is one tick's part of a batched done.lua call.
-func (s *Scheduler) doneItem(e *entry, tick int64, token string, rec tickRecord) *batchItem {
+func (s *Scheduler) doneItem(e *entry, tick int64, rec tickRecord) *batchItem {
 	return &batchItem{
-		keys:   []string{e.keys.tick(tick), e.keys.pending, e.keys.history},
-		args:   []any{tick, token, rec.json()},
-		common: []any{historyLen, s.stateTTL.Milliseconds()},
+		keys:   []string{e.keys.state, e.keys.history},
+		args:   []any{rec.json()},
+		common: []any{historyLen, s.stateTTL.Milliseconds(), tick},
 	}
 }
