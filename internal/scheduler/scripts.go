@@ -67,6 +67,9 @@ type batchItem struct {
 	keys   []string
 	args   []any
 	common []any
+	// lead are keys the merged call declares once, before every item's
+	// keys: the same for all items of one group (they follow from common).
+	lead []string
 }
 
 func newRunner(c redis.UniversalClient) *runner {
@@ -276,7 +279,7 @@ func (r *runner) merge(batch []*call) []*call {
 			close(c.done)
 			continue
 		}
-		g := group{script: c.script, common: fmt.Sprint(c.item.common...)}
+		g := group{script: c.script, common: fmt.Sprint(c.item.lead, c.item.common)}
 		if r.cluster {
 			g.slot = slot(c.item.keys[0])
 		}
@@ -288,6 +291,7 @@ func (r *runner) merge(batch []*call) []*call {
 	for _, g := range order {
 		members := groups[g]
 		m := &call{ctx: members[0].ctx, script: g.script, done: make(chan struct{})}
+		m.keys = append(m.keys, members[0].item.lead...)
 		m.args = append(m.args, members[0].item.common...)
 		var deadline time.Time
 		for _, c := range members {

@@ -47,11 +47,17 @@ const (
 )
 
 func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token, role string) (claimReply, error) {
+	var lead []string // the claim digests of tick's second, when kept
+	keep := ""
+	if s.digests != "" {
+		lead, keep = []string{s.digests + strconv.FormatInt(tick, 10)}, "1"
+	}
 	res, err := s.scripts.runBatched(ctx, "claim", e.name, scriptClaim, &batchItem{
+		lead: lead,
 		keys: []string{e.keys.state, e.keys.history},
 		args: []any{token, e.digest},
 		common: []any{s.lease.Milliseconds(), s.stateTTL.Milliseconds(), s.id, (s.skew + claimMargin).Milliseconds(),
-			s.digests, digestTTL.Milliseconds(), tick, role},
+			keep, digestTTL.Milliseconds(), tick, role},
 	})
 	if err != nil {
 		return claimReply{}, err

@@ -2,7 +2,10 @@
 -- claims of ticks due in the same second into one call per Cluster slot (per node outside a
 -- Cluster), so a second with 10,000 due ticks costs one round trip, not 10,000.
 --
--- For the i-th tick (i = 1..n), with k = 2 * (i - 1):
+-- KEYS[1]  the claim digests of second T, P{schedules}:claimed:<T>, when ARGV[5] is "1" (outside a
+--          Cluster; in a Cluster there is none, and the ticks' keys begin at KEYS[1]); below, d is 1
+--          with that key and 0 without
+-- For the i-th tick (i = 1..n), with k = d + 2 * (i - 1):
 -- KEYS[k+1]  state    lockstep:{schedule:N}:state    hash: tick = watermark (highest tick claimed or
 --                                                    skipped), leader = replica that claimed it, and
 --                                                    p:<T> = "<lease end, server ms> <token>" for each
@@ -13,7 +16,7 @@
 --          (or is new), so at most once a day per schedule rather than at every claim
 -- ARGV[3]  replica id, recorded as the leader of a fresh claim
 -- ARGV[4]  how far T may lie ahead of this server's clock, in milliseconds (max_clock_skew + margin)
--- ARGV[5]  prefix of the claim digests, "lockstep:{schedules}:claimed:" ("" in a Cluster: none)
+-- ARGV[5]  "1": the claim digests are kept, in KEYS[1]; "" in a Cluster: none
 -- ARGV[6]  ttl of a claim digest in milliseconds
 -- ARGV[7]  T, the ticks' scheduled time in Unix seconds
 -- ARGV[8]  role: "0" a claim (a takeover, a catch-up); "1" a follower's check, the caller not
@@ -28,8 +31,7 @@
 -- of the schedules whose tick T it claimed first (role "2") and found at or behind the watermark
 -- afterwards (any answer but early), over all its calls for T. A follower that expects the same
 -- sum (the same live replicas, the same schedules) knows without a per-tick check that all those
--- ticks were claimed. The key is not in KEYS: outside a Cluster only, where every key is on the
--- one node.
+-- ticks were claimed. Outside a Cluster only: the key shares no slot with the ticks' keys.
 --
 -- Returns one reply per tick, in order:
 --   {1, prev_tick, prev_leader}  claimed afresh: T was ahead of the watermark, which moved from prev_tick
@@ -84,15 +86,19 @@ local M = 281474976710656 -- 2^48: sums of two digests stay exact in Lua's doubl
 local ts, role = ARGV[7], ARGV[8]
 local sum, counted = 0, false
 local out = {}
-for i = 1, #KEYS / 2 do
-  local r = claim(KEYS[2 * i - 1], KEYS[2 * i], ts, ARGV[7 + 2 * i], role)
+local d = 0
+if ARGV[5] == '1' then
+  d = 1
+end
+for i = 1, (#KEYS - d) / 2 do
+  local r = claim(KEYS[d + 2 * i - 1], KEYS[d + 2 * i], ts, ARGV[7 + 2 * i], role)
   if role == '2' and r[1] ~= 4 then
     sum, counted = (sum + tonumber(ARGV[8 + 2 * i])) % M, true
   end
   out[i] = r
 end
-if counted and ARGV[5] ~= '' then
-  local key = ARGV[5] .. ts
+if counted and d == 1 then
+  local key = KEYS[1]
   local cur = tonumber(redis.call('HGET', key, ARGV[3]) or '0')
   redis.call('HSET', key, ARGV[3], string.format('%.0f', (cur + sum) % M))
   redis.call('PEXPIRE', key, ARGV[6])
