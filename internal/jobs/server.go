@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
@@ -56,8 +57,9 @@ type Config struct {
 	PollInterval time.Duration
 }
 
-// Params are what a Server needs.
+// Params are what a Server needs; fx fills them in Module.
 type Params struct {
+	fx.In
 	Client   redis.UniversalClient // shared with asynq; set ContextTimeoutEnabled
 	Locker   *lock.Locker
 	Watchdog *watchdog.Watchdog
