@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,4 +187,13 @@ func lockedSpec(typ, resource string, fn func(ctx context.Context, job Job) erro
 		Resource: func(any) string { return resource },
 		Run:      func(ctx context.Context, job Job, _ any) error { return fn(ctx, job) },
 	}
+}
+
+// countingSpec is a handler of typ under lock resource that counts its runs
+// and does nothing else.
+func countingSpec(typ, resource string, runs *atomic.Int32) Spec {
+	return lockedSpec(typ, resource, func(context.Context, Job) error {
+		runs.Add(1)
+		return nil
+	})
 }

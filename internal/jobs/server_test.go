@@ -23,10 +23,7 @@ import (
 func TestContentionDoesNotUseRetries(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(context.Context, Job) error {
-		runs.Add(1)
-		return nil
-	}))
+	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
 	ctx := context.Background()
 	// A holder that lives: a short TTL, renewed, so the waiter's fallback
 	// backoff (the lock's remaining TTL and a little) brings it back often.
@@ -77,10 +74,7 @@ func TestContentionDoesNotUseRetries(t *testing.T) {
 func TestContentionWithNoRetriesLeftWaits(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(context.Context, Job) error {
-		runs.Add(1)
-		return nil
-	}))
+	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
 	ctx := context.Background()
 	other, err := e.locker.TryAcquire(ctx, "res", time.Minute)
 	if err != nil {
