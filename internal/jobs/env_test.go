@@ -168,6 +168,17 @@ func (e *env) waitState(id string, state asynq.TaskState, timeout time.Duration)
 	return info
 }
 
+// completedOnce waits until task id completes and fails the test unless it
+// ran once (runs counts the runs) without a retry.
+func (e *env) completedOnce(id string, runs *atomic.Int32, timeout time.Duration) *asynq.TaskInfo {
+	e.t.Helper()
+	info := e.waitState(id, asynq.TaskStateCompleted, timeout)
+	if info.Retried != 0 || runs.Load() != 1 {
+		e.t.Fatalf("task %s completed with retried %d after %d runs, want 0 and 1", id, info.Retried, runs.Load())
+	}
+	return info
+}
+
 func (e *env) contended(typ string) float64 {
 	return testutil.ToFloat64(e.metrics.JobContended.WithLabelValues(typ))
 }
