@@ -57,6 +57,20 @@ type Config struct {
 	PollInterval time.Duration
 }
 
+// withDefaults is c with its zero values replaced by the defaults.
+func (c Config) withDefaults() Config {
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]int{"default": 1}
+	}
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	if c.Backoff.Min <= 0 {
+		c.Backoff = backoff.Requeue
+	}
+	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
+	return c
+}
+
 // Params are what a Server needs; fx fills them in Module.
 type Params struct {
 	fx.In
@@ -94,16 +108,7 @@ type Server struct {
 
 // NewServer returns a server; it touches Redis only once started.
 func NewServer(p Params) *Server {
-	c := p.Config
-	if len(c.Queues) == 0 {
-		c.Queues = map[string]int{"default": 1}
-	}
-	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
-	if c.Backoff.Min <= 0 {
-		c.Backoff = backoff.Requeue
-	}
-	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
+	c := p.Config.withDefaults()
 	s := &Server{
 		client:   p.Client,
 		locker:   p.Locker,
