@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
-
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -21,25 +19,19 @@ import (
 // cannot be reached.
 func TestEtcdBackendWorker(t *testing.T) {
 	t.Parallel()
-	rs := redistest.Start(t)
+	r := newRig(t, redistest.Start(t), defaultTTLYAML)
 	ec := etcdtest.Start(t)
-	w := startWorker(t, []string{
-		"LOCKSTEP_REDIS_ADDR=" + rs.Addr,
+	w := r.start(bins["worker"], []string{
 		"LOCKSTEP_LOCK_BACKEND=etcd",
 		"LOCKSTEP_LOCK_ETCD_ENDPOINTS=" + strings.Join(ec.Endpoints(), ","),
-	}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	})
 	addr := w.httpAddr()
 
 	for i := range 3 {
-		enqueueDemo(t, enq, fmt.Sprint("e", i), "etcd", 50)
+		r.enqueueDemo(fmt.Sprint("e", i), "etcd", 50)
 	}
-	waitCompleted(t, insp, 3, 20*time.Second)
-	execs := readExecutions(t, admin)
+	r.waitCompleted(3, 20*time.Second)
+	execs := readExecutions(t, r.admin)
 	for _, err := range demo.Overlaps(execs) {
 		t.Error(err)
 	}
@@ -49,7 +41,7 @@ func TestEtcdBackendWorker(t *testing.T) {
 
 	// A held key deleted in etcd: the run ends lock_lost within a second
 	// (the back end's watch), under the default 30s TTL.
-	enqueueDemo(t, enq, "e-del", "etcd-del", 8000)
+	r.enqueueDemo("e-del", "etcd-del", 8000)
 	fence := w.started("e-del", 10*time.Second)
 	cl := ec.Client()
 	defer cl.Close()
@@ -57,27 +49,15 @@ func TestEtcdBackendWorker(t *testing.T) {
 	if _, err := cl.Delete(context.Background(), "lockstep:{lock:order:etcd-del}"); err != nil {
 		t.Fatal(err)
 	}
-	var lost execution
-	waitFor(t, 5*time.Second, "the run to end", func() bool {
-		for _, x := range readExecutions(t, admin) {
-			if x.Fence == fence {
-				lost = x
-			}
-		}
-		return lost.Outcome != ""
-	})
+	lost := r.ended(fence, 5*time.Second)
 	if took := time.Duration(lost.FinishedMS-deleted.UnixMilli()) * time.Millisecond; lost.Outcome != demo.OutcomeLockLost || took > time.Second {
 		t.Fatalf("run ended %q %v after the deletion, want lock_lost within 1s", lost.Outcome, took)
 	}
-	waitCompleted(t, insp, 4, 20*time.Second)
+	r.waitCompleted(4, 20*time.Second)
 
 	ready := func() int {
-		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/readyz")
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		_, code := get("http://"+addr+"/readyz", 5*time.Second)
+		return code
 	}
 	if code := ready(); code != http.StatusOK {
 		t.Fatalf("/readyz = %d with etcd up", code)

@@ -1,18 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
-	"sync"
-	"syscall"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,43 +13,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-// workerBin is the worker binary built once for the package's tests.
-var workerBin string
+// bins holds the binaries the tests run, built once for the package:
+// "worker" (this command) and "ignorer" (testdata/ignorer: handlers
+// test:ignore and test:wait), race-enabled when the tests are.
+var bins = map[string]string{}
 
-// buildWorker builds this package into dir.
-func buildWorker(dir string) (string, error) { return buildPackage(dir, "worker", ".") }
-
-// buildPackage builds the command pkg (a path relative to this package) into
-// dir as name, with the race detector when the tests have it.
-func buildPackage(dir, name, pkg string) (string, error) {
-	bin := filepath.Join(dir, name)
-	args := []string{"build", "-o", bin}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out, err := exec.Command(goTool, append(args, pkg)...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-	}
-	return bin, nil
-}
-
-// buildIgnorer builds the test worker of testdata/ignorer (handlers
-// test:ignore and test:wait) for one test.
-func buildIgnorer(t *testing.T) string {
-	t.Helper()
-	bin, err := buildPackage(t.TempDir(), "ignorer", "./testdata/ignorer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
+func TestMain(m *testing.M) {
+	os.Exit(proctest.Main(m, bins, append(raceFlags, ".", "./testdata/ignorer"), redistest.LeakOptions()...))
 }
 
 // testYAML configures a quick worker: short lock TTL (renewed every 200ms),
@@ -83,170 +50,129 @@ const (
 	testShutdownTimeout = 2 * time.Second
 )
 
-func writeFile(t *testing.T, name, content string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
+// writeFile writes a file of the test's own and returns its path.
+var writeFile = proctest.WriteFile
 
-// proc is one worker process and the JSON log lines it wrote to stderr.
+// proc is one worker process and its JSON log.
 type proc struct {
+	*proctest.Proc
 	t   *testing.T
-	cmd *exec.Cmd
-
-	mu     sync.Mutex
-	lines  []map[string]any
-	raw    []string
-	notify chan struct{} // closed and replaced on every new line
-
-	exited chan struct{}
-	state  *os.ProcessState
+	log proctest.Log
 }
 
 // startWorker starts the worker binary with args and only the environment
 // given (plus PATH), killing it at the end of the test if still running.
 func startWorker(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	return startBinary(t, workerBin, env, args...)
+	return startBinary(t, bins["worker"], env, args...)
 }
 
 // startBinary is startWorker for another worker binary.
 func startBinary(t *testing.T, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	p := &proc{t: t}
 	// A race-enabled binary sleeps a second at exit unless told not to.
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0"}, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
+	p.Proc = proctest.New(t, proctest.Spec{What: filepath.Base(bin), Bin: bin, Args: args, Output: &p.log,
+		Env: append([]string{"PATH=" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0"}, env...)})
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, notify: make(chan struct{}), exited: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	scanned := make(chan struct{})
-	go func() {
-		defer close(scanned)
-		p.scan(stderr)
-	}()
-	go func() {
-		<-scanned // Wait closes the pipe: read everything first
-		_ = cmd.Wait()
-		p.state = cmd.ProcessState
-		close(p.exited)
-	}()
+	pid := p.Pid()
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
+		p.Kill()
 		if t.Failed() {
-			p.dumpTail(40)
+			t.Logf("last lines of %s %d:\n%s", filepath.Base(bin), pid, p.log.Tail(40))
 		}
 	})
 	return p
 }
 
-func (p *proc) scan(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		var m map[string]any
-		_ = json.Unmarshal([]byte(line), &m)
-		p.mu.Lock()
-		p.raw = append(p.raw, line)
-		if m != nil {
-			p.lines = append(p.lines, m)
-		}
-		close(p.notify)
-		p.notify = make(chan struct{})
-		p.mu.Unlock()
-	}
-}
-
-func (p *proc) dumpTail(n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.t.Logf("last lines of worker %d:", p.cmd.Process.Pid)
-	for _, l := range p.raw[max(0, len(p.raw)-n):] {
-		p.t.Log("  " + l)
-	}
-}
-
 // waitLog waits for a log line that match accepts and returns it.
 func (p *proc) waitLog(timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
 	p.t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	seen := 0
-	for {
-		p.mu.Lock()
-		lines, notify := p.lines[seen:], p.notify
-		seen = len(p.lines)
-		p.mu.Unlock()
-		for _, l := range lines {
-			if match(l) {
-				return l
-			}
-		}
-		select {
-		case <-notify:
-		case <-p.exited:
-			p.t.Fatalf("worker exited (%v) while waiting for %s", p.state, what)
-		case <-deadline.C:
-			p.t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-	}
+	return p.log.Wait(p.t, 0, timeout, p.Exited(), what, match)
 }
 
 // findLog returns the first log line that match accepts, or nil.
-func (p *proc) findLog(match func(map[string]any) bool) map[string]any {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.lines {
-		if match(l) {
-			return l
-		}
-	}
-	return nil
-}
+func (p *proc) findLog(match func(map[string]any) bool) map[string]any { return p.log.Find(match) }
 
-// allLogs returns everything the worker wrote to stderr so far.
-func (p *proc) allLogs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.raw, "\n")
-}
+// allLogs returns everything the worker wrote so far.
+func (p *proc) allLogs() string { return p.log.String() }
 
 // httpAddr is the address the worker's metrics server listens on.
 func (p *proc) httpAddr() string {
-	l := p.waitLog(10*time.Second, "the metrics server", func(m map[string]any) bool { return m["msg"] == "metrics server listening" })
-	return l["addr"].(string)
+	p.t.Helper()
+	return p.waitLog(10*time.Second, "the metrics server", proctest.Msg("metrics server listening"))["addr"].(string)
 }
 
 // started waits for the debug line of task id starting under its lock and
 // returns its fence.
 func (p *proc) started(id string, timeout time.Duration) int64 {
 	p.t.Helper()
-	l := p.waitLog(timeout, "task "+id+" to start", func(m map[string]any) bool {
-		return m["msg"] == "job started" && m["id"] == id
-	})
-	return int64(l["fence"].(float64))
+	return fenceOf(p.waitLog(timeout, "task "+id+" to start", proctest.Msg("job started", "id", id)))
 }
 
-// wait waits for the process to exit and returns its state.
-func (p *proc) wait(timeout time.Duration) *os.ProcessState {
+func fenceOf(rec map[string]any) int64 { return int64(rec["fence"].(float64)) }
+
+// wait waits for the process to exit by itself and returns its exit code.
+func (p *proc) wait(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.exited:
-		return p.state
-	case <-time.After(timeout):
+	code, exited := p.Wait(timeout)
+	if !exited {
 		p.t.Fatalf("worker still running %v later", timeout)
-		return nil
 	}
+	return code
+}
+
+// whoLogged waits until one of workers logs msg for task id and returns
+// that worker and the record.
+func whoLogged(t *testing.T, workers []*proc, msg, id string) (*proc, map[string]any) {
+	t.Helper()
+	var got *proc
+	var rec map[string]any
+	waitFor(t, 10*time.Second, id+": "+msg, func() bool {
+		for _, w := range workers {
+			if rec = w.findLog(proctest.Msg(msg, "id", id)); rec != nil {
+				got = w
+				return true
+			}
+		}
+		return false
+	})
+	return got, rec
+}
+
+// rig is a private Redis, the clients a test needs to enqueue and inspect,
+// and the environment and configuration its workers start with.
+type rig struct {
+	t     *testing.T
+	rs    *redistest.Server
+	admin *redis.Client
+	enq   *asynq.Client
+	insp  *asynq.Inspector
+	cfg   string   // the workers' configuration file
+	env   []string // the workers' environment
+}
+
+// newRig is a rig on rs whose workers run with the configuration yaml;
+// opts configure the test's own client (a password, say).
+func newRig(t *testing.T, rs *redistest.Server, yaml string, opts ...func(*redis.Options)) *rig {
+	admin := rs.Client(opts...)
+	r := &rig{t: t, rs: rs, admin: admin, enq: asynq.NewClientFromRedisClient(admin),
+		insp: asynq.NewInspectorFromRedisClient(admin), cfg: writeFile(t, "worker.yaml", yaml),
+		env: []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}}
+	t.Cleanup(func() { _ = r.enq.Close(); _ = r.insp.Close() })
+	return r
+}
+
+// worker starts a worker process on the rig's Redis and configuration.
+func (r *rig) worker() *proc { return r.start(bins["worker"], nil) }
+
+// start starts bin on the rig's Redis and configuration, with env and args
+// added.
+func (r *rig) start(bin string, env []string, args ...string) *proc {
+	r.t.Helper()
+	return startBinary(r.t, bin, append(slices.Clip(r.env), env...), append([]string{"--config", r.cfg}, args...)...)
 }
 
 // execution is one entry of the demo stream.
@@ -261,6 +187,21 @@ func readExecutions(t *testing.T, c *redis.Client) []execution {
 	return execs
 }
 
+// ended waits for the demo execution with fence to end and returns it.
+func (r *rig) ended(fence int64, timeout time.Duration) execution {
+	r.t.Helper()
+	var x execution
+	waitFor(r.t, timeout, fmt.Sprintf("the execution with fence %d to end", fence), func() bool {
+		for _, e := range readExecutions(r.t, r.admin) {
+			if e.Fence == fence {
+				x = e
+			}
+		}
+		return x.Outcome != ""
+	})
+	return x
+}
+
 // checkExecutions asserts, per order, that no two executions overlap in time
 // and that fences strictly increase in start order (demo.Overlaps). It
 // returns the executions by order, in start order.
@@ -272,25 +213,88 @@ func checkExecutions(t *testing.T, execs []execution) map[string][]execution {
 	return demo.ByOrder(execs)
 }
 
-// enqueueDemo enqueues a demo job kept an hour after completion, so that its
-// retry count can be read.
-func enqueueDemo(t *testing.T, c *asynq.Client, id, order string, workMS int, opts ...asynq.Option) {
-	t.Helper()
-	payload := fmt.Sprintf(`{"order_id":%q,"work_ms":%d}`, order, workMS)
-	opts = append([]asynq.Option{asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour), asynq.Queue(demo.Queue)}, opts...)
-	_, err := c.Enqueue(asynq.NewTask(demo.Type, []byte(payload)), opts...)
+// check asserts the demo's records: ok executions never overlap and their
+// fences increase, no stale write was accepted, and every task in ids ran to
+// ok exactly once. It returns the ok executions by order, in start order.
+func (r *rig) check(ids []string) map[string][]demo.Execution {
+	r.t.Helper()
+	ctx := context.Background()
+	execs, err := demo.ReadExecutions(ctx, r.admin, "lockstep:")
 	if err != nil {
-		t.Fatalf("enqueue %s: %v", id, err)
+		r.t.Fatal(err)
 	}
+	var oks []demo.Execution
+	n := map[string]int{}
+	for _, x := range execs {
+		if x.Outcome == demo.OutcomeOK {
+			oks = append(oks, x)
+			n[x.TaskID]++
+		}
+	}
+	for _, err := range demo.Overlaps(oks) {
+		r.t.Error(err)
+	}
+	writes, err := demo.ReadWrites(ctx, r.admin, "lockstep:")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, err := range demo.StaleWrites(writes) {
+		r.t.Error(err)
+	}
+	for id, c := range demo.CompletedTwice(execs) {
+		r.t.Errorf("task %s ran to ok %d times", id, c)
+	}
+	for _, id := range ids {
+		if n[id] != 1 {
+			r.t.Errorf("task %s ran to ok %d times, want once", id, n[id])
+		}
+	}
+	return demo.ByOrder(oks)
+}
+
+// enqueue enqueues a task allowed 3 retries and kept an hour after
+// completion, so that its retry count can be read.
+func (r *rig) enqueue(typ, id string, payload string, opts ...asynq.Option) {
+	r.t.Helper()
+	opts = append([]asynq.Option{asynq.TaskID(id), asynq.MaxRetry(3), asynq.Retention(time.Hour)}, opts...)
+	if _, err := r.enq.Enqueue(asynq.NewTask(typ, []byte(payload)), opts...); err != nil {
+		r.t.Fatalf("enqueue %s: %v", id, err)
+	}
+}
+
+// enqueueDemo enqueues a demo job (see enqueue).
+func (r *rig) enqueueDemo(id, order string, workMS int, opts ...asynq.Option) {
+	r.t.Helper()
+	r.enqueue(demo.Type, id, fmt.Sprintf(`{"order_id":%q,"work_ms":%d}`, order, workMS), append([]asynq.Option{asynq.Queue(demo.Queue)}, opts...)...)
+}
+
+// enqueueTest enqueues a job of the ignorer's (test:ignore, test:wait) on
+// key "k", on the default queue (see enqueue).
+func (r *rig) enqueueTest(typ, id string, workMS int) {
+	r.t.Helper()
+	r.enqueue(typ, id, fmt.Sprintf(`{"key":"k","work_ms":%d}`, workMS))
 }
 
 // waitFor waits for an observable condition (see redistest.WaitFor).
 var waitFor = redistest.WaitFor
 
+// waitTask waits until task id of queue is in state and returns it.
+func (r *rig) waitTask(queue, id string, state asynq.TaskState, timeout time.Duration) *asynq.TaskInfo {
+	r.t.Helper()
+	var info *asynq.TaskInfo
+	waitFor(r.t, timeout, id+" "+state.String(), func() bool {
+		var err error
+		info, err = r.insp.GetTaskInfo(queue, id)
+		return err == nil && info.State == state
+	})
+	return info
+}
+
 // waitCompleted waits until n tasks of the demo queue completed, failing at
 // once if one is archived.
-func waitCompleted(t *testing.T, insp *asynq.Inspector, n int, timeout time.Duration) {
-	t.Helper()
+func (r *rig) waitCompleted(n int, timeout time.Duration) {
+	r.t.Helper()
+	t, insp := r.t, r.insp
 	var q *asynq.QueueInfo
 	waitFor(t, timeout, fmt.Sprintf("%d completed tasks", n), func() bool {
 		var err error
@@ -306,4 +310,28 @@ func waitCompleted(t *testing.T, insp *asynq.Inspector, n int, timeout time.Dura
 		}
 		return q.Completed == n
 	})
+}
+
+// awaitRecovery waits until asynq would recover task id of queue, active on
+// a killed worker, once a worker starts. asynq hands a dead worker's task on
+// once its lease (30s, extended every 5s) has been expired for 30s, from a
+// recoverer that runs at a server's start and then every minute: the test
+// starts a fresh worker when this returns, as a restarted replica would.
+func (r *rig) awaitRecovery(queue, id string) {
+	r.t.Helper()
+	var orphaned time.Time
+	waitFor(r.t, 45*time.Second, id+" to be orphaned", func() bool {
+		active, err := r.insp.ListActiveTasks(queue)
+		if err != nil {
+			return false
+		}
+		for _, a := range active {
+			if a.ID == id && a.IsOrphaned {
+				orphaned = time.Now()
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(time.Until(orphaned.Add(31 * time.Second))) // asynq's fixed cutoff; see above
 }

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,13 +35,9 @@ worker:
 // task then ends ok exactly once.
 func TestLostLockNoticedWithinASecond(t *testing.T) {
 	t.Parallel()
-	rs := redistest.Start(t)
-	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	r := newRig(t, redistest.Start(t), defaultTTLYAML)
+	w := r.worker()
+	admin := r.admin
 	bg := context.Background()
 
 	for i, change := range []struct {
@@ -54,22 +48,14 @@ func TestLostLockNoticedWithinASecond(t *testing.T) {
 		{"overwritten", func(key string) error { return admin.Set(bg, key, "operator", 1500*time.Millisecond).Err() }},
 	} {
 		id, order := "loss-"+change.name, "loss-"+change.name
-		enqueueDemo(t, enq, id, order, 8000)
+		r.enqueueDemo(id, order, 8000)
 		fence := w.started(id, 10*time.Second)
 		time.Sleep(time.Duration(100+rand.IntN(500)) * time.Millisecond)
 		changed := time.Now()
 		if err := change.do("lockstep:{lock:order:" + order + "}"); err != nil {
 			t.Fatal(err)
 		}
-		var lost execution
-		waitFor(t, 5*time.Second, "the execution to end", func() bool {
-			for _, x := range readExecutions(t, admin) {
-				if x.Fence == fence {
-					lost = x
-				}
-			}
-			return lost.Outcome != ""
-		})
+		lost := r.ended(fence, 5*time.Second)
 		if lost.Outcome != demo.OutcomeLockLost {
 			t.Fatalf("%s: execution ended %q, want lock_lost", change.name, lost.Outcome)
 		}
@@ -78,7 +64,7 @@ func TestLostLockNoticedWithinASecond(t *testing.T) {
 		if took > time.Second {
 			t.Errorf("%s: the run ended %v after the change, want within 1s", change.name, took)
 		}
-		waitCompleted(t, insp, i+1, 20*time.Second)
+		r.waitCompleted(i+1, 20*time.Second)
 	}
 	for id, n := range demo.CompletedTwice(readExecutions(t, admin)) {
 		t.Errorf("task %s ended ok %d times", id, n)
@@ -99,30 +85,17 @@ func TestLostLockNoticedWithinASecond(t *testing.T) {
 // and the loss is counted and logged with the task id.
 func TestNilAfterLossIsNotRunAgain(t *testing.T) {
 	t.Parallel()
-	bin := buildIgnorer(t)
-	rs := redistest.Start(t)
-	w := startBinary(t, bin, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", defaultTTLYAML))
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	r := newRig(t, redistest.Start(t), defaultTTLYAML)
+	w := r.start(bins["ignorer"], nil)
+	admin := r.admin
 	bg := context.Background()
 
-	if _, err := enq.Enqueue(asynq.NewTask("test:ignore", []byte(`{"key":"k","work_ms":1500}`)),
-		asynq.TaskID("ign"), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	r.enqueueTest("test:ignore", "ign", 1500)
 	w.started("ign", 10*time.Second)
 	if err := admin.Del(bg, "lockstep:{lock:ignore:k}").Err(); err != nil {
 		t.Fatal(err)
 	}
-	var info *asynq.TaskInfo
-	waitFor(t, 15*time.Second, "the task to complete", func() bool {
-		var err error
-		info, err = insp.GetTaskInfo("default", "ign")
-		return err == nil && info.State == asynq.TaskStateCompleted
-	})
+	info := r.waitTask("default", "ign", asynq.TaskStateCompleted, 15*time.Second)
 	if info.Retried != 0 {
 		t.Fatalf("retried %d times, want 0: a handler that returned nil is done", info.Retried)
 	}
@@ -149,58 +122,37 @@ func TestNilAfterLossIsNotRunAgain(t *testing.T) {
 // next holder began, and every job ends ok exactly once.
 func TestPausedHolderCannotWriteAfterTheNextBegan(t *testing.T) {
 	t.Parallel()
-	rs := redistest.Start(t)
-	env := []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}
-	cfg := writeFile(t, "worker.yaml", testYAML)
-	workers := []*proc{startWorker(t, env, "--config", cfg), startWorker(t, env, "--config", cfg)}
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	r := newRig(t, redistest.Start(t), testYAML)
+	workers := []*proc{r.worker(), r.worker()}
+	admin := r.admin
 
 	const trials = 5
+	var ids []string
 	for i := range trials {
 		order := fmt.Sprint("pause-", i)
 		first, second := order+"-a", order+"-b"
-		enqueueDemo(t, enq, first, order, 2000)
-		frozen, other := whoStarted(t, workers, first)
+		ids = append(ids, first, second)
+		r.enqueueDemo(first, order, 2000)
+		frozen, _ := whoLogged(t, workers, "job started", first)
+		other := workers[0]
+		if other == frozen {
+			other = workers[1]
+		}
 		// Anywhere in the first renewal intervals, often just after one.
 		time.Sleep(time.Duration(rand.IntN(int(2 * testRenewInterval))))
-		frozen.signal(syscall.SIGSTOP)
-		enqueueDemo(t, enq, second, order, 1500)
+		frozen.Pause()
+		r.enqueueDemo(second, order, 1500)
 		other.started(second, 10*time.Second)
 		time.Sleep(time.Duration(100+rand.IntN(1000)) * time.Millisecond)
-		frozen.signal(syscall.SIGCONT)
-		waitCompleted(t, insp, 2*(i+1), 30*time.Second)
+		frozen.Resume()
+		r.waitCompleted(2*(i+1), 30*time.Second)
 	}
 
+	r.check(ids) // every task ended ok once, no overlap, no stale write
 	execs := readExecutions(t, admin)
 	writes, err := demo.ReadWrites(context.Background(), admin, "lockstep:")
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, err := range demo.StaleWrites(writes) {
-		t.Error("stale write accepted:", err)
-	}
-	var oks []demo.Execution
-	perTask := map[string]int{}
-	for _, x := range execs {
-		if x.Outcome == demo.OutcomeOK {
-			oks = append(oks, x)
-			perTask[x.TaskID]++
-		}
-	}
-	for _, err := range demo.Overlaps(oks) {
-		t.Error(err)
-	}
-	if len(perTask) != 2*trials {
-		t.Errorf("%d tasks ended ok, want %d: %v", len(perTask), 2*trials, perTask)
-	}
-	for id, n := range perTask {
-		if n != 1 {
-			t.Errorf("task %s ended ok %d times", id, n)
-		}
 	}
 	lost := 0
 	for _, x := range execs {
@@ -215,7 +167,7 @@ func TestPausedHolderCannotWriteAfterTheNextBegan(t *testing.T) {
 func TestMetricsAnswerWhileRedisHangs(t *testing.T) {
 	t.Parallel()
 	rs := redistest.Start(t)
-	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", testYAML))
+	w := newRig(t, rs, testYAML).worker()
 	addr := w.httpAddr()
 	scrape(t, addr, 5*time.Second) // a first refresh with Redis up
 	rs.Pause()
@@ -230,50 +182,14 @@ func TestMetricsAnswerWhileRedisHangs(t *testing.T) {
 	}
 }
 
-// whoStarted waits until one of workers starts task id and returns it and
-// another one.
-func whoStarted(t *testing.T, workers []*proc, id string) (*proc, *proc) {
-	t.Helper()
-	var got *proc
-	waitFor(t, 10*time.Second, "task "+id+" to start", func() bool {
-		for _, w := range workers {
-			if w.findLog(func(m map[string]any) bool { return m["msg"] == "job started" && m["id"] == id }) != nil {
-				got = w
-				return true
-			}
-		}
-		return false
-	})
-	for _, w := range workers {
-		if w != got {
-			return got, w
-		}
-	}
-	t.Fatal("one worker only")
-	return nil, nil
-}
-
-func (p *proc) signal(sig syscall.Signal) {
-	p.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
 // scrape GETs /metrics with a client timeout and returns the body.
 func scrape(t *testing.T, addr string, timeout time.Duration) string {
 	t.Helper()
-	c := &http.Client{Timeout: timeout}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
+	body, code := get("http://"+addr+"/metrics", timeout)
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", code, body)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d, %v", resp.StatusCode, err)
-	}
-	return string(b)
+	return body
 }
 
 func grepLines(s, substr string) string {

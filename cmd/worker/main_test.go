@@ -7,45 +7,21 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/worker"
 )
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockstep-worker-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	workerBin, err = buildWorker(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(redistest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
 
 // The binary's fx graph is complete with the example configuration.
 func TestValidateApp(t *testing.T) {
@@ -61,17 +37,11 @@ func TestValidateApp(t *testing.T) {
 func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	t.Parallel()
 	const jobsN, orders, maxRetry = 600, 12, 2
-	rs := redistest.Start(t)
-	cfg := writeFile(t, "worker.yaml", testYAML)
+	r := newRig(t, redistest.Start(t), testYAML)
 	for range 3 {
 		// 24 handlers for 12 orders: at least half of them meet a busy lock.
-		startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr, "LOCKSTEP_WORKER_CONCURRENCY=8"}, "--config", cfg)
+		r.start(bins["worker"], []string{"LOCKSTEP_WORKER_CONCURRENCY=8"})
 	}
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
 
 	// Orders in a shuffled sequence, so neighbours in the queue often share one.
 	perOrder := map[string]int{}
@@ -79,11 +49,11 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	for i, k := range rng.Perm(jobsN) {
 		order := strconv.Itoa(k % orders)
 		perOrder[order]++
-		enqueueDemo(t, enq, fmt.Sprintf("job-%03d", i), order, 5, asynq.MaxRetry(maxRetry))
+		r.enqueueDemo(fmt.Sprintf("job-%03d", i), order, 5, asynq.MaxRetry(maxRetry))
 	}
-	waitCompleted(t, insp, jobsN, 150*time.Second)
+	r.waitCompleted(jobsN, 150*time.Second)
 
-	execs := readExecutions(t, admin)
+	execs := readExecutions(t, r.admin)
 	byOrder := checkExecutions(t, execs)
 	okByTask := map[string]int{}
 	for _, x := range execs {
@@ -115,7 +85,7 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 	// match the jobs per order: together, every job ran ok exactly once.
 	// Retries: only real failures (an execution that did not end ok) may
 	// have grown a task's retry count, never contention.
-	tasks, err := insp.ListCompletedTasks(demo.Queue, asynq.PageSize(jobsN+1))
+	tasks, err := r.insp.ListCompletedTasks(demo.Queue, asynq.PageSize(jobsN+1))
 	if err != nil || len(tasks) != jobsN {
 		t.Fatalf("completed tasks: %d, %v", len(tasks), err)
 	}
@@ -150,50 +120,30 @@ func TestThreeWorkersRunEveryJobOnce(t *testing.T) {
 // once asynq recovers the killed worker's tasks.
 func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	t.Parallel()
-	rs := redistest.Start(t)
-	cfg := writeFile(t, "worker.yaml", testYAML)
-	env := []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}
-	workers := []*proc{}
-	for range 3 {
-		workers = append(workers, startWorker(t, env, "--config", cfg))
-	}
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	r := newRig(t, redistest.Start(t), testYAML)
+	workers := []*proc{r.worker(), r.worker(), r.worker()}
+	admin := r.admin
 	ctx := context.Background()
 
-	enqueueDemo(t, enq, "victim", "kill", 4000)
+	r.enqueueDemo("victim", "kill", 4000)
 	// Which worker took it: the one that logs its start.
-	var victim *proc
-	var fence int64
-	waitFor(t, 10*time.Second, "the victim job to start", func() bool {
-		for _, w := range workers {
-			if l := w.findLog(func(m map[string]any) bool { return m["msg"] == "job started" && m["id"] == "victim" }); l != nil {
-				victim, fence = w, int64(l["fence"].(float64))
-				return true
-			}
-		}
-		return false
-	})
+	victim, rec := whoLogged(t, workers, "job started", "victim")
+	fence := fenceOf(rec)
 	total := 1
 	for i := range 5 {
-		enqueueDemo(t, enq, fmt.Sprintf("follow-%d", i), "kill", 5)
+		r.enqueueDemo(fmt.Sprintf("follow-%d", i), "kill", 5)
 		total++
 	}
 	for i := range 120 {
-		enqueueDemo(t, enq, fmt.Sprintf("job-%03d", i), strconv.Itoa(i%6), 5)
+		r.enqueueDemo(fmt.Sprintf("job-%03d", i), strconv.Itoa(i%6), 5)
 		total++
 	}
 
 	lockKey := "lockstep:{lock:order:kill}"
 	token := admin.Get(ctx, lockKey).Val()
+	victimID := ":" + strconv.Itoa(victim.Pid())
 	killed := time.Now()
-	if err := victim.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	victim.wait(5 * time.Second)
+	victim.Kill()
 	waitFor(t, 5*time.Second, "the killed worker's lock to free", func() bool {
 		return admin.Get(ctx, lockKey).Val() != token
 	})
@@ -217,27 +167,9 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	t.Logf("killed holder's lock freed %v after SIGKILL (TTL %v); order taken again %dms after the kill with fence %d > %d",
 		freed.Round(time.Millisecond), testTTL, next.StartedMS-killed.UnixMilli(), next.Fence, fence)
 
-	// asynq hands a dead worker's task on once its lease (30s, extended
-	// every 5s) has been expired for 30s, from a recoverer that runs at a
-	// server's start and then every minute: start a fresh worker once that
-	// is due, as a restarted replica would.
-	var orphaned time.Time
-	waitFor(t, 45*time.Second, "the killed worker's tasks to be orphaned", func() bool {
-		active, err := insp.ListActiveTasks(demo.Queue)
-		if err != nil {
-			return false
-		}
-		for _, a := range active {
-			if a.ID == "victim" && a.IsOrphaned {
-				orphaned = time.Now()
-				return true
-			}
-		}
-		return false
-	})
-	time.Sleep(time.Until(orphaned.Add(31 * time.Second))) // asynq's fixed cutoff; see above
-	startWorker(t, env, "--config", cfg)
-	waitCompleted(t, insp, total, 60*time.Second)
+	r.awaitRecovery(demo.Queue, "victim")
+	r.worker()
+	r.waitCompleted(total, 60*time.Second)
 	t.Logf("all %d jobs completed %v after the kill (asynq recovered the killed worker's tasks)", total, time.Since(killed).Round(time.Second))
 
 	// Every task ran to ok. asynq delivers at least once: a task that the
@@ -245,7 +177,6 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	// again; only such tasks may show a second ok.
 	execs := readExecutions(t, admin)
 	checkExecutions(t, execs)
-	victimID := ":" + strconv.Itoa(victim.cmd.Process.Pid)
 	oks := map[string][]execution{}
 	for _, x := range execs {
 		if x.Outcome == demo.OutcomeOK {
@@ -267,31 +198,20 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 // within one renewal interval, and the job runs again.
 func TestDeletedLockEndsExecution(t *testing.T) {
 	t.Parallel()
-	rs := redistest.Start(t)
-	w := startWorker(t, []string{"LOCKSTEP_REDIS_ADDR=" + rs.Addr}, "--config", writeFile(t, "worker.yaml", testYAML))
-	admin := rs.Client()
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	r := newRig(t, redistest.Start(t), testYAML)
+	w := r.worker()
 
-	enqueueDemo(t, enq, "d1", "del", 1500)
+	r.enqueueDemo("d1", "del", 1500)
 	fence := w.started("d1", 10*time.Second)
 	deleted := time.Now()
-	if err := admin.Del(context.Background(), "lockstep:{lock:order:del}").Err(); err != nil {
+	if err := r.admin.Del(context.Background(), "lockstep:{lock:order:del}").Err(); err != nil {
 		t.Fatal(err)
 	}
-	var lost, again execution
-	waitFor(t, 20*time.Second, "the execution to end and run again", func() bool {
-		for _, x := range readExecutions(t, admin) {
-			switch {
-			case x.Fence == fence:
-				lost = x
-			case x.Fence > fence && x.Outcome == demo.OutcomeOK:
-				again = x
-			}
-		}
-		return lost.Outcome != "" && again.Outcome != ""
+	lost := r.ended(fence, 20*time.Second)
+	waitFor(t, 20*time.Second, "the execution to run again", func() bool {
+		return slices.ContainsFunc(readExecutions(t, r.admin), func(x execution) bool {
+			return x.Fence > fence && x.Outcome == demo.OutcomeOK
+		})
 	})
 	if lost.Outcome != demo.OutcomeLockLost {
 		t.Fatalf("execution with fence %d ended %q, want lock_lost", fence, lost.Outcome)
@@ -299,8 +219,8 @@ func TestDeletedLockEndsExecution(t *testing.T) {
 	if d := time.Duration(lost.FinishedMS-deleted.UnixMilli()) * time.Millisecond; d > testRenewInterval+50*time.Millisecond {
 		t.Errorf("execution ended %v after its key was deleted, want within one renewal interval (%v)", d, testRenewInterval)
 	}
-	waitCompleted(t, insp, 1, 10*time.Second)
-	if info, err := insp.GetTaskInfo(demo.Queue, "d1"); err != nil || info.Retried != 1 {
+	r.waitCompleted(1, 10*time.Second)
+	if info, err := r.insp.GetTaskInfo(demo.Queue, "d1"); err != nil || info.Retried != 1 {
 		t.Fatalf("task d1: %v, %v; want retried once", info, err)
 	}
 }
@@ -318,60 +238,51 @@ func TestSIGTERMDrainsAndReleases(t *testing.T) {
 	if err := rs.Client().ConfigSet(context.Background(), "requirepass", secret).Err(); err != nil {
 		t.Fatal(err)
 	}
-	pwFile := writeFile(t, "redis-password", secret+"\n")
-	w := startWorker(t, []string{
-		"LOCKSTEP_REDIS_ADDR=" + rs.Addr,
-		"LOCKSTEP_REDIS_PASSWORD_FILE=" + pwFile,
+	r := newRig(t, rs, testYAML, func(o *redis.Options) { o.Password = secret })
+	w := r.start(bins["worker"], []string{
+		"LOCKSTEP_REDIS_PASSWORD_FILE=" + writeFile(t, "redis-password", secret+"\n"),
 		"LOCKSTEP_HTTP_ADDR=256.0.0.1:9", // cannot listen: the flag must win
-	}, "--config", writeFile(t, "worker.yaml", testYAML), "--http-addr", "127.0.0.1:0")
-	admin := rs.Client(func(o *redis.Options) { o.Password = secret })
-	enq := asynq.NewClientFromRedisClient(admin)
-	insp := asynq.NewInspectorFromRedisClient(admin)
-	defer enq.Close()
-	defer insp.Close()
+	}, "--http-addr", "127.0.0.1:0")
 
 	addr := w.httpAddr()
 	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ok", "/metrics": "lockstep_locks_held"} {
 		waitFor(t, 5*time.Second, path, func() bool {
-			body, code := get(t, "http://"+addr+path)
+			body, code := get("http://"+addr+path, 2*time.Second)
 			return code == http.StatusOK && strings.Contains(body, want)
 		})
 	}
-	if body, _ := get(t, "http://"+addr+"/metrics"); strings.Contains(body, secret) {
+	if body, _ := get("http://"+addr+"/metrics", 2*time.Second); strings.Contains(body, secret) {
 		t.Error("/metrics shows the Redis password")
 	}
 
-	enqueueDemo(t, enq, "short", "short", 800)
-	enqueueDemo(t, enq, "long", "long", 60_000)
+	r.enqueueDemo("short", "short", 800)
+	r.enqueueDemo("long", "long", 60_000)
 	w.started("short", 10*time.Second)
 	w.started("long", 10*time.Second)
 
 	begin := time.Now()
-	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	state := w.wait(testShutdownTimeout + 10*time.Second)
+	code, exited := w.Term(testShutdownTimeout + 10*time.Second)
 	took := time.Since(begin)
-	if state.ExitCode() != 0 {
-		t.Fatalf("exit %v after SIGTERM, want 0", state)
+	if !exited || code != 0 {
+		t.Fatalf("exit code %d after SIGTERM (exited by itself: %v), want 0", code, exited)
 	}
 	if took > testShutdownTimeout {
 		t.Errorf("exited %v after SIGTERM, want within the shutdown timeout %v", took, testShutdownTimeout)
 	}
-	if keys := admin.Keys(context.Background(), "lockstep:{*}").Val(); len(keys) != 0 {
+	if keys := r.admin.Keys(context.Background(), "lockstep:{*}").Val(); len(keys) != 0 {
 		t.Fatalf("lock keys left after shutdown: %v", keys)
 	}
 	if strings.Contains(w.allLogs(), secret) {
 		t.Error("the logs show the Redis password")
 	}
 	outcomes := map[string]string{}
-	for _, x := range readExecutions(t, admin) {
+	for _, x := range readExecutions(t, r.admin) {
 		outcomes[x.OrderID] = x.Outcome
 	}
 	if outcomes["short"] != demo.OutcomeOK || outcomes["long"] != demo.OutcomeCanceled {
 		t.Fatalf("outcomes %v, want short ok and long canceled", outcomes)
 	}
-	if info, err := insp.GetTaskInfo(demo.Queue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
+	if info, err := r.insp.GetTaskInfo(demo.Queue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
 		t.Fatalf("long task after shutdown: %+v, %v; want pending again, not retried", info, err)
 	}
 }
@@ -393,7 +304,7 @@ func TestBadConfigExits2(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			path := writeFile(t, "worker.yaml", c.yaml)
-			cmd := exec.Command(workerBin, "--config", path)
+			cmd := exec.Command(bins["worker"], "--config", path)
 			cmd.Env = c.env
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
@@ -418,17 +329,18 @@ func TestBadConfigExits2(t *testing.T) {
 	}
 }
 
-func get(t *testing.T, url string) (string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
+// get GETs url with a client timeout and returns the body and status code
+// (the error and 0 when there is no answer).
+func get(url string, timeout time.Duration) (string, int) {
+	resp, err := (&http.Client{Timeout: timeout}).Get(url)
 	if err != nil {
 		return err.Error(), 0
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error(), 0
+	}
 	return string(b), resp.StatusCode
 }
 
@@ -444,8 +356,8 @@ func sum(m map[string]int) int {
 func TestHelpExits0(t *testing.T) {
 	t.Parallel()
 	p := startWorker(t, nil, "--help")
-	if st := p.wait(10 * time.Second); st.ExitCode() != 0 {
-		t.Errorf("exit code %d, want 0; output:\n%s", st.ExitCode(), p.allLogs())
+	if code := p.wait(10 * time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0; output:\n%s", code, p.allLogs())
 	}
 	out := p.allLogs()
 	for _, w := range []string{"Usage: worker [--config FILE] [--http-addr HOST:PORT]", "-config", "-http-addr"} {

@@ -2,5 +2,5 @@
 
 package main
 
-// raceBuild makes the worker binary under test race-enabled when the tests are.
-const raceBuild = true
+// raceFlags make the binaries under test race-enabled when the tests are.
+var raceFlags = []string{"-race"}

@@ -101,7 +101,7 @@ func (r *benchRig) serveLocked(b *testing.B, cfg Config, specs ...Spec) (stop fu
 // contention errors (*ContendedError) are retried after their delay without
 // counting a failure, as our server does.
 func (r *benchRig) servePlain(b *testing.B, cfg Config, h asynq.HandlerFunc) (stop func()) {
-	poll := min(max(cfg.Backoff.Min, 20*time.Millisecond), time.Second)
+	poll := cfg.withDefaults().PollInterval
 	srv := asynq.NewServerFromRedisClient(r.client, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		TaskCheckInterval:        poll,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,6 +168,17 @@ func (e *env) waitState(id string, state asynq.TaskState, timeout time.Duration)
 	return info
 }
 
+// completedOnce waits until task id completes and fails the test unless it
+// ran once (runs counts the runs) without a retry.
+func (e *env) completedOnce(id string, runs *atomic.Int32, timeout time.Duration) *asynq.TaskInfo {
+	e.t.Helper()
+	info := e.waitState(id, asynq.TaskStateCompleted, timeout)
+	if info.Retried != 0 || runs.Load() != 1 {
+		e.t.Fatalf("task %s completed with retried %d after %d runs, want 0 and 1", id, info.Retried, runs.Load())
+	}
+	return info
+}
+
 func (e *env) contended(typ string) float64 {
 	return testutil.ToFloat64(e.metrics.JobContended.WithLabelValues(typ))
 }
@@ -186,4 +198,13 @@ func lockedSpec(typ, resource string, fn func(ctx context.Context, job Job) erro
 		Resource: func(any) string { return resource },
 		Run:      func(ctx context.Context, job Job, _ any) error { return fn(ctx, job) },
 	}
+}
+
+// countingSpec is a handler of typ under lock resource that counts its runs
+// and does nothing else.
+func countingSpec(typ, resource string, runs *atomic.Int32) Spec {
+	return lockedSpec(typ, resource, func(context.Context, Job) error {
+		runs.Add(1)
+		return nil
+	})
 }

@@ -149,10 +149,7 @@ func TestHandoffFailureIsRetriedByAsynq(t *testing.T) {
 func TestDeliveryOfHandedOnTaskIsNotRun(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(context.Context, Job) error {
-		runs.Add(1)
-		return nil
-	}))
+	e := newEnv(t, testConfig(), countingSpec("t:hot", "hot", &runs))
 	ctx := context.Background()
 	marker := "lockstep:{hot}:done:default:ran"
 	if err := e.admin.Set(ctx, marker, outcomeOK, time.Minute).Err(); err != nil {

@@ -38,6 +38,14 @@ func policySpec(x *exclusive, work time.Duration, p Contention, wait time.Durati
 	return s
 }
 
+// onTwoWorkers runs spec on two workers sharing one Redis.
+func onTwoWorkers(t *testing.T, spec Spec) *env {
+	t.Helper()
+	e := newEnv(t, testConfig(), spec)
+	e.addWorker(testConfig(), spec)
+	return e
+}
+
 // Skip, on two workers: duplicates that find the resource busy complete
 // without running; the handler never runs twice at once and the first run
 // finishes.
@@ -45,8 +53,7 @@ func TestSkipPolicyOnTwoWorkers(t *testing.T) {
 	t.Parallel()
 	x := &exclusive{}
 	spec := policySpec(x, 500*time.Millisecond, Skip, 0)
-	e := newEnv(t, testConfig(), spec)
-	e.addWorker(testConfig(), spec)
+	e := onTwoWorkers(t, spec)
 	const n = 10
 	for i := range n {
 		e.enqueue("t:hot", fmt.Sprintf("s%d", i), nil)
@@ -92,8 +99,7 @@ func TestWaitPolicyOnTwoWorkers(t *testing.T) {
 				started <- struct{}{}
 				return run(ctx, job, p)
 			}
-			e := newEnv(t, testConfig(), spec)
-			e.addWorker(testConfig(), spec)
+			e := onTwoWorkers(t, spec)
 			e.enqueue("t:hot", "first", nil)
 			<-started
 			e.enqueue("t:hot", "second", nil)
@@ -122,8 +128,7 @@ func TestRequeuePolicyOnTwoWorkers(t *testing.T) {
 	t.Parallel()
 	x := &exclusive{}
 	spec := policySpec(x, 20*time.Millisecond, Requeue, 0)
-	e := newEnv(t, testConfig(), spec)
-	e.addWorker(testConfig(), spec)
+	e := onTwoWorkers(t, spec)
 	const n = 20
 	for i := range n {
 		e.enqueue("t:hot", fmt.Sprintf("r%d", i), nil, asynq.MaxRetry(1))

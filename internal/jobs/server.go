@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
@@ -56,8 +57,23 @@ type Config struct {
 	PollInterval time.Duration
 }
 
-// Params are what a Server needs.
+// withDefaults is c with its zero values replaced by the defaults.
+func (c Config) withDefaults() Config {
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]int{"default": 1}
+	}
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	if c.Backoff.Min <= 0 {
+		c.Backoff = backoff.Requeue
+	}
+	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
+	return c
+}
+
+// Params are what a Server needs; fx fills them in Module.
 type Params struct {
+	fx.In
 	Client   redis.UniversalClient // shared with asynq; set ContextTimeoutEnabled
 	Locker   *lock.Locker
 	Watchdog *watchdog.Watchdog
@@ -92,16 +108,7 @@ type Server struct {
 
 // NewServer returns a server; it touches Redis only once started.
 func NewServer(p Params) *Server {
-	c := p.Config
-	if len(c.Queues) == 0 {
-		c.Queues = map[string]int{"default": 1}
-	}
-	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
-	if c.Backoff.Min <= 0 {
-		c.Backoff = backoff.Requeue
-	}
-	c.PollInterval = cmp.Or(c.PollInterval, min(max(c.Backoff.Min, 20*time.Millisecond), time.Second))
+	c := p.Config.withDefaults()
 	s := &Server{
 		client:   p.Client,
 		locker:   p.Locker,

@@ -23,10 +23,7 @@ import (
 func TestContentionDoesNotUseRetries(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(context.Context, Job) error {
-		runs.Add(1)
-		return nil
-	}))
+	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
 	ctx := context.Background()
 	// A holder that lives: a short TTL, renewed, so the waiter's fallback
 	// backoff (the lock's remaining TTL and a little) brings it back often.
@@ -57,10 +54,7 @@ func TestContentionDoesNotUseRetries(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	info := e.waitState("c1", asynq.TaskStateCompleted, 30*time.Second)
-	if info.Retried != 0 || runs.Load() != 1 {
-		t.Fatalf("completed with retried %d after %d runs, want 0 and 1", info.Retried, runs.Load())
-	}
+	info := e.completedOnce("c1", &runs, 30*time.Second)
 	if !strings.Contains(info.LastErr, "busy") {
 		t.Fatalf("last error %q does not say the lock was busy", info.LastErr)
 	}
@@ -77,10 +71,7 @@ func TestContentionDoesNotUseRetries(t *testing.T) {
 func TestContentionWithNoRetriesLeftWaits(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	e := newEnv(t, testConfig(), lockedSpec("t:locked", "res", func(context.Context, Job) error {
-		runs.Add(1)
-		return nil
-	}))
+	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
 	ctx := context.Background()
 	other, err := e.locker.TryAcquire(ctx, "res", time.Minute)
 	if err != nil {
@@ -94,10 +85,7 @@ func TestContentionWithNoRetriesLeftWaits(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	info := e.waitState("w1", asynq.TaskStateCompleted, 10*time.Second)
-	if info.Retried != 0 || runs.Load() != 1 {
-		t.Fatalf("completed with retried %d after %d runs, want 0 and 1", info.Retried, runs.Load())
-	}
+	e.completedOnce("w1", &runs, 10*time.Second)
 }
 
 // Deleting the lock key mid-run cancels the handler within one renewal
@@ -171,10 +159,7 @@ func TestReturnAfterLossIsDone(t *testing.T) {
 	}))
 	admin.Store(e.admin)
 	e.enqueue("t:locked", "r1", nil, asynq.MaxRetry(3))
-	info := e.waitState("r1", asynq.TaskStateCompleted, 10*time.Second)
-	if info.Retried != 0 || runs.Load() != 1 {
-		t.Fatalf("retried %d after %d runs, want 0 and 1", info.Retried, runs.Load())
-	}
+	e.completedOnce("r1", &runs, 10*time.Second)
 	if got := e.processed("t:locked", ResultSuccess); got != 1 {
 		t.Fatalf("processed{success} = %v, want 1", got)
 	}

@@ -32,13 +32,21 @@ func decodeTaskMsg(b []byte) (taskMsg, error) {
 			return m, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
+		var v uint64
+		var bs []byte
 		switch typ {
 		case protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return m, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
-			}
-			b = b[n:]
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			bs, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return m, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ == protowire.VarintType {
 			switch num {
 			case 5:
 				m.Retry = int(int32(v))
@@ -51,32 +59,22 @@ func decodeTaskMsg(b []byte) (taskMsg, error) {
 			case 12:
 				m.Retention = int64(v)
 			}
-		case protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return m, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
-			}
-			b = b[n:]
+		}
+		if typ == protowire.BytesType {
 			switch num {
 			case 1:
-				m.Type = string(v)
+				m.Type = string(bs)
 			case 2:
-				m.Payload = append([]byte(nil), v...)
+				m.Payload = append([]byte(nil), bs...)
 			case 3:
-				m.ID = string(v)
+				m.ID = string(bs)
 			case 4:
-				m.Queue = string(v)
+				m.Queue = string(bs)
 			case 10:
-				m.UniqueKey = string(v)
+				m.UniqueKey = string(bs)
 			case 14:
-				m.GroupKey = string(v)
+				m.GroupKey = string(bs)
 			}
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return m, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
-			}
-			b = b[n:]
 		}
 	}
 	if m.ID == "" || m.Type == "" {

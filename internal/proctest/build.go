@@ -15,7 +15,9 @@ import (
 // Build compiles pkgs (import paths, or paths relative to the working
 // directory) into dir with one go build, and returns each binary's path by
 // its name (the package directory's base name). The binaries are built
-// without the race detector: they are what a test runs, not what it checks.
+// without the race detector (they are what a test runs, not what it checks)
+// unless pkgs begins with go build flags, each one argument (-race,
+// -tags=x): a test that checks the binary's own code passes -race.
 func Build(dir string, pkgs ...string) (map[string]string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -27,6 +29,9 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 	}
 	bins := map[string]string{}
 	for _, p := range pkgs {
+		if strings.HasPrefix(p, "-") {
+			continue // a flag
+		}
 		name := filepath.Base(p)
 		if p == "." {
 			wd, err := os.Getwd()

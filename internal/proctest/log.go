@@ -55,6 +55,13 @@ func (l *Log) String() string {
 	return strings.Join(l.lines, "\n")
 }
 
+// Tail is the last n lines logged so far.
+func (l *Log) Tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines[max(0, len(l.lines)-n):], "\n")
+}
+
 // Wait waits for a JSON record, on line from or later, that match accepts,
 // and returns it. It fails tb, quoting the output, when timeout passes first
 // or when exited closes first (the process ended; nil: not watched); what
@@ -90,6 +97,20 @@ func (l *Log) Wait(tb testing.TB, from int, timeout time.Duration, exited <-chan
 			tb.Fatalf("no log of %s within %v; output:\n%s", what, timeout, l.String())
 		}
 	}
+}
+
+// Find returns the first JSON record logged so far that match accepts, or
+// nil: for a test that polls several processes for one event.
+func (l *Log) Find(match func(map[string]any) bool) map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && match(rec) {
+			return rec
+		}
+	}
+	return nil
 }
 
 // Msg matches a record whose msg is msg and whose other fields have the

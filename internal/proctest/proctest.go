@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -256,4 +257,15 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// WriteFile writes content to a file name in a directory of the test's own
+// (tb.TempDir) and returns its path: a process's configuration, say.
+func WriteFile(tb testing.TB, name, content string) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }

@@ -2,6 +2,7 @@ package proctest_test
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -138,9 +139,24 @@ func TestLogWait(t *testing.T) {
 	if n := log.Len(); n != 2 || !strings.Contains(log.String(), "starting") {
 		t.Fatalf("Len() = %d, String() = %q", n, log.String())
 	}
+	if rec := log.Find(proctest.Msg("starting")); rec == nil || log.Find(proctest.Msg("stopping")) != nil {
+		t.Fatalf("Find: %v for a logged record, want it; and a record never logged found", rec)
+	}
+	if tail := log.Tail(1); !strings.HasPrefix(tail, `{"msg":"listening"`) || strings.Contains(tail, "starting") {
+		t.Fatalf("Tail(1) = %q, want the last line only", tail)
+	}
 	var partial proctest.Log
 	_, _ = partial.Write([]byte(`{"msg":"half`))
 	if partial.Len() != 0 {
 		t.Fatal("a line without its end counted")
+	}
+}
+
+func TestWriteFile(t *testing.T) {
+	t.Parallel()
+	path := proctest.WriteFile(t, "c.yaml", "a: 1\n")
+	b, err := os.ReadFile(path)
+	if err != nil || string(b) != "a: 1\n" || filepath.Base(path) != "c.yaml" {
+		t.Fatalf("WriteFile wrote %q at %s (%v)", b, path, err)
 	}
 }
