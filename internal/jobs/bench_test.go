@@ -51,6 +51,9 @@ type benchRig struct {
 	metrics *metrics.Metrics
 	srv     *Server // the last serveLocked's
 	cpuBase float64
+	// renewalsOnly has serveLocked's watchdog run without loss notices
+	// (client tracking), as on a server that refuses tracking.
+	renewalsOnly bool
 }
 
 func newBenchRig(b *testing.B) *benchRig {
@@ -82,9 +85,19 @@ func (r *benchRig) serveLocked(b *testing.B, cfg Config, specs ...Spec) (stop fu
 	if err != nil {
 		b.Fatal(err)
 	}
-	wd := watchdog.New(watchdog.Options{Metrics: r.metrics})
+	// As cmd/worker wires them: the loss notices (client tracking) on,
+	// unless the rig says renewals only.
+	locker := lock.New(r.client, lock.WithMetrics(r.metrics))
+	opts := watchdog.Options{Metrics: r.metrics}
+	if !r.renewalsOnly {
+		opts.Notifier = watchdog.Tracking(r.client, locker.KeyPrefix(), nil)
+	}
+	wd := watchdog.New(opts)
+	if err := wd.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 	srv := NewServer(Params{
-		Client: r.client, Locker: lock.New(r.client, lock.WithMetrics(r.metrics)), Watchdog: wd,
+		Client: r.client, Locker: locker, Watchdog: wd,
 		Registry: reg, Metrics: r.metrics, Config: cfg,
 	})
 	r.srv = srv
@@ -178,13 +191,16 @@ func (r *benchRig) info(b *testing.B, section, field string) float64 {
 }
 
 // BenchmarkThroughput compares no-op jobs through the lock middleware (each
-// on its own resource: acquire, watchdog hold, release) with the same jobs
-// on a plain asynq server, on the same kind of Redis, in one run.
+// on its own resource: acquire, watchdog hold, release), wired as cmd/worker
+// wires it (loss notices by client tracking on) and with renewals only, with
+// the same jobs on a plain asynq server, on the same kind of Redis, in one
+// run.
 func BenchmarkThroughput(b *testing.B) {
 	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
-	for _, mode := range []string{"asynq", "locked"} {
+	for _, mode := range []string{"asynq", "locked", "locked-renewals-only"} {
 		b.Run(mode, func(b *testing.B) {
 			r := newBenchRig(b)
+			r.renewalsOnly = mode == "locked-renewals-only"
 			r.enqueue(b, "bench:noop", b.N, func(i int) string { return fmt.Sprintf("res-%d", i) })
 			c := newCounter(b.N)
 			r.counter.n.Store(0)
