@@ -225,8 +225,9 @@ func checkWrites(h History, r *Report, add func(Violation)) int {
 }
 
 // checkJobs finds produced jobs that never completed (G7) and tasks that
-// completed more than once, split into those a worker killed after its
-// handler returned explains (asynq delivers at least once) and the rest.
+// completed more than once, split into those asynq's at-least-once explains
+// (a worker killed after its handler returned, or a completion asynq logged
+// it could not record: Redis down or loading at that moment) and the rest.
 func checkJobs(h History, r *Report, add func(Violation)) {
 	for _, j := range h.Jobs {
 		if !j.Acked {
@@ -263,10 +264,11 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 		}
 		unexplained := 0
 		for i := 1; i < len(runs); i++ {
-			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) {
+			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) &&
+				!loggedBetween(h.CompletionsNotRecorded[id], runs[i-1].Finished, runs[i].Started) {
 				unexplained++
 				add(Violation{Check: "jobs_completed_twice_unexplained", At: runs[i].Started, Detail: fmt.Sprintf(
-					"task %s ran ok on %s (fence %d, finished %s) and again on %s (fence %d); no kill of %s in between",
+					"task %s ran ok on %s (fence %d, finished %s) and again on %s (fence %d); no kill of %s in between, and no worker logged that asynq could not record the first completion",
 					id, runs[i-1].Worker, runs[i-1].Fence, runs[i-1].Finished.Format(time.StampMilli),
 					runs[i].Worker, runs[i].Fence, runs[i-1].Worker)})
 			}
@@ -277,6 +279,17 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 			r.JobsCompletedTwiceExplained++
 		}
 	}
+}
+
+// loggedBetween reports whether one of times lies between from (less a
+// second: log and record clocks are read apart) and to.
+func loggedBetween(times []time.Time, from, to time.Time) bool {
+	for _, t := range times {
+		if !t.Before(from.Add(-time.Second)) && !t.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // killedBetween reports whether worker was killed between from and to.

@@ -209,3 +209,42 @@ func TestCheckDuplicatedRecordIsOneRun(t *testing.T) {
 		t.Fatalf("a second run with another fence: unexplained %d, want 1", r.JobsCompletedTwiceUnexplained)
 	}
 }
+
+// A second ok run of a task whose first completion asynq logged it could
+// not record (Redis down or loading when the handler returned) is asynq's
+// at-least-once, explained as a kill after the handler is; the same log
+// line for another task, or one from before the first run ended, explains
+// nothing.
+func TestCheckCompletionNotRecordedExplainsARerun(t *testing.T) {
+	h := clean()
+	first := h.Executions[1] // j2
+	again := first
+	again.Fence = 99
+	again.Started, again.Finished = first.Finished.Add(40*time.Second), first.Finished.Add(41*time.Second)
+	h.Executions = append(h.Executions, again)
+
+	line := `{"time":"` + first.Finished.Add(900*time.Millisecond).UTC().Format(time.RFC3339Nano) + `","level":"WARN",` +
+		`"msg":"Could not move task id=` + first.TaskID + ` type=\"demo:order.pay\" from \"asynq:{default}:active\" to \"asynq:{default}:completed\":  INTERNAL_ERROR: redis eval error: LOADING Redis is loading the dataset in memory; Will retry syncing","component":"asynq"}`
+	other := strings.Replace(line, "id="+first.TaskID+" ", "id=elsewhere ", 1)
+	early := strings.Replace(line, first.Finished.Add(900*time.Millisecond).UTC().Format(time.RFC3339Nano),
+		first.Started.Add(-5*time.Second).UTC().Format(time.RFC3339Nano), 1)
+
+	for _, c := range []struct {
+		name, log   string
+		unexplained int
+	}{
+		{"no log line", "", 1},
+		{"another task's", other, 1},
+		{"before the first run ended", early, 1},
+		{"the first completion's", line, 0},
+	} {
+		h := h
+		h.CompletionsNotRecorded = nil
+		if err := ReadWorkerLog(strings.NewReader("not json\n"+c.log+"\n"), &h); err != nil {
+			t.Fatal(err)
+		}
+		if r := Check(h); r.JobsCompletedTwiceUnexplained != c.unexplained {
+			t.Errorf("%s: unexplained %d, want %d", c.name, r.JobsCompletedTwiceUnexplained, c.unexplained)
+		}
+	}
+}

@@ -553,6 +553,13 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 		}
 	}
 
+	for _, w := range r.workers {
+		for _, path := range w.logs {
+			if err := readLog(path, h, ReadWorkerLog); err != nil {
+				r.tb.Logf("chaos: %s: %v", path, err)
+			}
+		}
+	}
 	h.ReplicaLogsComplete = true
 	for _, s := range r.schedulers {
 		for _, path := range s.logs {

@@ -42,6 +42,12 @@ type History struct {
 
 	// Faults are the faults injected, in order.
 	Faults []Fault
+
+	// CompletionsNotRecorded are, by task id, the times a worker logged
+	// that asynq could not record the task's completion (Redis down or
+	// loading when the handler returned): asynq then delivers the task
+	// again once its lease passes, its at-least-once, as after a kill.
+	CompletionsNotRecorded map[string][]time.Time
 }
 
 // Execution is one entry of the demo's executions stream.

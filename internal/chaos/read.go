@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,13 +47,16 @@ func readStream(ctx context.Context, c redis.UniversalClient, key string) (out [
 func isNoSuchKey(err error) bool { return err != nil && err.Error() == "ERR no such key" }
 
 // readReplicaLog adds the tick lines of a scheduler replica's log file to h.
-func readReplicaLog(path string, h *History) error {
+func readReplicaLog(path string, h *History) error { return readLog(path, h, ReadReplicaLog) }
+
+// readLog reads the log file at path into h with read.
+func readLog(path string, h *History, read func(io.Reader, *History) error) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return ReadReplicaLog(f, h)
+	return read(f, h)
 }
 
 // ReadReplicaLog adds a scheduler replica's "tick claimed" and "tick
@@ -80,6 +84,33 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 		case "tick enqueued":
 			h.Enqueues = append(h.Enqueues, e)
 		}
+	}
+	return sc.Err()
+}
+
+// ReadWorkerLog adds to h.CompletionsNotRecorded the tasks whose completion
+// asynq logged it could not record, from a worker's log (JSON lines):
+// `Could not move task id=<id> type=... from "...:active" to "...:completed"`.
+func ReadWorkerLog(r io.Reader, h *History) error {
+	const lead = "Could not move task id="
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var rec struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) != nil || !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
+			continue
+		}
+		id, _, ok := strings.Cut(rec.Msg[len(lead):], " ")
+		if !ok || id == "" {
+			continue
+		}
+		if h.CompletionsNotRecorded == nil {
+			h.CompletionsNotRecorded = map[string][]time.Time{}
+		}
+		h.CompletionsNotRecorded[id] = append(h.CompletionsNotRecorded[id], rec.Time)
 	}
 	return sc.Err()
 }

@@ -61,7 +61,7 @@ func Markdown(r *Report, h History, replay string) string {
 	p("| `stale_writes_accepted` | G5 | %s | %d accepted fenced writes |\n", count(r.StaleWritesAccepted), r.WritesChecked)
 	p("| `jobs_lost` | G7 | %s | %d jobs enqueued, %d completed, %d archived, %d unfinished at the end |\n",
 		count(r.JobsLost), r.JobsEnqueued, r.JobsCompleted, r.JobsArchived, r.JobsUnfinished)
-	p("| `jobs_completed_twice_unexplained` | G8 | %s | %d tasks completed twice after a worker was killed once its handler had returned (asynq delivers at least once: README) |\n",
+	p("| `jobs_completed_twice_unexplained` | G8 | %s | %d tasks completed twice after a worker was killed once its handler had returned, or after asynq could not record the completion (asynq delivers at least once: README) |\n",
 		count(r.JobsCompletedTwiceUnexplained), r.JobsCompletedTwiceExplained)
 	p("| `ticks_claimed_twice` | G1 | %s | %d claims, %d enqueues logged by the replicas; %d takeovers of unfinished ticks |\n",
 		count(r.TicksClaimedTwice), len(h.Claims), len(h.Enqueues), r.TicksTakenOver)
