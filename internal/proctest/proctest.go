@@ -56,6 +56,31 @@ type Proc struct {
 // New returns a process for spec, not started yet.
 func New(tb testing.TB, spec Spec) *Proc { return &Proc{tb: tb, spec: spec} }
 
+// Start is New and Start for a process the test owns to its end, a
+// command under test, say: it fails tb when the start fails, and when the
+// test ends kills the process and, if the test failed, logs the process's
+// last lines (from spec.Output when that is a *Log, else from spec.Log).
+func Start(tb testing.TB, spec Spec) *Proc {
+	tb.Helper()
+	p := New(tb, spec)
+	if err := p.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	pid := p.Pid()
+	tb.Cleanup(func() {
+		p.Kill()
+		if !tb.Failed() {
+			return
+		}
+		tail := p.LogTail(4096)
+		if l, ok := spec.Output.(*Log); ok {
+			tail = l.Tail(40)
+		}
+		tb.Logf("last lines of %s %d:\n%s", spec.What, pid, tail)
+	})
+	return p
+}
+
 // Start runs the process and waits for Ready. On failure the process is
 // killed and the error quotes the tail of its log. It fails while the
 // process runs (Restart replaces a running process).
