@@ -29,6 +29,19 @@ func newWatchdog(t *testing.T) (*watchdog.Watchdog, *metrics.Metrics) {
 	return wd, m
 }
 
+// watched acquires resource on l for ttl and hands the lease to wd; the hold
+// stops when the test ends.
+func watched(t *testing.T, wd *watchdog.Watchdog, l *lock.Locker, resource string, ttl time.Duration) (*lock.Lease, context.Context, *watchdog.Hold) {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), resource, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hold := wd.Hold(context.Background(), lease)
+	t.Cleanup(hold.Stop)
+	return lease, hctx, hold
+}
+
 func renewed(m *metrics.Metrics) float64 {
 	return testutil.ToFloat64(m.Renewals.WithLabelValues(metrics.RenewalRenewed))
 }
@@ -55,13 +68,7 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 	l := lock.NewRedlock(clients)
 	wd, m := newWatchdog(t)
 	ctx := context.Background()
-
-	lease, err := l.TryAcquire(ctx, "held", wdTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hold := wd.Hold(ctx, lease)
-	defer hold.Stop()
+	lease, hctx, hold := watched(t, wd, l, "held", wdTTL)
 	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 3 })
 
 	servers[0].Kill()
@@ -122,12 +129,7 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 	var ctxs []context.Context
 	var leases []*lock.Lease
 	for _, r := range []string{"a", "b"} {
-		lease, err := l.TryAcquire(ctx, r, wdTTL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hctx, hold := wd.Hold(ctx, lease)
-		defer hold.Stop()
+		lease, hctx, _ := watched(t, wd, l, r, wdTTL)
 		ctxs, leases = append(ctxs, hctx), append(leases, lease)
 	}
 	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 6 })
@@ -183,13 +185,7 @@ func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
 	l := lock.NewRedlock(clients)
 	wd, m := newWatchdog(t)
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "r", wdTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hold := wd.Hold(ctx, lease)
-	defer hold.Stop()
-
+	lease, hctx, _ := watched(t, wd, l, "r", wdTTL)
 	for _, c := range clients[:2] {
 		if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
 			t.Fatal(err)
@@ -327,51 +323,9 @@ func TestRedlockBusyMajorityUndoesPartialAcquire(t *testing.T) {
 
 func TestRedlockReentrancy(t *testing.T) {
 	t.Parallel()
-	_, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	ctx := context.Background()
-	mine := lock.WithOwner(ctx, "owner-a")
-	theirs := lock.WithOwner(ctx, "owner-b")
-
-	outer, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("reentrant acquire: %v", err)
-	}
-	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
-		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
-			inner.Reentrant(), inner.Fence(), outer.Fence())
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner: %v, want ErrNotAcquired", err)
-	}
-	if err := inner.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
-	}
-	if err := outer.Renew(ctx); err != nil {
-		t.Fatalf("renew the outer hold: %v", err)
-	}
-	if err := outer.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range clients {
-		if n := c.Exists(ctx, l.Key("r")).Val(); n != 0 {
-			t.Fatalf("node %d kept the lock after every hold was released", i)
-		}
-	}
-	next, err := l.TryAcquire(theirs, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("other owner after every hold was released: %v", err)
-	}
-	if next.Fence() <= outer.Fence() {
-		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
-	}
+	d := redlockDeployment(t, 5)
+	l := d.locker()
+	checkReentrancy(t, d, l, l, "r", time.Minute)
 }
 
 func TestNewRedlockRejectsEvenNodeCounts(t *testing.T) {
