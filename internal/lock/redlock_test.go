@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -62,28 +63,44 @@ func lostWithin(t *testing.T, ctx context.Context, within time.Duration) (time.T
 	return at, lost.Reason
 }
 
+// redlockRig is Redlock over five fresh masters, with a watchdog for the
+// short test leases (see newWatchdog).
+type redlockRig struct {
+	servers []*redistest.Server
+	clients []redis.UniversalClient
+	l       *lock.Locker
+	wd      *watchdog.Watchdog
+	m       *metrics.Metrics
+}
+
+func newRedlockRig(t *testing.T) *redlockRig {
+	r := &redlockRig{}
+	r.servers, r.clients = redlockNodes(t, 5)
+	r.l = lock.NewRedlock(r.clients)
+	r.wd, r.m = newWatchdog(t)
+	return r
+}
+
 func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 	t.Parallel()
-	servers, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
-	lease, hctx, hold := watched(t, wd, l, "held", wdTTL)
-	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 3 })
+	lease, hctx, hold := watched(t, r.wd, r.l, "held", wdTTL)
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(r.m) >= 3 })
 
-	servers[0].Kill()
-	servers[3].Kill()
-	before := renewed(m)
+	r.servers[0].Kill()
+	r.servers[3].Kill()
+	before := renewed(r.m)
 	select {
 	case <-hctx.Done():
 		t.Fatalf("lease lost with 3 of 5 nodes up: %v", context.Cause(hctx))
 	case <-time.After(10 * wdTTL):
 	}
 	// 10 × ttl at ttl/3 is 30 intervals; rounds may run up to a quarter early.
-	if n := renewed(m) - before; n < 25 {
+	if n := renewed(r.m) - before; n < 25 {
 		t.Fatalf("%v renewals in 10×ttl with 3 of 5 nodes up, want about 30", n)
 	}
-	live := []redis.UniversalClient{clients[1], clients[2], clients[4]}
+	live := []redis.UniversalClient{r.clients[1], r.clients[2], r.clients[4]}
 	for i, c := range live {
 		if pttl := c.PTTL(ctx, lease.RedisKey()).Val(); pttl < wdTTL/2 {
 			t.Fatalf("live node %d: PTTL %v, the lease is not being renewed", i, pttl)
@@ -91,7 +108,7 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 	}
 
 	start := time.Now()
-	fresh, err := l.TryAcquire(ctx, "fresh", wdTTL)
+	fresh, err := r.l.TryAcquire(ctx, "fresh", wdTTL)
 	if err != nil {
 		t.Fatalf("acquire with 3 of 5 nodes up: %v", err)
 	}
@@ -105,7 +122,7 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 
 	// No overlap under contention with two nodes down.
 	checkContention(t, deployment{
-		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(clients, opts...) },
+		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(r.clients, opts...) },
 		admin:  live,
 	}, 4, 25)
 
@@ -121,21 +138,19 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 
 func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 	t.Parallel()
-	servers, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
 
 	var ctxs []context.Context
 	var leases []*lock.Lease
-	for _, r := range []string{"a", "b"} {
-		lease, hctx, _ := watched(t, wd, l, r, wdTTL)
+	for _, res := range []string{"a", "b"} {
+		lease, hctx, _ := watched(t, r.wd, r.l, res, wdTTL)
 		ctxs, leases = append(ctxs, hctx), append(leases, lease)
 	}
-	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 6 })
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(r.m) >= 6 })
 
 	for _, i := range []int{0, 2, 4} {
-		servers[i].Kill()
+		r.servers[i].Kill()
 	}
 	killed := time.Now()
 	for i, hctx := range ctxs {
@@ -154,7 +169,7 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 		}
 	}
 
-	_, err := l.TryAcquire(ctx, "c", wdTTL)
+	_, err := r.l.TryAcquire(ctx, "c", wdTTL)
 	if err == nil || errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("acquire with 2 of 5 nodes up: %v, want a transport error", err)
 	}
@@ -165,10 +180,10 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 	// The nodes come back empty: fences still go up (fresh counters start
 	// at the servers' clocks) and the lock can be taken again.
 	for _, i := range []int{0, 2, 4} {
-		servers[i].Restart()
+		r.servers[i].Restart()
 	}
 	eventually(t, 5*time.Second, "an acquire after the restart", func() bool {
-		lease, err := l.TryAcquire(ctx, "a", wdTTL)
+		lease, err := r.l.TryAcquire(ctx, "a", wdTTL)
 		if err != nil {
 			return false
 		}
@@ -181,25 +196,23 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 
 func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
 	t.Parallel()
-	_, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
-	lease, hctx, _ := watched(t, wd, l, "r", wdTTL)
-	for _, c := range clients[:2] {
+	lease, hctx, _ := watched(t, r.wd, r.l, "r", wdTTL)
+	for _, c := range r.clients[:2] {
 		if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := renewed(m)
+	before := renewed(r.m)
 	eventually(t, time.Second, "3 renewals with the token gone from 2 of 5 nodes", func() bool {
-		return renewed(m)-before >= 3
+		return renewed(r.m)-before >= 3
 	})
 	if hctx.Err() != nil {
 		t.Fatalf("lease lost with its token on 3 of 5 nodes: %v", context.Cause(hctx))
 	}
 
-	if err := clients[2].Set(ctx, lease.RedisKey(), "someone-else", time.Minute).Err(); err != nil {
+	if err := r.clients[2].Set(ctx, lease.RedisKey(), "someone-else", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	gone := time.Now()
@@ -210,7 +223,7 @@ func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
 	if d := at.Sub(gone); d > wdTTL/3+100*time.Millisecond {
 		t.Fatalf("cancelled %v after the token left a majority, want within one interval", d)
 	}
-	if got := clients[2].Get(ctx, lease.RedisKey()).Val(); got != "someone-else" {
+	if got := r.clients[2].Get(ctx, lease.RedisKey()).Val(); got != "someone-else" {
 		t.Fatalf("the other token was touched: %q", got)
 	}
 }
