@@ -43,12 +43,18 @@ func sched(name, cron string, catchUp config.CatchUp) config.Schedule {
 // process would have, and stops it when the test ends.
 func replica(t testing.TB, srv *redistest.Server, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
 	t.Helper()
+	return replicaOn(t, srv.Client(), c, rec, id, opts...)
+}
+
+// replicaOn is replica with the client given.
+func replicaOn(t testing.TB, client redis.UniversalClient, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
+	t.Helper()
 	h := hooks{}
 	if rec != nil {
 		h.event = rec.add
 	}
 	opts = append([]Option{WithReplicaID(id), withHooks(h)}, opts...)
-	s, err := New(srv.Client(), c, opts...)
+	s, err := New(client, c, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
