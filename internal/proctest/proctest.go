@@ -1,9 +1,10 @@
-// Package proctest is the one way the test helpers (redistest, etcdtest,
-// deploytest's Prometheus) run a server process: found on PATH with an
-// install hint, started so that it dies with the test binary even if cleanup
-// never runs, waited for until it serves, paused (SIGSTOP) and resumed
-// (SIGCONT), killed and restarted, or stopped gracefully. A failed start
-// quotes the tail of the process's log.
+// Package proctest is the one way tests run a process, a server of the test
+// helpers (redistest, etcdtest, deploytest's Prometheus) or a command under
+// test (Build, Main, Start): found on PATH with an install hint, started so
+// that it dies with the test binary even if cleanup never runs, waited for
+// until it serves, paused (SIGSTOP) and resumed (SIGCONT), killed and
+// restarted, or stopped gracefully. A failed start quotes the tail of the
+// process's log.
 //
 // A helper embeds *Proc in its own server type, so that Kill, Pause, Resume
 // and Restart are the same methods on every kind of server.
