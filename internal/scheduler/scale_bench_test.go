@@ -23,6 +23,9 @@ import (
 // the same second, as minute zero is, without waiting a minute per iteration.
 const burstSpec = "*/10 * * * * *"
 
+// burstWait bounds the wait for one burst's enqueues.
+const burstWait = 15 * time.Second
+
 // BenchmarkBurst10k: 10,000 schedules due in the same second on 3 replicas
 // and one Redis, beside the baseline of asynq enqueuing the same 10,000
 // tasks (with task ids) from one process and no claims, 20 enqueuers, one
@@ -311,7 +314,7 @@ func (bl *bursts) runSeconds(b *testing.B, n int) {
 func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Warm up on the first burst that starts at least 3s from now (start-up, connections, scripts).
 	warm := spec.Next(time.Now().Add(3 * time.Second))
-	bl.wait(b, warm, n, 15*time.Second)
+	bl.wait(b, warm, n, burstWait)
 	bl.reset()
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
@@ -319,7 +322,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	stats0 := commandStats(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
-		bl.wait(b, tick, n, 15*time.Second)
+		bl.wait(b, tick, n, burstWait)
 		tick = spec.Next(tick)
 	}
 	b.StopTimer()
@@ -382,7 +385,7 @@ func BenchmarkKillAtBurst(b *testing.B) {
 				reps = append(reps, benchReplica(b, srv, c, i, hook))
 			}
 			tick := spec.Next(time.Now().Add(3 * time.Second))
-			bl.wait(b, tick, n, 15*time.Second) // warm up
+			bl.wait(b, tick, n, burstWait) // warm up
 			var worst time.Duration
 			b.ResetTimer()
 			for i := range b.N {
@@ -402,7 +405,7 @@ func BenchmarkKillAtBurst(b *testing.B) {
 					dead.crash()
 					reps = append(reps[1:], benchReplica(b, srv, c, 3+i, hook))
 				}
-				bl.wait(b, tick, n, 15*time.Second)
+				bl.wait(b, tick, n, burstWait)
 				mu.Lock()
 				worst = max(worst, shareMax)
 				mu.Unlock()
