@@ -74,31 +74,12 @@ func cliJSON(t *testing.T, addr string, want int, v any, args ...string) {
 	}
 }
 
-// startProc starts one of bins with args and env, its output in a file the
-// test shows when it fails; the process is killed at the end of the test.
+// startProc starts one of bins with args and env (and PATH); the process is
+// killed at the end of the test, its output shown if the test failed.
 func startProc(t *testing.T, name string, env []string, args ...string) *proctest.Proc {
 	t.Helper()
-	p := proctest.New(t, proctest.Spec{What: name, Bin: bins[name], Args: args,
+	return proctest.Start(t, proctest.Spec{What: name, Bin: bins[name], Args: args,
 		Env: append([]string{"PATH=" + os.Getenv("PATH")}, env...), Log: filepath.Join(t.TempDir(), name+".log")})
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Kill()
-		if t.Failed() {
-			t.Logf("%s output (last 4 KiB):\n%s", name, p.LogTail(4096))
-		}
-	})
-	return p
-}
-
-func writeConfig(t *testing.T, name, body string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 const workerYAML = `
@@ -138,8 +119,8 @@ type cluster struct {
 func startCluster(t *testing.T, srv *redistest.Server) *cluster {
 	t.Helper()
 	env := []string{"LOCKSTEP_REDIS_ADDR=" + srv.Addr}
-	startProc(t, "worker", env, "--config", writeConfig(t, "worker.yaml", workerYAML))
-	startProc(t, "scheduler", env, "--config", writeConfig(t, "scheduler.yaml", schedulerYAML))
+	startProc(t, "worker", env, "--config", proctest.WriteFile(t, "worker.yaml", workerYAML))
+	startProc(t, "scheduler", env, "--config", proctest.WriteFile(t, "scheduler.yaml", schedulerYAML))
 	client := srv.Client()
 	t.Cleanup(func() { _ = client.Close() })
 	return &cluster{addr: srv.Addr, enq: asynq.NewClientFromRedisClient(client)}

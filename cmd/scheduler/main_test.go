@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,12 +31,7 @@ func TestMain(m *testing.M) {
 // appended, and returns its path.
 func writeConfig(t *testing.T, addr, body string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "scheduler.yaml")
-	text := fmt.Sprintf("redis:\n  addr: %q\nlog:\n  format: json\n  level: info\n%s", addr, body)
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return proctest.WriteFile(t, "scheduler.yaml", fmt.Sprintf("redis:\n  addr: %q\nlog:\n  format: json\n  level: info\n%s", addr, body))
 }
 
 // proc is one scheduler process and its log.
@@ -52,12 +46,8 @@ type proc struct {
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t}
-	p.Proc = proctest.New(t, proctest.Spec{What: "scheduler", Bin: bins["scheduler"], Args: args,
+	p.Proc = proctest.Start(t, proctest.Spec{What: "scheduler", Bin: bins["scheduler"], Args: args,
 		Env: append(os.Environ(), env...), Output: &p.log})
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Kill)
 	return p
 }
 
@@ -113,19 +103,23 @@ func get(url string) (int, string) {
 // term sends SIGTERM and returns the exit code, failing after timeout.
 func (p *proc) term(timeout time.Duration) int {
 	p.t.Helper()
-	code, ok := p.Term(timeout)
-	if !ok {
-		p.t.Fatalf("no exit within %v of SIGTERM; output:\n%s", timeout, p.output())
-	}
-	return code
+	code, exited := p.Term(timeout)
+	return p.exitCode(code, exited, "no exit within %v of SIGTERM", timeout)
 }
 
 // exit waits for a process that is expected to end by itself.
 func (p *proc) exit(timeout time.Duration) int {
 	p.t.Helper()
-	code, ok := p.Wait(timeout)
-	if !ok {
-		p.t.Fatalf("still running after %v; output:\n%s", timeout, p.output())
+	code, exited := p.Wait(timeout)
+	return p.exitCode(code, exited, "still running after %v", timeout)
+}
+
+// exitCode returns code, or fails the test with why and the output when the
+// process did not exit by itself.
+func (p *proc) exitCode(code int, exited bool, why string, args ...any) int {
+	p.t.Helper()
+	if !exited {
+		p.t.Fatalf(why+"; output:\n%s", append(args, p.output())...)
 	}
 	return code
 }

@@ -39,9 +39,7 @@ func TestKillReplicasEveryTickOnce(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	run := startReplicas(t, srv, chaosSchedule)
-	rng, _ := seeded(t)
-	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
-	first := spec.Next(time.Now())
+	rng, spec := run.rng, run.spec
 	begin := time.Now()
 	kills := 0
 	for i := 0; i < 12 && time.Since(begin) < 30*time.Second; i++ {
@@ -58,8 +56,8 @@ func TestKillReplicasEveryTickOnce(t *testing.T) {
 		run.restart(victim)
 		kills++
 	}
-	last := run.finish(srv, spec, first, 10*time.Second, 2, "chaos")
-	t.Logf("%d kills, ticks %v .. %v", kills, first, last)
+	last := run.finish(srv, 10*time.Second, 2, "chaos")
+	t.Logf("%d kills, ticks %v .. %v", kills, run.first, last)
 }
 
 // Redis is SIGKILLed at a random offset inside a tick and restarted from its
@@ -70,15 +68,12 @@ func TestRedisKillAOFRestartEveryTickOnce(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartAOF(t)
 	run := startReplicas(t, srv, chaosSchedule)
-	rng, _ := seeded(t)
-	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
-	first := spec.Next(time.Now())
-	run.inTicks(rng, spec, func() {
+	run.inTicks(func() {
 		srv.Kill()
-		time.Sleep(time.Duration(200+rng.IntN(1500)) * time.Millisecond) // Redis down across ticks
+		time.Sleep(time.Duration(200+run.rng.IntN(1500)) * time.Millisecond) // Redis down across ticks
 		srv.Restart()
 	})
-	run.finish(srv, spec, first, 15*time.Second, 1, "chaos")
+	run.finish(srv, 15*time.Second, 1, "chaos")
 }
 
 // Redis is paused (SIGSTOP) for longer than tick_lock_ttl while every replica
@@ -97,25 +92,27 @@ func TestRedisPausedPastTickLockTTLCatchesUpEveryTick(t *testing.T) {
 		body += strings.ReplaceAll(chaosSchedule[strings.Index(chaosSchedule, "  - name: chaos"):], "name: chaos", "name: "+n)
 	}
 	run := startReplicas(t, srv, body, "LOCKSTEP_REDIS_READ_TIMEOUT=1s", "LOCKSTEP_REDIS_WRITE_TIMEOUT=1s", "LOCKSTEP_REDIS_DIAL_TIMEOUT=1s")
-	rng, _ := seeded(t)
-	spec, _ := scheduler.ParseSpec("* * * * * *", nil)
-	first := spec.Next(time.Now())
-	run.inTicks(rng, spec, func() {
+	run.inTicks(func() {
 		srv.Pause()
-		time.Sleep(time.Duration(2500+rng.IntN(2500)) * time.Millisecond) // past tick_lock_ttl (1s) and the claim deadline
+		time.Sleep(time.Duration(2500+run.rng.IntN(2500)) * time.Millisecond) // past tick_lock_ttl (1s) and the claim deadline
 		srv.Resume()
 	})
-	run.finish(srv, spec, first, 15*time.Second, 1, names...)
+	run.finish(srv, 15*time.Second, 1, names...)
 }
 
-// replicaRun is three scheduler replicas and every process that held a slot.
+// replicaRun is three scheduler replicas and every process that held a slot,
+// with the test's random source and its every-second schedule's first tick
+// after the replicas started.
 type replicaRun struct {
-	t    *testing.T
-	cfg  string
-	env  []string
-	insp *asynq.Inspector
-	live []*proc
-	all  []*proc
+	t     *testing.T
+	cfg   string
+	env   []string
+	insp  *asynq.Inspector
+	live  []*proc
+	all   []*proc
+	rng   *rand.Rand
+	spec  scheduler.Spec // every second
+	first time.Time
 }
 
 func startReplicas(t *testing.T, srv *redistest.Server, body string, env ...string) *replicaRun {
@@ -124,6 +121,9 @@ func startReplicas(t *testing.T, srv *redistest.Server, body string, env ...stri
 	for range 3 {
 		r.live = append(r.live, r.start())
 	}
+	r.rng, _ = seeded(t)
+	r.spec, _ = scheduler.ParseSpec("* * * * * *", nil)
+	r.first = r.spec.Next(time.Now())
 	return r
 }
 
@@ -171,22 +171,22 @@ func (r *replicaRun) stop() {
 
 // inTicks injects fault three times, each at a random moment within a tick,
 // once the next tick of schedule chaos has its task.
-func (r *replicaRun) inTicks(rng *rand.Rand, spec scheduler.Spec, fault func()) {
+func (r *replicaRun) inTicks(fault func()) {
 	for range 3 {
-		waitTask(r.t, r.insp, "chaos", spec.Next(time.Now()).Add(time.Second), 15*time.Second)
-		sleepIntoTick(rng)
+		waitTask(r.t, r.insp, "chaos", r.spec.Next(time.Now()).Add(time.Second), 15*time.Second)
+		sleepIntoTick(r.rng)
 		fault()
 	}
 }
 
 // finish waits (each up to timeout) for the task of every tick of the
-// schedules from first to two seconds from now, stops the replicas, and
+// schedules from r.first to two seconds from now, stops the replicas, and
 // checks that each of those ticks was enqueued exactly once and claimed by at
 // least minReplicas processes over the run (see assertClaims). It returns
 // the last tick checked.
-func (r *replicaRun) finish(srv *redistest.Server, spec scheduler.Spec, first time.Time, timeout time.Duration,
-	minReplicas int, schedules ...string) time.Time {
+func (r *replicaRun) finish(srv *redistest.Server, timeout time.Duration, minReplicas int, schedules ...string) time.Time {
 	r.t.Helper()
+	spec, first := r.spec, r.first
 	last := spec.Next(time.Now()).Add(2 * time.Second)
 	for _, name := range schedules {
 		for n := first; !n.After(last); n = spec.Next(n) {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -80,14 +79,9 @@ func TestDeployQueriesEndToEnd(t *testing.T) {
 	bins := buildBinaries(t, root, "scheduler", "worker")
 	built := time.Now()
 
-	dir := t.TempDir()
 	configs := map[string]string{"scheduler": e2eScheduler, "worker": e2eWorker}
 	for role, text := range configs {
-		path := filepath.Join(dir, role+".yaml")
-		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		configs[role] = path
+		configs[role] = proctest.WriteFile(t, role+".yaml", text)
 	}
 	env := []string{"LOCKSTEP_REDIS_ADDR=" + srv.Addr}
 	var procs []*binProc
@@ -108,14 +102,6 @@ func TestDeployQueriesEndToEnd(t *testing.T) {
 		RuleFiles: []string{filepath.Join(root, "deploy", "prometheus", "alerts.yml")},
 		Interval:  time.Second,
 	})
-	dump := func() {
-		if t.Failed() {
-			for _, pr := range procs {
-				pr.dumpTail(t, 20)
-			}
-		}
-	}
-	t.Cleanup(dump) // runs before the processes are killed
 
 	// Activity that the panels show, as Prometheus sees it.
 	for _, expr := range []string{
@@ -240,16 +226,13 @@ type binProc struct {
 }
 
 // startBinary starts bin with args and only the environment env (plus
-// PATH), and kills it when the test ends.
+// PATH), and kills it when the test ends, showing its last lines if the test
+// failed.
 func startBinary(t *testing.T, bin, role string, env []string, args ...string) *binProc {
 	t.Helper()
 	p := &binProc{role: role}
-	p.Proc = proctest.New(t, proctest.Spec{What: role, Bin: bin, Args: args,
+	p.Proc = proctest.Start(t, proctest.Spec{What: role, Bin: bin, Args: args,
 		Env: append([]string{"PATH=" + os.Getenv("PATH")}, env...), Output: &p.log})
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Kill)
 	return p
 }
 
@@ -260,14 +243,4 @@ func (p *binProc) metricsAddr(t *testing.T, timeout time.Duration) string {
 		return m["msg"] == "metrics server listening" && m["addr"] != ""
 	})
 	return rec["addr"].(string)
-}
-
-// dumpTail logs the process's last n lines.
-func (p *binProc) dumpTail(t *testing.T, n int) {
-	t.Helper()
-	lines := strings.Split(p.log.String(), "\n")
-	t.Logf("last lines of %s %d:", p.role, p.Pid())
-	for _, l := range lines[max(0, len(lines)-n):] {
-		t.Log("  " + l)
-	}
 }

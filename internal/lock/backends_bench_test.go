@@ -68,12 +68,7 @@ func benchCycle(b *testing.B, l *lock.Locker) {
 		key := fmt.Sprintf("cycle-%d", n.Add(1))
 		for pb.Next() {
 			lease, err := l.TryAcquire(ctx, key, 30*time.Second)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := lease.Release(ctx); err != nil {
-				b.Error(err)
+			if !released(b, lease, err) {
 				return
 			}
 		}
@@ -92,12 +87,7 @@ func benchHandoff(b *testing.B, l *lock.Locker) {
 		wg.Go(func() {
 			for left.Add(-1) >= 0 {
 				lease, err := l.Acquire(ctx, "hot", 30*time.Second, backoff, lock.MaxWait(30*time.Second))
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := lease.Release(ctx); err != nil {
-					b.Error(err)
+				if !released(b, lease, err) {
 					return
 				}
 			}
@@ -106,15 +96,34 @@ func benchHandoff(b *testing.B, l *lock.Locker) {
 	wg.Wait()
 }
 
-func benchRenew(b *testing.B, l *lock.Locker, n int) {
-	ctx := context.Background()
+// released releases the lease an acquire returned, and reports whether the
+// acquire and the release both succeeded (an error fails b).
+func released(b *testing.B, lease *lock.Lease, err error) bool {
+	if err == nil {
+		err = lease.Release(context.Background())
+	}
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	return true
+}
+
+// acquireN takes n locks, prefix0 to prefix(n-1), each for a minute.
+func acquireN(b *testing.B, l *lock.Locker, prefix string, n int) []*lock.Lease {
 	leases := make([]*lock.Lease, n)
 	for i := range leases {
 		var err error
-		if leases[i], err = l.TryAcquire(ctx, fmt.Sprintf("renew-%d", i), time.Minute); err != nil {
+		if leases[i], err = l.TryAcquire(context.Background(), fmt.Sprintf("%s%d", prefix, i), time.Minute); err != nil {
 			b.Fatal(err)
 		}
 	}
+	return leases
+}
+
+func benchRenew(b *testing.B, l *lock.Locker, n int) {
+	ctx := context.Background()
+	leases := acquireN(b, l, "renew-", n)
 	renew := func() {
 		for i, err := range l.RenewAll(ctx, leases) {
 			if err != nil {

@@ -103,13 +103,7 @@ func BenchmarkRenew10k(b *testing.B) {
 	c := srv.Client(func(o *redis.Options) { o.PoolSize = 16 })
 	l := lock.New(c)
 	ctx := context.Background()
-	leases := make([]*lock.Lease, n)
-	for i := range leases {
-		var err error
-		if leases[i], err = l.TryAcquire(ctx, fmt.Sprintf("renew-%d", i), time.Minute); err != nil {
-			b.Fatal(err)
-		}
-	}
+	leases := acquireN(b, l, "renew-", n)
 	round := map[string]func(){
 		"batched": func() {
 			for i, err := range l.RenewAll(ctx, leases) {

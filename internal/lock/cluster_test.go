@@ -186,12 +186,7 @@ func TestClusterKilledMasterLosesItsLocksWithReason(t *testing.T) {
 	}
 	var onVictim, elsewhere []held
 	for i := range 30 {
-		lease, err := l.TryAcquire(ctx, fmt.Sprintf("k-%d", i), wdTTL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hctx, hold := wd.Hold(ctx, lease)
-		defer hold.Stop()
+		lease, hctx, _ := watched(t, wd, l, fmt.Sprintf("k-%d", i), wdTTL)
 		if cl.NodeFor(lease.RedisKey()) == victim {
 			onVictim = append(onVictim, held{lease, hctx})
 		} else {

@@ -174,51 +174,7 @@ func TestEtcdLockIsKeyBoundToLeaseWithRevisionFence(t *testing.T) {
 func TestEtcdReentrancy(t *testing.T) {
 	t.Parallel()
 	d := etcdDeployment(t, etcdtest.Start(t))
-	l := d.locker()
-	ctx := context.Background()
-	mine := lock.WithOwner(ctx, "owner-a")
-	theirs := lock.WithOwner(ctx, "owner-b")
-	outer, err := l.TryAcquire(mine, "r", 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := d.locker().TryAcquire(mine, "r", 5*time.Second) // another Locker, same owner
-	if err != nil {
-		t.Fatalf("reentrant acquire: %v", err)
-	}
-	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
-		t.Fatalf("inner lease: reentrant=%v fence %d/%d", inner.Reentrant(), inner.Fence(), outer.Fence())
-	}
-	for _, c := range []context.Context{theirs, ctx} {
-		if _, err := l.TryAcquire(c, "r", 5*time.Second); !errors.Is(err, lock.ErrNotAcquired) {
-			t.Fatalf("other owner: %v, want ErrNotAcquired", err)
-		}
-	}
-	if err := inner.Renew(ctx); err != nil {
-		t.Fatalf("renew the inner hold: %v", err)
-	}
-	if err := inner.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.TryAcquire(theirs, "r", 5*time.Second); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
-	}
-	if err := outer.Renew(ctx); err != nil {
-		t.Fatalf("renew the outer hold: %v", err)
-	}
-	if err := outer.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	next, err := l.TryAcquire(theirs, "r", 5*time.Second)
-	if err != nil {
-		t.Fatalf("other owner after every hold was released: %v", err)
-	}
-	if next.Fence() <= outer.Fence() {
-		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
-	}
-	if _, err := l.TryAcquire(mine, "r", 5*time.Second); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("former owner re-entered someone else's lock: %v", err)
-	}
+	checkReentrancy(t, d, d.locker(), d.locker(), "r", 5*time.Second) // another Locker, same owner
 }
 
 // The watch tells of a deleted or overwritten key at once, long before any
@@ -304,11 +260,7 @@ func TestEtcdMaxHoldFreesTheLockAtRelease(t *testing.T) {
 	wd := watchdog.New(watchdog.Options{MaxHold: 300 * time.Millisecond})
 	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "bounded", 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hold := wd.Hold(ctx, lease)
+	lease, hctx, hold := watched(t, wd, l, "bounded", 5*time.Second)
 	if _, reason := lostWithin(t, hctx, 5*time.Second); reason != lock.ReasonMaxHold {
 		t.Fatalf("reason %s, want max_hold", reason)
 	}

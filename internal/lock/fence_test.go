@@ -23,16 +23,12 @@ import (
 func TestFenceAcrossRestartWithoutData(t *testing.T) {
 	t.Parallel()
 	l, c, srv := newLocker(t)
-	ctx := context.Background()
-	last := cycleFences(t, l, "restart", 5)
-	srv.Restart()
-	redistest.WaitFor(t, 5*time.Second, "the restarted server", func() bool { return c.Ping(ctx).Err() == nil })
-	if n := c.Exists(ctx, l.FenceKey("restart")).Val(); n != 0 {
-		t.Fatalf("the counter survived a restart without persistence")
-	}
-	if f := cycleFences(t, l, "restart", 1); f <= last {
-		t.Fatalf("fence after restart %d <= %d", f, last)
-	}
+	checkFenceRisesAfter(t, l, "restart", 5, "a restart", func() {
+		restartAndWait(t, srv, c)
+		if n := c.Exists(context.Background(), l.FenceKey("restart")).Val(); n != 0 {
+			t.Fatalf("the counter survived a restart without persistence")
+		}
+	})
 }
 
 // TestFenceAcrossAOFRestart: with persistence the counter survives, and
@@ -42,13 +38,7 @@ func TestFenceAcrossAOFRestart(t *testing.T) {
 	srv := redistest.StartAOF(t)
 	c := srv.Client()
 	l := lock.New(c)
-	ctx := context.Background()
-	last := cycleFences(t, l, "aof", 5)
-	srv.Restart()
-	redistest.WaitFor(t, 5*time.Second, "the restarted server", func() bool { return c.Ping(ctx).Err() == nil })
-	if f := cycleFences(t, l, "aof", 1); f <= last {
-		t.Fatalf("fence after an AOF restart %d <= %d", f, last)
-	}
+	checkFenceRisesAfter(t, l, "aof", 5, "an AOF restart", func() { restartAndWait(t, srv, c) })
 }
 
 // TestFenceWhenAFailoverLostIncrements rolls the counter back, as a replica
@@ -57,15 +47,30 @@ func TestFenceAcrossAOFRestart(t *testing.T) {
 func TestFenceWhenAFailoverLostIncrements(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
-	ctx := context.Background()
 	first := cycleFences(t, l, "rollback", 1)
-	last := cycleFences(t, l, "rollback", 20)
-	if err := c.Set(ctx, l.FenceKey("rollback"), first, time.Hour).Err(); err != nil {
-		t.Fatal(err)
+	checkFenceRisesAfter(t, l, "rollback", 20, "the counter lost its last increments", func() {
+		if err := c.Set(context.Background(), l.FenceKey("rollback"), first, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// checkFenceRisesAfter cycles resource n times, runs fault, and checks that
+// the next fence exceeds every one before; after names fault in the failure.
+func checkFenceRisesAfter(t *testing.T, l *lock.Locker, resource string, n int, after string, fault func()) {
+	t.Helper()
+	last := cycleFences(t, l, resource, n)
+	fault()
+	if f := cycleFences(t, l, resource, 1); f <= last {
+		t.Fatalf("fence after %s %d <= %d", after, f, last)
 	}
-	if f := cycleFences(t, l, "rollback", 1); f <= last {
-		t.Fatalf("fence after the counter lost its last increments %d <= %d", f, last)
-	}
+}
+
+// restartAndWait restarts srv and waits until c reaches it again.
+func restartAndWait(t *testing.T, srv *redistest.Server, c *redis.Client) {
+	t.Helper()
+	srv.Restart()
+	redistest.WaitFor(t, 5*time.Second, "the restarted server", func() bool { return c.Ping(context.Background()).Err() == nil })
 }
 
 // TestFenceWhenTheClockIsBehindTheCounter puts the counter far ahead of the
@@ -120,45 +125,34 @@ func TestConcurrentCyclesShareCallsAndKeepFences(t *testing.T) {
 	holding := map[string]bool{}
 	fences := map[string][]int64{}
 	calls0 := scriptCalls(t, c)
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	for g := range goroutines {
-		wg.Go(func() {
-			key := "k" + strconv.Itoa(g%keys)
-			for n := 0; n < cycles; {
-				lease, err := l.TryAcquire(ctx, key, time.Minute)
-				if err != nil {
-					continue // busy: another goroutine has this key
-				}
-				n++
-				mu.Lock()
-				if holding[key] {
-					errs <- fmt.Errorf("%s held twice", key)
-				}
-				holding[key] = true
-				fences[key] = append(fences[key], lease.Fence())
-				mu.Unlock()
-				mu.Lock()
-				holding[key] = false
-				mu.Unlock()
-				if err := lease.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
+	together(t, goroutines, func(g int) error {
+		key := "k" + strconv.Itoa(g%keys)
+		for n := 0; n < cycles; {
+			lease, err := l.TryAcquire(ctx, key, time.Minute)
+			if err != nil {
+				continue // busy: another goroutine has this key
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for key, fs := range fences {
-		for i := 1; i < len(fs); i++ {
-			if fs[i] <= fs[i-1] {
-				t.Fatalf("%s: fence %d = %d after %d", key, i, fs[i], fs[i-1])
+			n++
+			mu.Lock()
+			twice := holding[key]
+			holding[key] = true
+			fences[key] = append(fences[key], lease.Fence())
+			mu.Unlock()
+			if twice {
+				_ = lease.Release(ctx)
+				return fmt.Errorf("%s held twice", key)
+			}
+			mu.Lock()
+			holding[key] = false
+			mu.Unlock()
+			if err := lease.Release(ctx); err != nil {
+				return err
 			}
 		}
+		return nil
+	})
+	for key, fs := range fences {
+		checkIncreasing(t, key+": ", fs)
 	}
 	if calls := scriptCalls(t, c) - calls0; calls >= 2*goroutines*cycles {
 		t.Fatalf("script calls %d for %d cycles: no call was shared", calls, goroutines*cycles)

@@ -136,28 +136,45 @@ func checkContention(t *testing.T, d deployment, workers, perWorker int) {
 		mu       sync.Mutex
 		fences   []int64 // in the order holders got the lock
 	)
+	together(t, workers, func(int) error {
+		for range perWorker {
+			lease, err := l.Acquire(ctx, "hot", 5*time.Second,
+				lock.WithWaitBackoff(backoff.Jitter{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
+			if err != nil {
+				return err
+			}
+			if holders.Add(1) != 1 {
+				overlaps.Add(1)
+			}
+			mu.Lock()
+			fences = append(fences, lease.Fence())
+			mu.Unlock()
+			holders.Add(-1)
+			if err := lease.Release(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d overlapping holds", n)
+	}
+	if len(fences) != workers*perWorker {
+		t.Fatalf("got %d acquisitions, want %d", len(fences), workers*perWorker)
+	}
+	checkIncreasing(t, "", fences)
+}
+
+// together runs f in n goroutines at once (g is each one's number) and
+// fails the test with an error any of them returned.
+func together(t *testing.T, n int, f func(g int) error) {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
+	errs := make(chan error, n)
+	for g := range n {
 		wg.Go(func() {
-			for range perWorker {
-				lease, err := l.Acquire(ctx, "hot", 5*time.Second,
-					lock.WithWaitBackoff(backoff.Jitter{Min: 50 * time.Microsecond, Max: 2 * time.Millisecond}))
-				if err != nil {
-					errs <- err
-					return
-				}
-				if holders.Add(1) != 1 {
-					overlaps.Add(1)
-				}
-				mu.Lock()
-				fences = append(fences, lease.Fence())
-				mu.Unlock()
-				holders.Add(-1)
-				if err := lease.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
+			if err := f(g); err != nil {
+				errs <- err
 			}
 		})
 	}
@@ -166,15 +183,15 @@ func checkContention(t *testing.T, d deployment, workers, perWorker int) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if n := overlaps.Load(); n != 0 {
-		t.Fatalf("%d overlapping holds", n)
-	}
-	if len(fences) != workers*perWorker {
-		t.Fatalf("got %d acquisitions, want %d", len(fences), workers*perWorker)
-	}
+}
+
+// checkIncreasing fails unless fences strictly increase; what prefixes
+// the failure.
+func checkIncreasing(t *testing.T, what string, fences []int64) {
+	t.Helper()
 	for i := 1; i < len(fences); i++ {
 		if fences[i] <= fences[i-1] {
-			t.Fatalf("fence %d = %d after %d: not strictly increasing", i, fences[i], fences[i-1])
+			t.Fatalf("%sfence %d = %d after %d: not strictly increasing", what, i, fences[i], fences[i-1])
 		}
 	}
 }
@@ -298,6 +315,73 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 	if lease.Fence() <= last {
 		t.Fatalf("fence after the counter expired: %d <= %d", lease.Fence(), last)
 	}
+}
+
+// checkReentrancy takes resource as owner-a twice, the second time through
+// inner (l itself, or another Locker as another process of the same owner
+// would), and checks that the inner hold shares the outer's token and fence,
+// that another owner and an ownerless caller stay out until every hold is
+// released, that nothing of the lock is left then, and that the next holder
+// gets a greater fence and keeps the former owner out. It returns the outer
+// and the next holder's leases.
+func checkReentrancy(t *testing.T, d deployment, l, inner *lock.Locker, resource string, ttl time.Duration) (outer, next *lock.Lease) {
+	t.Helper()
+	ctx := context.Background()
+	mine := lock.WithOwner(ctx, "owner-a")
+	theirs := lock.WithOwner(ctx, "owner-b")
+	outer, err := l.TryAcquire(mine, resource, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := inner.TryAcquire(mine, resource, ttl)
+	if err != nil {
+		t.Fatalf("reentrant acquire: %v", err)
+	}
+	if !held.Reentrant() || held.Fence() != outer.Fence() || held.Token() != outer.Token() {
+		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
+			held.Reentrant(), held.Fence(), outer.Fence())
+	}
+	for i, c := range d.admin {
+		if n := c.HGet(ctx, l.Key(resource)+":owners", "o:owner-a").Val(); n != "2" {
+			t.Fatalf("node %d: hold count %q, want 2", i, n)
+		}
+	}
+	for who, c := range map[string]context.Context{"other owner": theirs, "no owner": ctx} {
+		if _, err := l.TryAcquire(c, resource, ttl); !errors.Is(err, lock.ErrNotAcquired) {
+			t.Fatalf("%s: %v, want ErrNotAcquired", who, err)
+		}
+	}
+	if err := held.Renew(ctx); err != nil {
+		t.Fatalf("renew the inner hold: %v", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(theirs, resource, ttl); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
+	}
+	if err := outer.Renew(ctx); err != nil {
+		t.Fatalf("renew the outer hold: %v", err)
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range d.admin {
+		if n := c.Exists(ctx, l.Key(resource)).Val(); n != 0 {
+			t.Fatalf("node %d kept the lock after every hold was released", i)
+		}
+	}
+	next, err = l.TryAcquire(theirs, resource, ttl)
+	if err != nil {
+		t.Fatalf("other owner after every hold was released: %v", err)
+	}
+	if next.Fence() <= outer.Fence() {
+		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
+	}
+	if _, err := l.TryAcquire(mine, resource, ttl); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("former owner re-entered someone else's lock: %v", err)
+	}
+	return outer, next
 }
 
 func TestGuaranteesOnCluster(t *testing.T) {

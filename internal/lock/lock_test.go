@@ -212,54 +212,11 @@ func TestAcquireHonoursContext(t *testing.T) {
 
 func TestReentrancy(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	d := singleServer(t)
+	l, c := d.locker(), d.admin[0]
 	ctx := context.Background()
+	outer, next := checkReentrancy(t, d, l, l, "r", time.Minute)
 	mine := lock.WithOwner(ctx, "owner-a")
-	theirs := lock.WithOwner(ctx, "owner-b")
-
-	outer, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("reentrant acquire: %v", err)
-	}
-	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
-		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
-			inner.Reentrant(), inner.Fence(), outer.Fence())
-	}
-	if n := c.HGet(ctx, "lockstep:{r}:owners", "o:owner-a").Val(); n != "2" {
-		t.Fatalf("hold count %q, want 2", n)
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner: %v, want ErrNotAcquired", err)
-	}
-	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("no owner: %v, want ErrNotAcquired", err)
-	}
-	if err := inner.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
-	}
-	if err := outer.Renew(ctx); err != nil {
-		t.Fatalf("renew the outer hold: %v", err)
-	}
-	if err := outer.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	next, err := l.TryAcquire(theirs, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("other owner after every hold was released: %v", err)
-	}
-	if next.Fence() <= outer.Fence() {
-		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
-	}
-	if _, err := l.TryAcquire(mine, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("former owner re-entered someone else's lock: %v", err)
-	}
 
 	// A hash left over from an earlier hold (it can outlive its lock by a
 	// moment) must not let its owner into a plain holder's lock.

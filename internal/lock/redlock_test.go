@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -27,6 +28,19 @@ func newWatchdog(t *testing.T) (*watchdog.Watchdog, *metrics.Metrics) {
 	wd := watchdog.New(watchdog.Options{DriftMargin: wdDrift, Metrics: m})
 	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
 	return wd, m
+}
+
+// watched acquires resource on l for ttl and hands the lease to wd; the hold
+// stops when the test ends.
+func watched(t *testing.T, wd *watchdog.Watchdog, l *lock.Locker, resource string, ttl time.Duration) (*lock.Lease, context.Context, *watchdog.Hold) {
+	t.Helper()
+	lease, err := l.TryAcquire(context.Background(), resource, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hold := wd.Hold(context.Background(), lease)
+	t.Cleanup(hold.Stop)
+	return lease, hctx, hold
 }
 
 func renewed(m *metrics.Metrics) float64 {
@@ -49,34 +63,44 @@ func lostWithin(t *testing.T, ctx context.Context, within time.Duration) (time.T
 	return at, lost.Reason
 }
 
+// redlockRig is Redlock over five fresh masters, with a watchdog for the
+// short test leases (see newWatchdog).
+type redlockRig struct {
+	servers []*redistest.Server
+	clients []redis.UniversalClient
+	l       *lock.Locker
+	wd      *watchdog.Watchdog
+	m       *metrics.Metrics
+}
+
+func newRedlockRig(t *testing.T) *redlockRig {
+	r := &redlockRig{}
+	r.servers, r.clients = redlockNodes(t, 5)
+	r.l = lock.NewRedlock(r.clients)
+	r.wd, r.m = newWatchdog(t)
+	return r
+}
+
 func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 	t.Parallel()
-	servers, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
+	lease, hctx, hold := watched(t, r.wd, r.l, "held", wdTTL)
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(r.m) >= 3 })
 
-	lease, err := l.TryAcquire(ctx, "held", wdTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hold := wd.Hold(ctx, lease)
-	defer hold.Stop()
-	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 3 })
-
-	servers[0].Kill()
-	servers[3].Kill()
-	before := renewed(m)
+	r.servers[0].Kill()
+	r.servers[3].Kill()
+	before := renewed(r.m)
 	select {
 	case <-hctx.Done():
 		t.Fatalf("lease lost with 3 of 5 nodes up: %v", context.Cause(hctx))
 	case <-time.After(10 * wdTTL):
 	}
 	// 10 × ttl at ttl/3 is 30 intervals; rounds may run up to a quarter early.
-	if n := renewed(m) - before; n < 25 {
+	if n := renewed(r.m) - before; n < 25 {
 		t.Fatalf("%v renewals in 10×ttl with 3 of 5 nodes up, want about 30", n)
 	}
-	live := []redis.UniversalClient{clients[1], clients[2], clients[4]}
+	live := []redis.UniversalClient{r.clients[1], r.clients[2], r.clients[4]}
 	for i, c := range live {
 		if pttl := c.PTTL(ctx, lease.RedisKey()).Val(); pttl < wdTTL/2 {
 			t.Fatalf("live node %d: PTTL %v, the lease is not being renewed", i, pttl)
@@ -84,7 +108,7 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 	}
 
 	start := time.Now()
-	fresh, err := l.TryAcquire(ctx, "fresh", wdTTL)
+	fresh, err := r.l.TryAcquire(ctx, "fresh", wdTTL)
 	if err != nil {
 		t.Fatalf("acquire with 3 of 5 nodes up: %v", err)
 	}
@@ -98,7 +122,7 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 
 	// No overlap under contention with two nodes down.
 	checkContention(t, deployment{
-		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(clients, opts...) },
+		locker: func(opts ...lock.Option) *lock.Locker { return lock.NewRedlock(r.clients, opts...) },
 		admin:  live,
 	}, 4, 25)
 
@@ -114,26 +138,19 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 
 func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 	t.Parallel()
-	servers, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
 
 	var ctxs []context.Context
 	var leases []*lock.Lease
-	for _, r := range []string{"a", "b"} {
-		lease, err := l.TryAcquire(ctx, r, wdTTL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hctx, hold := wd.Hold(ctx, lease)
-		defer hold.Stop()
+	for _, res := range []string{"a", "b"} {
+		lease, hctx, _ := watched(t, r.wd, r.l, res, wdTTL)
 		ctxs, leases = append(ctxs, hctx), append(leases, lease)
 	}
-	eventually(t, time.Second, "3 renewals", func() bool { return renewed(m) >= 6 })
+	eventually(t, time.Second, "3 renewals", func() bool { return renewed(r.m) >= 6 })
 
 	for _, i := range []int{0, 2, 4} {
-		servers[i].Kill()
+		r.servers[i].Kill()
 	}
 	killed := time.Now()
 	for i, hctx := range ctxs {
@@ -152,7 +169,7 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 		}
 	}
 
-	_, err := l.TryAcquire(ctx, "c", wdTTL)
+	_, err := r.l.TryAcquire(ctx, "c", wdTTL)
 	if err == nil || errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("acquire with 2 of 5 nodes up: %v, want a transport error", err)
 	}
@@ -163,10 +180,10 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 	// The nodes come back empty: fences still go up (fresh counters start
 	// at the servers' clocks) and the lock can be taken again.
 	for _, i := range []int{0, 2, 4} {
-		servers[i].Restart()
+		r.servers[i].Restart()
 	}
 	eventually(t, 5*time.Second, "an acquire after the restart", func() bool {
-		lease, err := l.TryAcquire(ctx, "a", wdTTL)
+		lease, err := r.l.TryAcquire(ctx, "a", wdTTL)
 		if err != nil {
 			return false
 		}
@@ -179,31 +196,23 @@ func TestRedlockKillThreeOfFiveCancelsHoldersAndRefusesAcquires(t *testing.T) {
 
 func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
 	t.Parallel()
-	_, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	wd, m := newWatchdog(t)
+	r := newRedlockRig(t)
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "r", wdTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hctx, hold := wd.Hold(ctx, lease)
-	defer hold.Stop()
-
-	for _, c := range clients[:2] {
+	lease, hctx, _ := watched(t, r.wd, r.l, "r", wdTTL)
+	for _, c := range r.clients[:2] {
 		if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := renewed(m)
+	before := renewed(r.m)
 	eventually(t, time.Second, "3 renewals with the token gone from 2 of 5 nodes", func() bool {
-		return renewed(m)-before >= 3
+		return renewed(r.m)-before >= 3
 	})
 	if hctx.Err() != nil {
 		t.Fatalf("lease lost with its token on 3 of 5 nodes: %v", context.Cause(hctx))
 	}
 
-	if err := clients[2].Set(ctx, lease.RedisKey(), "someone-else", time.Minute).Err(); err != nil {
+	if err := r.clients[2].Set(ctx, lease.RedisKey(), "someone-else", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	gone := time.Now()
@@ -214,7 +223,7 @@ func TestRedlockTokenGoneFromMajorityIsQuorumLost(t *testing.T) {
 	if d := at.Sub(gone); d > wdTTL/3+100*time.Millisecond {
 		t.Fatalf("cancelled %v after the token left a majority, want within one interval", d)
 	}
-	if got := clients[2].Get(ctx, lease.RedisKey()).Val(); got != "someone-else" {
+	if got := r.clients[2].Get(ctx, lease.RedisKey()).Val(); got != "someone-else" {
 		t.Fatalf("the other token was touched: %q", got)
 	}
 }
@@ -327,51 +336,9 @@ func TestRedlockBusyMajorityUndoesPartialAcquire(t *testing.T) {
 
 func TestRedlockReentrancy(t *testing.T) {
 	t.Parallel()
-	_, clients := redlockNodes(t, 5)
-	l := lock.NewRedlock(clients)
-	ctx := context.Background()
-	mine := lock.WithOwner(ctx, "owner-a")
-	theirs := lock.WithOwner(ctx, "owner-b")
-
-	outer, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := l.TryAcquire(mine, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("reentrant acquire: %v", err)
-	}
-	if !inner.Reentrant() || inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
-		t.Fatalf("inner lease: reentrant=%v fence %d/%d: want the outer hold's token and fence",
-			inner.Reentrant(), inner.Fence(), outer.Fence())
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner: %v, want ErrNotAcquired", err)
-	}
-	if err := inner.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.TryAcquire(theirs, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("other owner with one hold left: %v, want ErrNotAcquired", err)
-	}
-	if err := outer.Renew(ctx); err != nil {
-		t.Fatalf("renew the outer hold: %v", err)
-	}
-	if err := outer.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range clients {
-		if n := c.Exists(ctx, l.Key("r")).Val(); n != 0 {
-			t.Fatalf("node %d kept the lock after every hold was released", i)
-		}
-	}
-	next, err := l.TryAcquire(theirs, "r", time.Minute)
-	if err != nil {
-		t.Fatalf("other owner after every hold was released: %v", err)
-	}
-	if next.Fence() <= outer.Fence() {
-		t.Fatalf("fence %d <= %d", next.Fence(), outer.Fence())
-	}
+	d := redlockDeployment(t, 5)
+	l := d.locker()
+	checkReentrancy(t, d, l, l, "r", time.Minute)
 }
 
 func TestNewRedlockRejectsEvenNodeCounts(t *testing.T) {

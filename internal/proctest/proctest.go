@@ -1,9 +1,10 @@
-// Package proctest is the one way the test helpers (redistest, etcdtest,
-// deploytest's Prometheus) run a server process: found on PATH with an
-// install hint, started so that it dies with the test binary even if cleanup
-// never runs, waited for until it serves, paused (SIGSTOP) and resumed
-// (SIGCONT), killed and restarted, or stopped gracefully. A failed start
-// quotes the tail of the process's log.
+// Package proctest is the one way tests run a process, a server of the test
+// helpers (redistest, etcdtest, deploytest's Prometheus) or a command under
+// test (Build, Main, Start): found on PATH with an install hint, started so
+// that it dies with the test binary even if cleanup never runs, waited for
+// until it serves, paused (SIGSTOP) and resumed (SIGCONT), killed and
+// restarted, or stopped gracefully. A failed start quotes the tail of the
+// process's log.
 //
 // A helper embeds *Proc in its own server type, so that Kill, Pause, Resume
 // and Restart are the same methods on every kind of server.
@@ -55,6 +56,31 @@ type Proc struct {
 
 // New returns a process for spec, not started yet.
 func New(tb testing.TB, spec Spec) *Proc { return &Proc{tb: tb, spec: spec} }
+
+// Start is New and Start for a process the test owns to its end, a
+// command under test, say: it fails tb when the start fails, and when the
+// test ends kills the process and, if the test failed, logs the process's
+// last lines (from spec.Output when that is a *Log, else from spec.Log).
+func Start(tb testing.TB, spec Spec) *Proc {
+	tb.Helper()
+	p := New(tb, spec)
+	if err := p.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	pid := p.Pid()
+	tb.Cleanup(func() {
+		p.Kill()
+		if !tb.Failed() {
+			return
+		}
+		tail := p.LogTail(4096)
+		if l, ok := spec.Output.(*Log); ok {
+			tail = l.Tail(40)
+		}
+		tb.Logf("last lines of %s %d:\n%s", spec.What, pid, tail)
+	})
+	return p
+}
 
 // Start runs the process and waits for Ready. On failure the process is
 // killed and the error quotes the tail of its log. It fails while the

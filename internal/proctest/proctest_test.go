@@ -160,3 +160,22 @@ func TestWriteFile(t *testing.T) {
 		t.Fatalf("WriteFile wrote %q at %s (%v)", b, path, err)
 	}
 }
+
+// Start starts the process at once and kills it when the test ends.
+func TestStartKillsAtTheEnd(t *testing.T) {
+	t.Parallel()
+	var p *proctest.Proc
+	var pid int
+	t.Run("owner", func(t *testing.T) {
+		p = proctest.Start(t, proctest.Spec{What: "sleep", Bin: proctest.Binary(t, "sleep", "coreutils"), Args: []string{"60"}})
+		if pid = p.Pid(); pid == 0 {
+			t.Fatal("Start returned before the process runs")
+		}
+	})
+	if p.Pid() != 0 {
+		t.Fatal("the process outlived the test that started it")
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("pid %d still exists: %v", pid, err)
+	}
+}

@@ -39,16 +39,45 @@ func sched(name, cron string, catchUp config.CatchUp) config.Schedule {
 	}
 }
 
+// numberedScheds is n schedules named by format (with each one's number) on cron,
+// catch-up skip.
+func numberedScheds(n int, format, cron string) []config.Schedule {
+	out := make([]config.Schedule, n)
+	for i := range out {
+		out[i] = sched(fmt.Sprintf(format, i), cron, config.CatchUpSkip)
+	}
+	return out
+}
+
+// waitLive waits until each of reps sees all of them live.
+func waitLive(t *testing.T, reps ...*Scheduler) {
+	t.Helper()
+	redistest.WaitFor(t, 5*time.Second, fmt.Sprintf("every replica sees %d live", len(reps)), func() bool {
+		for _, r := range reps {
+			if l := r.replicas.Load(); l == nil || len(*l) != len(reps) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // replica starts a scheduler with its own Redis client, as a separate
 // process would have, and stops it when the test ends.
 func replica(t testing.TB, srv *redistest.Server, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
+	t.Helper()
+	return replicaOn(t, srv.Client(), c, rec, id, opts...)
+}
+
+// replicaOn is replica with the client given.
+func replicaOn(t testing.TB, client redis.UniversalClient, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
 	t.Helper()
 	h := hooks{}
 	if rec != nil {
 		h.event = rec.add
 	}
 	opts = append([]Option{WithReplicaID(id), withHooks(h)}, opts...)
-	s, err := New(srv.Client(), c, opts...)
+	s, err := New(client, c, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -2,21 +2,9 @@ package scheduler
 
 import (
 	"context"
-	_ "embed"
 	"hash/fnv"
 	"slices"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed lua/replicas.lua
-	replicasLua    string
-	scriptReplicas = redis.NewScript(replicasLua)
-	//go:embed lua/register.lua
-	registerLua    string
-	scriptRegister = redis.NewScript(registerLua)
 )
 
 const (

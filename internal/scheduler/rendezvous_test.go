@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,24 +17,14 @@ import (
 func TestFirstClaimerWinsAndOthersCoverItsDeath(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	var scheds []config.Schedule
-	for i := range 30 {
-		scheds = append(scheds, sched(fmt.Sprintf("s%02d", i), "* * * * * *", config.CatchUpSkip))
-	}
+	scheds := numberedScheds(30, "s%02d", "* * * * * *")
 	c := testConfig(0, 2*time.Second, scheds...)
 	rec := newRecorder()
 	reps := map[string]*Scheduler{}
 	for _, id := range []string{"r0", "r1", "r2"} {
 		reps[id] = replica(t, srv, c, rec, id)
 	}
-	redistest.WaitFor(t, 5*time.Second, "every replica sees 3 live", func() bool {
-		for _, r := range reps {
-			if l := r.replicas.Load(); l == nil || len(*l) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	waitLive(t, slices.Collect(maps.Values(reps))...)
 	spec, _ := ParseSpec("* * * * * *", nil)
 	from := spec.Next(time.Now())
 	to := spec.Next(spec.Next(from))
@@ -87,24 +79,14 @@ func TestFirstClaimerWinsAndOthersCoverItsDeath(t *testing.T) {
 func TestFollowersReadClaimDigests(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	var scheds []config.Schedule
-	for i := range 30 {
-		scheds = append(scheds, sched(fmt.Sprintf("d%02d", i), "* * * * * *", config.CatchUpSkip))
-	}
+	scheds := numberedScheds(30, "d%02d", "* * * * * *")
 	c := testConfig(0, 2*time.Second, scheds...)
 	rec := newRecorder()
 	var reps []*Scheduler
 	for _, id := range []string{"r0", "r1", "r2"} {
 		reps = append(reps, replica(t, srv, c, rec, id))
 	}
-	redistest.WaitFor(t, 5*time.Second, "every replica sees 3 live", func() bool {
-		for _, r := range reps {
-			if l := r.replicas.Load(); l == nil || len(*l) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	waitLive(t, reps...)
 	spec, _ := ParseSpec("* * * * * *", nil)
 	from := spec.Next(time.Now().Add(time.Second))
 	to := from.Add(3 * time.Second)
@@ -157,14 +139,7 @@ func TestFollowerClaimsWhatItsFirstClaimerDoesNotRun(t *testing.T) {
 	rec := newRecorder()
 	a := replica(t, srv, testConfig(0, time.Second, common, sched(name, "* * * * * *", config.CatchUpSkip)), rec, "a")
 	b := replica(t, srv, testConfig(0, time.Second, common), rec, "b")
-	redistest.WaitFor(t, 5*time.Second, "both see 2 live", func() bool {
-		for _, r := range []*Scheduler{a, b} {
-			if l := r.replicas.Load(); l == nil || len(*l) != 2 {
-				return false
-			}
-		}
-		return true
-	})
+	waitLive(t, a, b)
 	spec, _ := ParseSpec("* * * * * *", nil)
 	from := spec.Next(time.Now().Add(time.Second))
 	to := from.Add(2 * time.Second)

@@ -23,6 +23,9 @@ import (
 // the same second, as minute zero is, without waiting a minute per iteration.
 const burstSpec = "*/10 * * * * *"
 
+// burstWait bounds the wait for one burst's enqueues.
+const burstWait = 15 * time.Second
+
 // BenchmarkBurst10k: 10,000 schedules due in the same second on 3 replicas
 // and one Redis, beside the baseline of asynq enqueuing the same 10,000
 // tasks (with task ids) from one process and no claims, 20 enqueuers, one
@@ -39,11 +42,7 @@ func benchBurst(b *testing.B, n int) {
 	spec, _ := ParseSpec(burstSpec, nil)
 	b.Run("lockstep_3_replicas", func(b *testing.B) {
 		srv := redistest.Start(b)
-		scheds := make([]config.Schedule, n)
-		for i := range scheds {
-			scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
-		}
-		c := testConfig(2*time.Second, 5*time.Second, scheds...) // the default max_clock_skew
+		c := testConfig(2*time.Second, 5*time.Second, numberedScheds(n, "burst-%05d", burstSpec)...) // the default max_clock_skew
 		bl := newBursts()
 		hook := func(e event) {
 			bl.result(e.Result, e.Count)
@@ -55,7 +54,7 @@ func benchBurst(b *testing.B, n int) {
 			}
 		}
 		for i := range 3 {
-			replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
+			benchReplica(b, srv, c, i, hook)
 		}
 		bl.run(b, srv, spec, n)
 	})
@@ -87,14 +86,7 @@ func asynqBursts(b *testing.B, srv *redistest.Server, client *asynq.Client, spec
 	var wg sync.WaitGroup
 	b.Cleanup(func() { cancel(); wg.Wait() })
 	wg.Go(func() {
-		for t := spec.Next(time.Now()); ; t = spec.Next(t) {
-			tm := time.NewTimer(time.Until(t))
-			select {
-			case <-ctx.Done():
-				tm.Stop()
-				return
-			case <-tm.C:
-			}
+		everyTick(ctx, spec, func(t time.Time) {
 			jobs := make(chan int)
 			var ew sync.WaitGroup
 			for range enqueuers {
@@ -114,12 +106,32 @@ func asynqBursts(b *testing.B, srv *redistest.Server, client *asynq.Client, spec
 			}
 			close(jobs)
 			ew.Wait()
-		}
+		})
 	})
 	bl.run(b, srv, spec, n)
 }
 
+// everyTick calls f at each tick of spec, in turn, until ctx ends.
+func everyTick(ctx context.Context, spec Spec, f func(tick time.Time)) {
+	for t := spec.Next(time.Now()); ; t = spec.Next(t) {
+		tm := time.NewTimer(time.Until(t))
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return
+		case <-tm.C:
+		}
+		f(t)
+	}
+}
+
+// benchReplica starts replica bench-i with hook on its events.
+func benchReplica(b *testing.B, srv *redistest.Server, c *config.SchedulerConfig, i int, hook func(event)) *Scheduler {
+	return replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
+}
+
 // bursts collects per-tick lateness and checks each (schedule, tick) once.
+// One iteration of a benchmark that uses it is one tick of its schedules.
 type bursts struct {
 	mu      sync.Mutex
 	seen    map[string]int
@@ -158,9 +170,9 @@ func (bl *bursts) dup() {
 	bl.mu.Unlock()
 }
 
-// wait returns once n schedules enqueued tick, and fails after 15s.
-func (bl *bursts) wait(b *testing.B, tick time.Time, n int) {
-	deadline := time.NewTimer(15 * time.Second)
+// wait returns once n schedules enqueued tick, and fails after timeout.
+func (bl *bursts) wait(b *testing.B, tick time.Time, n int, timeout time.Duration) {
+	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		bl.mu.Lock()
@@ -176,7 +188,7 @@ func (bl *bursts) wait(b *testing.B, tick time.Time, n int) {
 			bl.mu.Lock()
 			results := maps.Clone(bl.results)
 			bl.mu.Unlock() // the replicas' hooks take it until they stop
-			b.Fatalf("tick %v: %d of %d schedules enqueued within 15s (results so far: %v)", tick, got, n, results)
+			b.Fatalf("tick %v: %d of %d schedules enqueued within %v (results so far: %v)", tick, got, n, timeout, results)
 		}
 	}
 }
@@ -251,21 +263,66 @@ func logCommandStats(b *testing.B, before, after map[string]cmdStat, ticks int) 
 	b.Logf("per tick:%s", sb.String())
 }
 
+// reset drops the samples so far (the warm-up's).
+func (bl *bursts) reset() {
+	bl.mu.Lock()
+	bl.samples = bl.samples[:0]
+	bl.mu.Unlock()
+}
+
+// sorted returns the samples so far, sorted.
+func (bl *bursts) sorted() []time.Duration {
+	bl.mu.Lock()
+	s := slices.Clone(bl.samples)
+	bl.mu.Unlock()
+	slices.Sort(s)
+	return s
+}
+
+// report reports p50, p99 and max lateness and samples per iteration, and
+// returns the samples, sorted.
+func (bl *bursts) report(b *testing.B) []time.Duration {
+	s := bl.sorted()
+	if len(s) == 0 {
+		b.Fatal("no samples")
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(s[len(s)/2]), "p50-ms")
+	b.ReportMetric(ms(s[(len(s)-1)*99/100]), "p99-ms")
+	b.ReportMetric(ms(s[len(s)-1]), "max-ms")
+	b.ReportMetric(float64(len(s))/float64(b.N), "ticks/op")
+	return s
+}
+
+// runSeconds measures b.N ticks of n schedules due every second after one
+// tick of warm-up.
+func (bl *bursts) runSeconds(b *testing.B, n int) {
+	spec, _ := ParseSpec("* * * * * *", nil)
+	bl.wait(b, spec.Next(time.Now()), n, 5*time.Second) // warm up: connections, scripts loaded
+	bl.reset()
+	b.ResetTimer()
+	tick := spec.Next(time.Now())
+	for range b.N {
+		bl.wait(b, tick, n, 5*time.Second)
+		tick = spec.Next(tick)
+	}
+	b.StopTimer()
+	bl.report(b)
+}
+
 // run measures b.N bursts after one warm-up burst.
 func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	// Warm up on the first burst that starts at least 3s from now (start-up, connections, scripts).
 	warm := spec.Next(time.Now().Add(3 * time.Second))
-	bl.wait(b, warm, n)
-	bl.mu.Lock()
-	bl.samples = bl.samples[:0]
-	bl.mu.Unlock()
+	bl.wait(b, warm, n, burstWait)
+	bl.reset()
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
 	cpu0 := redisCPU(b, srv.Client())
 	stats0 := commandStats(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
-		bl.wait(b, tick, n)
+		bl.wait(b, tick, n, burstWait)
 		tick = spec.Next(tick)
 	}
 	b.StopTimer()
@@ -275,7 +332,6 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	logCommandStats(b, stats0, commandStats(b, srv.Client()), b.N*n)
 
 	bl.mu.Lock()
-	s := slices.Clone(bl.samples)
 	dups := bl.dups
 	for k, c := range bl.seen {
 		if c != 1 {
@@ -286,15 +342,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	if dups > 0 {
 		b.Errorf("%d duplicate enqueues", dups)
 	}
-	slices.Sort(s)
-	if len(s) == 0 {
-		b.Fatal("no samples")
-	}
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	b.ReportMetric(ms(s[len(s)/2]), "p50-ms")
-	b.ReportMetric(ms(s[(len(s)-1)*99/100]), "p99-ms")
-	b.ReportMetric(ms(s[len(s)-1]), "max-ms")
-	b.ReportMetric(float64(len(s))/float64(b.N), "ticks/op")
+	s := bl.report(b)
 	b.ReportMetric(cpu*1e6/float64(len(s)), "redis-cpu-us/tick")
 }
 
@@ -313,10 +361,7 @@ func BenchmarkKillAtBurst(b *testing.B) {
 		name := map[bool]string{false: "no_kill", true: "kill_one_replica"}[kill]
 		b.Run(name, func(b *testing.B) {
 			srv := redistest.Start(b)
-			scheds := make([]config.Schedule, n)
-			for i := range scheds {
-				scheds[i] = sched(fmt.Sprintf("burst-%05d", i), burstSpec, config.CatchUpSkip)
-			}
+			scheds := numberedScheds(n, "burst-%05d", burstSpec)
 			lease := 5 * time.Second
 			c := testConfig(2*time.Second, lease, scheds...)
 			bl := newBursts()
@@ -336,14 +381,11 @@ func BenchmarkKillAtBurst(b *testing.B) {
 				mu.Unlock()
 			}
 			var reps []*Scheduler
-			start := func(i int) *Scheduler {
-				return replica(b, srv, c, nil, fmt.Sprint("bench-", i), withHooks(hooks{event: hook}))
-			}
 			for i := range 3 {
-				reps = append(reps, start(i))
+				reps = append(reps, benchReplica(b, srv, c, i, hook))
 			}
 			tick := spec.Next(time.Now().Add(3 * time.Second))
-			bl.wait(b, tick, n) // warm up
+			bl.wait(b, tick, n, burstWait) // warm up
 			var worst time.Duration
 			b.ResetTimer()
 			for i := range b.N {
@@ -361,18 +403,15 @@ func BenchmarkKillAtBurst(b *testing.B) {
 					share, shareMax = owned, 0
 					mu.Unlock()
 					dead.crash()
-					reps = append(reps[1:], start(3+i))
+					reps = append(reps[1:], benchReplica(b, srv, c, 3+i, hook))
 				}
-				bl.wait(b, tick, n)
+				bl.wait(b, tick, n, burstWait)
 				mu.Lock()
 				worst = max(worst, shareMax)
 				mu.Unlock()
 			}
 			b.StopTimer()
-			bl.mu.Lock()
-			s := slices.Clone(bl.samples)
-			bl.mu.Unlock()
-			slices.Sort(s)
+			s := bl.sorted()
 			if kill {
 				b.ReportMetric(float64(worst)/float64(time.Millisecond), "dead-share-max-ms")
 				if worst > lease+time.Second {

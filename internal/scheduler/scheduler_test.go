@@ -477,15 +477,7 @@ func TestRedisPausedTicksRecovered(t *testing.T) {
 	rec := newRecorder()
 	ids := []string{"p0", "p1", "p2"}
 	for _, id := range ids {
-		s, err := New(srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true }), c,
-			WithReplicaID(id), withHooks(hooks{event: rec.add}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { stop(t, s) })
+		replicaOn(t, srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true }), c, rec, id)
 	}
 	spec, _ := ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
@@ -545,14 +537,7 @@ func TestRedisCluster(t *testing.T) {
 	rec := newRecorder()
 	ids := []string{"c0", "c1"}
 	for _, id := range ids {
-		s, err := New(cluster.Client(), c, WithReplicaID(id), withHooks(hooks{event: rec.add}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { stop(t, s) })
+		replicaOn(t, cluster.Client(), c, rec, id)
 	}
 	spec, _ := ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())

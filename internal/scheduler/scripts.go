@@ -11,6 +11,9 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
+// The scheduler's scripts, each in lua/ with its header (KEYS, ARGV,
+// returns): the tick's claim and its end, the live-replica set, and the
+// run-time schedules' store.
 var (
 	//go:embed lua/claim.lua
 	claimLua string
@@ -18,10 +21,25 @@ var (
 	doneLua string
 	//go:embed lua/skip.lua
 	skipLua string
+	//go:embed lua/replicas.lua
+	replicasLua string
+	//go:embed lua/register.lua
+	registerLua string
+	//go:embed lua/put.lua
+	putLua string
+	//go:embed lua/remove.lua
+	removeLua string
+	//go:embed lua/pause.lua
+	pauseLua string
 
-	scriptClaim = redis.NewScript(claimLua)
-	scriptDone  = redis.NewScript(doneLua)
-	scriptSkip  = redis.NewScript(skipLua)
+	scriptClaim    = redis.NewScript(claimLua)
+	scriptDone     = redis.NewScript(doneLua)
+	scriptSkip     = redis.NewScript(skipLua)
+	scriptReplicas = redis.NewScript(replicasLua)
+	scriptRegister = redis.NewScript(registerLua)
+	scriptPut      = redis.NewScript(putLua)
+	scriptRemove   = redis.NewScript(removeLua)
+	scriptPause    = redis.NewScript(pauseLua)
 )
 
 // maxBatch bounds the script calls sent in one pipeline (and the ticks one

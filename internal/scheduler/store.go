@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,19 +17,6 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/script"
-)
-
-var (
-	//go:embed lua/put.lua
-	putLua string
-	//go:embed lua/remove.lua
-	removeLua string
-	//go:embed lua/pause.lua
-	pauseLua string
-
-	scriptPut    = redis.NewScript(putLua)
-	scriptRemove = redis.NewScript(removeLua)
-	scriptPause  = redis.NewScript(pauseLua)
 )
 
 // Errors of the Store.
