@@ -12,3 +12,6 @@ func SetTestHookRenew(w *Watchdog, f func(*lock.Lease)) { w.testHookRenew = f }
 // SetDeadline moves a hold's local deadline, as if its last renewal had been
 // sent long ago (a process resumed after a pause), without touching timers.
 func SetDeadline(h *Hold, d time.Time) { h.setDeadline(d) }
+
+// Lose has the watchdog find h's lease lost for reason, as a renewal would.
+func Lose(h *Hold, reason lock.Reason) { h.lose(reason) }

@@ -385,7 +385,7 @@ type Hold struct {
 	heldFrom time.Time
 
 	deadlineNs atomic.Int64                   // deadline as nanoseconds since epoch (monotonic), for checks at use
-	lost       atomic.Pointer[lock.LostError] // the loss the watchdog found, if any
+	lost       atomic.Pointer[lock.LostError] // the loss, found by the watchdog or at release: set once, the gate for counting it
 
 	// guarded by w.mu
 	timer    *time.Timer // fires at deadline
@@ -467,12 +467,20 @@ func (h *Hold) lose(reason lock.Reason) {
 		h.end(nil) // released meanwhile: not a loss
 		return
 	}
-	h.lost.CompareAndSwap(nil, lost)
-	if h.end(cause) {
-		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
-		h.log.Warn("watchdog: lock lost; handler context cancelled",
-			"key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
+	// h.lost is the one gate for counting a loss, here and in Finish: the
+	// hold may end (its work returned) while this runs, and the loss still
+	// counts once.
+	counted := h.lost.CompareAndSwap(nil, lost)
+	ended := h.end(cause)
+	if !counted {
+		return
 	}
+	h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
+	msg := "watchdog: lock lost; handler context cancelled"
+	if !ended {
+		msg = "watchdog: lock lost as its work returned"
+	}
+	h.log.Warn(msg, "key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
 }
 
 // end removes the hold and cancels its context with cause; it reports whether

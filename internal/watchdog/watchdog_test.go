@@ -499,3 +499,23 @@ func TestStopBeforeStartRefusesHolds(t *testing.T) {
 
 // waitFor waits for an observable condition (see redistest.WaitFor).
 var waitFor = redistest.WaitFor
+
+// A loss the watchdog finds while the work is returning (its hold already
+// ended, Finish about to release) is counted once: not dropped because the
+// hold ended first, and not counted again at release.
+func TestLossFoundAsTheWorkReturnsIsCountedOnce(t *testing.T) {
+	r := startRig(t, watchdog.Options{})
+	_, hold := r.hold(t, "race")
+	if err := r.admin.Set(context.Background(), "lockstep:{race}", "another-holder", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hold.Stop()                                    // the work returned: the hold ends
+	watchdog.Lose(hold, lock.ReasonStolen)         // a renewal in flight finds the key taken
+	lost, err := hold.Finish(context.Background()) // the release finds it taken too
+	if err != nil || lost == nil || lost.Reason != lock.ReasonStolen {
+		t.Fatalf("Finish = %v, %v; want the stolen loss", lost, err)
+	}
+	if got := testutil.ToFloat64(r.metrics.LockLost.WithLabelValues("stolen")); got != 1 {
+		t.Fatalf("lock_lost_total{stolen} = %v, want 1", got)
+	}
+}
