@@ -62,9 +62,7 @@ func readLog(path string, h *History, read func(io.Reader, *History) error) erro
 // ReadReplicaLog adds a scheduler replica's "tick claimed" and "tick
 // enqueued" log lines (JSON, at level debug) to h's Claims and Enqueues.
 func ReadReplicaLog(r io.Reader, h *History) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
+	return eachLine(r, func(line []byte) {
 		var rec struct {
 			Time     time.Time `json:"time"`
 			Msg      string    `json:"msg"`
@@ -74,8 +72,8 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 			Kind     string    `json:"kind"`
 			Result   string    `json:"result"`
 		}
-		if json.Unmarshal(sc.Bytes(), &rec) != nil {
-			continue // a line cut by SIGKILL, or not JSON
+		if json.Unmarshal(line, &rec) != nil {
+			return // a line cut by SIGKILL, or not JSON
 		}
 		e := TickEvent{Replica: rec.Replica, Schedule: rec.Schedule, Tick: rec.Tick, Kind: rec.Kind, Result: rec.Result, At: rec.Time}
 		switch rec.Msg {
@@ -84,8 +82,7 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 		case "tick enqueued":
 			h.Enqueues = append(h.Enqueues, e)
 		}
-	}
-	return sc.Err()
+	})
 }
 
 // ReadWorkerLog adds to h.CompletionsNotRecorded the tasks whose completion
@@ -93,24 +90,31 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 // `Could not move task id=<id> type=... from "...:active" to "...:completed"`.
 func ReadWorkerLog(r io.Reader, h *History) error {
 	const lead = "Could not move task id="
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
+	return eachLine(r, func(line []byte) {
 		var rec struct {
 			Time time.Time `json:"time"`
 			Msg  string    `json:"msg"`
 		}
-		if json.Unmarshal(sc.Bytes(), &rec) != nil || !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
-			continue
+		if json.Unmarshal(line, &rec) != nil || !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
+			return
 		}
 		id, _, ok := strings.Cut(rec.Msg[len(lead):], " ")
 		if !ok || id == "" {
-			continue
+			return
 		}
 		if h.CompletionsNotRecorded == nil {
 			h.CompletionsNotRecorded = map[string][]time.Time{}
 		}
 		h.CompletionsNotRecorded[id] = append(h.CompletionsNotRecorded[id], rec.Time)
+	})
+}
+
+// eachLine calls f with each line of r (log lines of up to 1 MiB).
+func eachLine(r io.Reader, f func(line []byte)) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f(sc.Bytes())
 	}
 	return sc.Err()
 }

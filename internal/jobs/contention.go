@@ -60,9 +60,11 @@ func (s *Server) doneKey(resource, queue, id string) string {
 // contention.
 func (s *Server) waitersTTL() time.Duration { return max(3*s.cfg.Backoff.Max, time.Minute) }
 
-// markerTTL bounds how long a done marker can outlive its use (a chain that
-// died before asynq completed the task); asynq delivers such a task again
-// within minutes.
+// markerTTL is how long a done marker lives unless a chain drops it (only
+// once claim.lua has completed its task): an "ok" marker is never consumed
+// by the delivery that replays it, so it must outlast every redelivery
+// asynq can still make (a lease recovered after a worker died, a task kept
+// for its retention); those come within minutes while any worker runs.
 const markerTTL = 24 * time.Hour
 
 // takeResult is take.lua's answer.
