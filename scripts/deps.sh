@@ -37,6 +37,8 @@ if [ ${#need[@]} -gt 0 ]; then
 	fi
 fi
 redis-server --version
-etcd --version 2>&1 | head -n 1
-promtool --version 2>&1 | head -n 1
+# sed, not head: head exits after one line, and the version command's next
+# write then dies of SIGPIPE, which pipefail turns into a failed make test.
+etcd --version 2>&1 | sed -n 1p
+promtool --version 2>&1 | sed -n 1p
 chromium --version 2>/dev/null || true
