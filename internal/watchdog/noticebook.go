@@ -155,11 +155,11 @@ func (w *Watchdog) onLoss(lease *lock.Lease, err error) {
 
 // expectRenewal records that renewing h will cause one notice on its key.
 func (w *Watchdog) expectRenewal(h *Hold) *expectation {
-	if w.opts.Notifier == nil {
-		return nil
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.notice.running() {
+		return nil
+	}
 	return w.notices.expect(h.lease.RedisKey(), time.Time{})
 }
 
@@ -168,13 +168,13 @@ func (w *Watchdog) expectRenewal(h *Hold) *expectation {
 // nothing; a transport error may or may not have: a notice then costs at most
 // one extra renewal).
 func (w *Watchdog) settleExpectations(leases []*lock.Lease, expected []*expectation, results []error) {
-	if w.opts.Notifier == nil {
-		return
-	}
 	until := time.Now().Add(noticeGrace)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, e := range expected {
+		if e == nil { // no notifier ran when the round was sent
+			continue
+		}
 		if results[i] == nil {
 			e.until = until
 		} else {

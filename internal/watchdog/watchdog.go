@@ -35,6 +35,16 @@ type Options struct {
 	// on the server (deleted, overwritten, expired), so a loss is found in
 	// milliseconds instead of at the next renewal. Nil: renewals alone.
 	Notifier Notifier
+	// NoticeAfter is how old a hold must be before the Notifier is needed:
+	// it runs while any hold is at least that old (and for NoticeLinger
+	// after the last one ended), so a process whose holds all end sooner
+	// (short jobs) pays nothing for notices. When it starts, every lease is
+	// checked at once, so a loss in a hold's first NoticeAfter is found by
+	// then at the latest. Default 50ms; negative: always running.
+	NoticeAfter time.Duration
+	// NoticeLinger keeps the Notifier running after the last hold older
+	// than NoticeAfter ended; default 10s.
+	NoticeLinger time.Duration
 	// ReleaseTimeout bounds the release in Hold.Finish; default 5s.
 	ReleaseTimeout time.Duration
 
@@ -79,8 +89,8 @@ type Watchdog struct {
 	notices    noticeBook                    // expected and recent notices
 	stopped    bool
 
-	stopNotices context.CancelFunc
-	noticesDone chan struct{}
+	notice noticeDemand // guarded by mu
+	wakeAt time.Time    // when the loop wakes next, unless poked; guarded by mu
 
 	wake chan struct{} // a hold was added or is due earlier
 	quit chan struct{}
@@ -102,6 +112,7 @@ func New(opts Options) *Watchdog {
 		byKey:      map[string]map[*Hold]struct{}{},
 		lossHooked: map[*lock.Locker]bool{},
 		notices:    newNoticeBook(),
+		notice:     noticeDemand{n: opts.Notifier, always: opts.NoticeAfter < 0},
 		wake:       make(chan struct{}, 1),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -115,14 +126,6 @@ func (w *Watchdog) Start(context.Context) error { return w.life.Start(w.start) }
 
 func (w *Watchdog) start() error {
 	go w.loop()
-	if w.opts.Notifier != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		w.stopNotices, w.noticesDone = cancel, make(chan struct{})
-		go func() {
-			defer close(w.noticesDone)
-			w.opts.Notifier.Run(ctx, w.onNotice)
-		}()
-	}
 	return nil
 }
 
@@ -142,9 +145,6 @@ func (w *Watchdog) stop(ctx context.Context) error {
 	}
 	w.mu.Unlock()
 	close(w.quit)
-	if w.stopNotices != nil {
-		w.stopNotices()
-	}
 	for _, h := range holds {
 		h.end(ErrStopped)
 	}
@@ -153,14 +153,11 @@ func (w *Watchdog) stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if w.noticesDone != nil {
-		select {
-		case <-w.noticesDone:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	// The loop has ended: no notifier starts any more.
+	w.mu.Lock()
+	w.notice.stop()
+	w.mu.Unlock()
+	return w.notice.wait(ctx)
 }
 
 // Held returns the number of leases being renewed.
@@ -226,7 +223,7 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 		w.byKey[key] = map[*Hold]struct{}{}
 	}
 	w.byKey[key][h] = struct{}{}
-	if !lease.Reentrant() && w.opts.Notifier != nil {
+	if !lease.Reentrant() && w.notice.running() {
 		// The acquire wrote the key, which the server announces; that notice
 		// is ours unless more than one arrived since the acquire was sent.
 		switch n := w.notices.seenSince(key, lease.AcquiredAt()); {
@@ -243,9 +240,18 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 			h.lose(lock.ReasonMaxHold)
 		})
 	}
+	// Poke the loop only when this hold needs it sooner than it wakes: a
+	// burst of short holds then costs the loop nothing.
+	first := h.next
+	if w.notice.wanted() && !w.notice.running() {
+		first = earlier(first, h.heldFrom.Add(w.noticeAfter()))
+	}
+	poke := first.Before(w.wakeAt)
 	w.mu.Unlock()
 	w.metrics.LocksHeld.Inc()
-	w.poke()
+	if poke {
+		w.poke()
+	}
 	return hctx, h
 }
 
@@ -258,18 +264,14 @@ func (w *Watchdog) poke() {
 
 // loop is the watchdog's one goroutine: sleep until the earliest renewal is
 // due, renew every lease due by then (plus a little slack, so leases falling
-// due together share a round), repeat.
+// due together share a round), repeat. It also starts and stops the
+// Notifier as the holds' ages ask for it (NoticeAfter).
 func (w *Watchdog) loop() {
 	defer close(w.done)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		next, ok := w.nextDue()
-		wait := time.Hour
-		if ok {
-			wait = max(time.Until(next), 0)
-		}
-		timer.Reset(wait)
+		timer.Reset(max(time.Until(w.plan()), 0))
 		select {
 		case <-w.quit:
 			return
@@ -281,16 +283,54 @@ func (w *Watchdog) loop() {
 	}
 }
 
-func (w *Watchdog) nextDue() (time.Time, bool) {
+// plan returns when the loop must wake next (the earliest renewal due, or
+// the moment the Notifier must start or may stop), and starts or stops the
+// Notifier for now.
+func (w *Watchdog) plan() time.Time {
+	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var next time.Time
+	next := now.Add(time.Hour)
+	after := w.noticeAfter()
+	long, young := false, time.Time{}
 	for h := range w.holds {
-		if next.IsZero() || h.next.Before(next) {
-			next = h.next
+		next = earlier(next, h.next)
+		if at := h.heldFrom.Add(after); !at.After(now) {
+			long = true
+		} else if young.IsZero() || at.Before(young) {
+			young = at
 		}
 	}
-	return next, !next.IsZero()
+	if w.notice.wanted() {
+		if long || w.notice.always {
+			w.notice.lastLong = now
+			if !w.notice.running() {
+				w.notice.start(w.onNotice, &w.mu)
+			}
+		} else if w.notice.running() {
+			if end := w.notice.lastLong.Add(cmp.Or(w.opts.NoticeLinger, defaultNoticeLinger)); end.After(now) {
+				next = earlier(next, end)
+			} else {
+				w.notice.stop()
+			}
+		}
+		if !w.notice.running() && !young.IsZero() {
+			next = earlier(next, young)
+		}
+	}
+	w.wakeAt = next
+	return next
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func (w *Watchdog) noticeAfter() time.Duration {
+	return cmp.Or(w.opts.NoticeAfter, defaultNoticeAfter)
 }
 
 // round renews every due lease. It is supervised: a panic is recovered,
