@@ -32,8 +32,9 @@
 //   - When the lock is lost (the key expired, was deleted or taken, or Redis
 //     could not be reached to renew it), the handler's context is cancelled
 //     with a cause matching lockstep.ErrLockLost, before another holder can
-//     take it: within milliseconds of a change to the key (a server notice),
-//     at the local deadline when Redis is unreachable, and at the first
+//     take it: within milliseconds of a change to the key (a server notice;
+//     the notices run while some lock of the worker is 50ms old or more, so
+//     a loss in a lock's first 50ms is seen by then), at the local deadline when Redis is unreachable, and at the first
 //     check after the process itself was paused past that deadline.
 //   - The handler's return value decides the outcome: nil is done, and the
 //     task is never run again by Lockstep, even if its lock turns out lost
