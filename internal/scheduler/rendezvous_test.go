@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -18,13 +17,11 @@ func TestFirstClaimerWinsAndOthersCoverItsDeath(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	scheds := numberedScheds(30, "s%02d", "* * * * * *")
-	c := testConfig(0, 2*time.Second, scheds...)
-	rec := newRecorder()
+	live, rec := threeLive(t, srv, testConfig(0, 2*time.Second, scheds...))
 	reps := map[string]*Scheduler{}
-	for _, id := range []string{"r0", "r1", "r2"} {
-		reps[id] = replica(t, srv, c, rec, id)
+	for _, r := range live {
+		reps[r.id] = r
 	}
-	waitLive(t, slices.Collect(maps.Values(reps))...)
 	spec, _ := ParseSpec("* * * * * *", nil)
 	from := spec.Next(time.Now())
 	to := spec.Next(spec.Next(from))
@@ -80,13 +77,7 @@ func TestFollowersReadClaimDigests(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	scheds := numberedScheds(30, "d%02d", "* * * * * *")
-	c := testConfig(0, 2*time.Second, scheds...)
-	rec := newRecorder()
-	var reps []*Scheduler
-	for _, id := range []string{"r0", "r1", "r2"} {
-		reps = append(reps, replica(t, srv, c, rec, id))
-	}
-	waitLive(t, reps...)
+	reps, rec := threeLive(t, srv, testConfig(0, 2*time.Second, scheds...))
 	spec, _ := ParseSpec("* * * * * *", nil)
 	from := spec.Next(time.Now().Add(time.Second))
 	to := from.Add(3 * time.Second)
