@@ -187,6 +187,10 @@ func (e *env) processed(typ, result string) float64 {
 	return testutil.ToFloat64(e.metrics.JobsProcessed.WithLabelValues(typ, result))
 }
 
+func (e *env) lost(reason string) float64 {
+	return testutil.ToFloat64(e.metrics.LockLost.WithLabelValues(reason))
+}
+
 // wantProcessed fails the test unless lockstep_jobs_processed_total{type,
 // result} is want.
 func (e *env) wantProcessed(typ, result string, want float64) {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
@@ -155,7 +154,7 @@ func TestReturnAfterLossIsDone(t *testing.T) {
 	e.enqueue("t:locked", "r1", nil, asynq.MaxRetry(3))
 	e.completedOnce("r1", &runs, 10*time.Second)
 	e.wantProcessed("t:locked", ResultSuccess, 1)
-	if got := testutil.ToFloat64(e.metrics.LockLost.WithLabelValues("stolen")); got != 1 {
+	if got := e.lost("stolen"); got != 1 {
 		t.Fatalf("lock_lost_total{stolen} = %v, want 1: the loss must still be counted", got)
 	}
 	if v := e.admin.Get(context.Background(), "lockstep:{res}").Val(); v != "another-holder" {
