@@ -6,13 +6,15 @@ import (
 	"time"
 )
 
+const locksAbout = `Lists every held lock, longest held first: the resource, the holding process (host:pid),
+the job's task id and type when a job holds it, the fence, the TTL left, how long it
+has been held and how many tasks wait for it. Exit 1 when no lock is held.
+
+JSON: an array of objects with resource, holder, task_id, type, fence, ttl_ms,
+held_ms (null when the lock's value does not say) and waiters.`
+
 func cmdLocks(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("locks", "locks [--prefix P] [--json]",
-		"Lists every held lock, longest held first: the resource, the holding process (host:pid),\n"+
-			"the job's task id and type when a job holds it, the fence, the TTL left, how long it\n"+
-			"has been held and how many tasks wait for it. Exit 1 when no lock is held.\n\n"+
-			"JSON: an array of objects with resource, holder, task_id, type, fence, ttl_ms,\n"+
-			"held_ms (null when the lock's value does not say) and waiters.")
+	fs := a.flags("locks", "locks [--prefix P] [--json]", locksAbout)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code

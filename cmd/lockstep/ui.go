@@ -28,13 +28,14 @@ var uiFiles embed.FS
 // machine only, since the page can break no lock but shows every holder.
 const defaultUIAddr = "127.0.0.1:8089"
 
+const uiAbout = `Serves one live page (refreshed every second) of the held locks, their waiters, the
+schedules and their recent ticks, and the recent lock losses with their reason; each
+job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside
+network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?resource=R,
+/api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see the README).`
+
 func cmdUI(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("ui", "ui [--http-addr ADDR] [--asynqmon URL]",
-		"Serves one live page (refreshed every second) of the held locks, their waiters, the\n"+
-			"schedules and their recent ticks, and the recent lock losses with their reason; each\n"+
-			"job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside\n"+
-			"network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?resource=R,\n"+
-			"/api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see the README).")
+	fs := a.flags("ui", "ui [--http-addr ADDR] [--asynqmon URL]", uiAbout)
 	addr := fs.String("http-addr", defaultUIAddr, "address to listen on, host:port")
 	asynqmon := fs.String("asynqmon", "", "base URL of an asynqmon, e.g. http://localhost:8080, to link tasks to")
 	if _, code, done := parseN(a, fs, args, 0, ""); done {

@@ -14,12 +14,13 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
+const unlockAbout = `Breaks the lock on RESOURCE by deleting its key. The holder's watchdog notices at once
+and cancels its handler (reason expired); the next holder gets a higher fence, so a
+store that checks fences refuses the old holder's late writes. Asks for confirmation
+on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.`
+
 func cmdUnlock(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("unlock", "unlock RESOURCE --force [--yes]",
-		"Breaks the lock on RESOURCE by deleting its key. The holder's watchdog notices at once\n"+
-			"and cancels its handler (reason expired); the next holder gets a higher fence, so a\n"+
-			"store that checks fences refuses the old holder's late writes. Asks for confirmation\n"+
-			"on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.")
+	fs := a.flags("unlock", "unlock RESOURCE --force [--yes]", unlockAbout)
 	force := fs.Bool("force", false, "required: breaking a lock is never the default")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	pos, code, done := parseN(a, fs, args, 1, "one RESOURCE")

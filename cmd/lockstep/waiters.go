@@ -6,12 +6,14 @@ import (
 	"time"
 )
 
+const waitersAbout = `Lists the tasks waiting for RESOURCE (e.g. lock:order:42), in the order they will be
+served: the first is woken when the holder releases. Exit 1 when none waits.
+
+JSON: an array of objects with position, queue, task_id, type, state (asynq's),
+since_ms (first contention, Unix ms) and waited_ms.`
+
 func cmdWaiters(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("waiters", "waiters RESOURCE [--json]",
-		"Lists the tasks waiting for RESOURCE (e.g. lock:order:42), in the order they will be\n"+
-			"served: the first is woken when the holder releases. Exit 1 when none waits.\n\n"+
-			"JSON: an array of objects with position, queue, task_id, type, state (asynq's),\n"+
-			"since_ms (first contention, Unix ms) and waited_ms.")
+	fs := a.flags("waiters", "waiters RESOURCE [--json]", waitersAbout)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	pos, code, done := parseN(a, fs, args, 1, "one RESOURCE")
 	if done {

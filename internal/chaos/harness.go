@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -166,7 +167,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		tb.Fatalf("chaos: %v", err)
 	}
 	host, _ := os.Hostname()
-	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b)), host: cmpOr(host, "unknown")}
+	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b)), host: cmp.Or(host, "unknown")}
 	r.current.Store("")
 
 	schedBin, workerBin := build(tb, tb.TempDir())
@@ -239,13 +240,6 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	r.collect(firstTick, lastTick)
 	rep := Check(r.hist)
 	return rep, r.hist
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 func writeFile(tb testing.TB, dir, name, text string) string {

@@ -28,10 +28,7 @@ func TestLoadWorkerDefaults(t *testing.T) {
 
 func TestLoadSchedulerDefaults(t *testing.T) {
 	t.Parallel()
-	got, err := LoadScheduler(writeFile(t, "s.yaml", minimal), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustLoad(t, LoadScheduler, writeFile(t, "s.yaml", minimal), nil)
 	want := DefaultScheduler()
 	want.Redis.Addr = "127.0.0.1:6379"
 	if !reflect.DeepEqual(got, want) {
@@ -44,10 +41,7 @@ func TestLoadSchedulerDefaults(t *testing.T) {
 
 func TestLoadWorkerFileValues(t *testing.T) {
 	t.Parallel()
-	got, err := LoadWorker("testdata/worker.yaml", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustLoad(t, LoadWorker, "testdata/worker.yaml", nil)
 	want := &WorkerConfig{
 		Common: Common{
 			Redis: RedisConfig{
@@ -73,17 +67,11 @@ func TestLoadWorkerFileValues(t *testing.T) {
 
 func TestExampleConfigsLoad(t *testing.T) {
 	t.Parallel()
-	w, err := LoadWorker("../../configs/worker.yaml", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := mustLoad(t, LoadWorker, "../../configs/worker.yaml", nil)
 	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo { // the example asks for the demo
 		t.Errorf("worker: %+v", w)
 	}
-	s, err := LoadScheduler("../../configs/scheduler.yaml", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustLoad(t, LoadScheduler, "../../configs/scheduler.yaml", nil)
 	if len(s.Schedules) == 0 || s.Schedules[0].Task != "demo:order.pay" {
 		t.Fatalf("scheduler: %+v", s)
 	}
@@ -120,10 +108,7 @@ schedules:
     name: merged
     catch_up: once
 `
-	got, err := LoadScheduler(writeFile(t, "s.yaml", yaml), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustLoad(t, LoadScheduler, writeFile(t, "s.yaml", yaml), nil)
 	want := []Schedule{
 		{
 			Name: "settle-orders", Cron: "*/5 * * * * *", Timezone: "Europe/Berlin", Task: "demo:order.pay",
@@ -169,10 +154,7 @@ func checkOverrides(t *testing.T, file string, tests []override) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := LoadWorker(file, envMap(tt.env))
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := mustLoad(t, LoadWorker, file, envMap(tt.env))
 			if !tt.check(c) {
 				t.Errorf("override not applied: %+v", c)
 			}
@@ -212,10 +194,7 @@ func TestEnvSchedules(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c, err := LoadScheduler(file, envMap(map[string]string{"LOCKSTEP_SCHEDULES": doc}))
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := mustLoad(t, LoadScheduler, file, envMap(map[string]string{"LOCKSTEP_SCHEDULES": doc}))
 			if len(c.Schedules) != 1 || c.Schedules[0].Name != "from-env" || string(c.Schedules[0].Payload) != `{"a":1}` ||
 				c.Schedules[0].Timezone != "UTC" || c.Schedules[0].MaxRetry != 5 {
 				t.Errorf("got %+v", c.Schedules)
@@ -226,10 +205,7 @@ func TestEnvSchedules(t *testing.T) {
 
 func TestLoadWithoutFile(t *testing.T) {
 	t.Parallel()
-	c, err := LoadWorker("", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": "r:6379"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustLoad(t, LoadWorker, "", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": "r:6379"}))
 	if c.Redis.Addr != "r:6379" {
 		t.Errorf("got %+v", c.Redis)
 	}

@@ -31,7 +31,15 @@ func envMap(m map[string]string) func(string) (string, bool) {
 // loadWorker loads a worker configuration from yml, failing the test on error.
 func loadWorker(t *testing.T, yml string) *WorkerConfig {
 	t.Helper()
-	c, err := LoadWorker(writeFile(t, "w.yaml", yml), nil)
+	return mustLoad(t, LoadWorker, writeFile(t, "w.yaml", yml), nil)
+}
+
+// mustLoad is load(path, env) (LoadWorker or LoadScheduler), failing the
+// test on error.
+func mustLoad[C any](t *testing.T, load func(string, func(string) (string, bool)) (*C, error), path string,
+	env func(string) (string, bool)) *C {
+	t.Helper()
+	c, err := load(path, env)
 	if err != nil {
 		t.Fatal(err)
 	}

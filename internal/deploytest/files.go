@@ -107,16 +107,20 @@ func (v Variable) Query() string {
 }
 
 // LoadDashboard reads a dashboard JSON file.
-func LoadDashboard(path string) (*Dashboard, error) {
+func LoadDashboard(path string) (*Dashboard, error) { return load[Dashboard](path, json.Unmarshal) }
+
+// load reads the file at path and decodes it with unmarshal; a decoding
+// error names the file.
+func load[T any](path string, unmarshal func([]byte, any) error) (*T, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var d Dashboard
-	if err := json.Unmarshal(b, &d); err != nil {
+	var v T
+	if err := unmarshal(b, &v); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &d, nil
+	return &v, nil
 }
 
 // AllPanels returns every panel, rows and the panels of collapsed rows included.
@@ -227,17 +231,7 @@ type Rule struct {
 func (r Rule) Name() string { return r.Alert + r.Record }
 
 // LoadRules reads a rule file.
-func LoadRules(path string) (*RuleFile, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var f RuleFile
-	if err := yaml.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &f, nil
-}
+func LoadRules(path string) (*RuleFile, error) { return load[RuleFile](path, yaml.Unmarshal) }
 
 // Queries returns the expression of every rule.
 func (f *RuleFile) Queries() []Query {

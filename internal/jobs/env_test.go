@@ -187,6 +187,19 @@ func (e *env) processed(typ, result string) float64 {
 	return testutil.ToFloat64(e.metrics.JobsProcessed.WithLabelValues(typ, result))
 }
 
+func (e *env) lost(reason string) float64 {
+	return testutil.ToFloat64(e.metrics.LockLost.WithLabelValues(reason))
+}
+
+// wantProcessed fails the test unless lockstep_jobs_processed_total{type,
+// result} is want.
+func (e *env) wantProcessed(typ, result string, want float64) {
+	e.t.Helper()
+	if got := e.processed(typ, result); got != want {
+		e.t.Errorf("processed{%s, %s} = %v, want %v", typ, result, got, want)
+	}
+}
+
 // waitFor waits for an observable condition (see redistest.WaitFor).
 var waitFor = redistest.WaitFor
 
@@ -207,4 +220,11 @@ func countingSpec(typ, resource string, runs *atomic.Int32) Spec {
 		runs.Add(1)
 		return nil
 	})
+}
+
+// countingEnv is an env with one countingSpec handler, and its run count.
+func countingEnv(t *testing.T, typ, resource string) (*env, *atomic.Int32) {
+	t.Helper()
+	runs := new(atomic.Int32)
+	return newEnv(t, testConfig(), countingSpec(typ, resource, runs)), runs
 }

@@ -87,9 +87,7 @@ func TestHandoffRunsWaitersInOrder(t *testing.T) {
 	if c := e.admin.ZCard(ctx, "lockstep:{hot}:waiters").Val(); c != 0 {
 		t.Errorf("%d waiters left", c)
 	}
-	if got := e.processed("t:hot", ResultSuccess); got != n+1 {
-		t.Errorf("processed{success} = %v, want %d", got, n+1)
-	}
+	e.wantProcessed("t:hot", ResultSuccess, n+1)
 }
 
 // A handed-on task that fails is given back to asynq, which retries it as
@@ -136,9 +134,7 @@ func TestHandoffFailureIsRetriedByAsynq(t *testing.T) {
 	if got, want := o.get(), []string{"holder", "flaky", "after", "flaky"}; !slices.Equal(got, want) {
 		t.Errorf("runs %v, want %v", got, want)
 	}
-	if got := e.processed("t:hot", ResultFailure); got != 1 {
-		t.Errorf("processed{failure} = %v, want 1", got)
-	}
+	e.wantProcessed("t:hot", ResultFailure, 1)
 }
 
 // A delivery of a task that a hand-off chain already ran (the chain's
@@ -148,8 +144,7 @@ func TestHandoffFailureIsRetriedByAsynq(t *testing.T) {
 // delivery after it must replay it as well.
 func TestDeliveryOfHandedOnTaskIsNotRun(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	e := newEnv(t, testConfig(), countingSpec("t:hot", "hot", &runs))
+	e, runs := countingEnv(t, "t:hot", "hot")
 	ctx := context.Background()
 	marker := "lockstep:{hot}:done:default:ran"
 	if err := e.admin.Set(ctx, marker, outcomeOK, time.Minute).Err(); err != nil {

@@ -46,21 +46,29 @@ func onTwoWorkers(t *testing.T, spec Spec) *env {
 	return e
 }
 
+// runHot enqueues n tasks on the hot resource (ids prefix0, prefix1, ...)
+// and waits for each to complete; it returns their infos in that order.
+func runHot(e *env, prefix string, n int, timeout time.Duration, opts ...asynq.Option) []*asynq.TaskInfo {
+	for i := range n {
+		e.enqueue("t:hot", fmt.Sprintf("%s%d", prefix, i), nil, opts...)
+	}
+	infos := make([]*asynq.TaskInfo, n)
+	for i := range n {
+		infos[i] = e.waitState(fmt.Sprintf("%s%d", prefix, i), asynq.TaskStateCompleted, timeout)
+	}
+	return infos
+}
+
 // Skip, on two workers: duplicates that find the resource busy complete
 // without running; the handler never runs twice at once and the first run
 // finishes.
 func TestSkipPolicyOnTwoWorkers(t *testing.T) {
 	t.Parallel()
 	x := &exclusive{}
-	spec := policySpec(x, 500*time.Millisecond, Skip, 0)
-	e := onTwoWorkers(t, spec)
+	e := onTwoWorkers(t, policySpec(x, 500*time.Millisecond, Skip, 0))
 	const n = 10
-	for i := range n {
-		e.enqueue("t:hot", fmt.Sprintf("s%d", i), nil)
-	}
 	skipped := 0
-	for i := range n {
-		info := e.waitState(fmt.Sprintf("s%d", i), asynq.TaskStateCompleted, 20*time.Second)
+	for _, info := range runHot(e, "s", n, 20*time.Second) {
 		if string(info.Result) == ResultSkipped {
 			skipped++
 		}
@@ -71,9 +79,7 @@ func TestSkipPolicyOnTwoWorkers(t *testing.T) {
 	if runs := int(x.runs.Load()); runs < 1 || runs+skipped != n || skipped == 0 {
 		t.Fatalf("%d runs and %d skips for %d tasks", runs, skipped, n)
 	}
-	if got := e.processed("t:hot", ResultSkipped); int(got) != skipped {
-		t.Fatalf("processed{skipped} = %v, want %d", got, skipped)
-	}
+	e.wantProcessed("t:hot", ResultSkipped, float64(skipped))
 }
 
 // Wait, on two workers: a task waits in the worker for a lock that frees
@@ -127,14 +133,10 @@ func TestWaitPolicyOnTwoWorkers(t *testing.T) {
 func TestRequeuePolicyOnTwoWorkers(t *testing.T) {
 	t.Parallel()
 	x := &exclusive{}
-	spec := policySpec(x, 20*time.Millisecond, Requeue, 0)
-	e := onTwoWorkers(t, spec)
+	e := onTwoWorkers(t, policySpec(x, 20*time.Millisecond, Requeue, 0))
 	const n = 20
-	for i := range n {
-		e.enqueue("t:hot", fmt.Sprintf("r%d", i), nil, asynq.MaxRetry(1))
-	}
-	for i := range n {
-		if info := e.waitState(fmt.Sprintf("r%d", i), asynq.TaskStateCompleted, 60*time.Second); info.Retried != 0 {
+	for i, info := range runHot(e, "r", n, 60*time.Second, asynq.MaxRetry(1)) {
+		if info.Retried != 0 {
 			t.Errorf("r%d: retried %d, want 0", i, info.Retried)
 		}
 	}

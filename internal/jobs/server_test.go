@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
@@ -22,8 +21,7 @@ import (
 // failure, so surviving five contentions proves they did not count.
 func TestContentionDoesNotUseRetries(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
+	e, runs := countingEnv(t, "t:locked", "res")
 	ctx := context.Background()
 	// A holder that lives: a short TTL, renewed, so the waiter's fallback
 	// backoff (the lock's remaining TTL and a little) brings it back often.
@@ -54,24 +52,21 @@ func TestContentionDoesNotUseRetries(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	info := e.completedOnce("c1", &runs, 30*time.Second)
+	info := e.completedOnce("c1", runs, 30*time.Second)
 	if !strings.Contains(info.LastErr, "busy") {
 		t.Fatalf("last error %q does not say the lock was busy", info.LastErr)
 	}
 	if got := e.contended("t:locked"); got < 5 {
 		t.Fatalf("lockstep_job_contended_total = %v, want >= 5", got)
 	}
-	if got := e.processed("t:locked", ResultSuccess); got != 1 {
-		t.Fatalf("processed{success} = %v, want 1", got)
-	}
+	e.wantProcessed("t:locked", ResultSuccess, 1)
 }
 
 // asynq archives a task that errs with no retries left even when the error
 // is no failure, so such a task waits for its lock in the worker instead.
 func TestContentionWithNoRetriesLeftWaits(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	e := newEnv(t, testConfig(), countingSpec("t:locked", "res", &runs))
+	e, runs := countingEnv(t, "t:locked", "res")
 	ctx := context.Background()
 	other, err := e.locker.TryAcquire(ctx, "res", time.Minute)
 	if err != nil {
@@ -85,7 +80,7 @@ func TestContentionWithNoRetriesLeftWaits(t *testing.T) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.completedOnce("w1", &runs, 10*time.Second)
+	e.completedOnce("w1", runs, 10*time.Second)
 }
 
 // Deleting the lock key mid-run cancels the handler within one renewal
@@ -134,9 +129,7 @@ func TestLockLostCancelsAndRetriesSoon(t *testing.T) {
 	if d := info.CompletedAt.Sub(deleted); d > 3*time.Second {
 		t.Fatalf("retried run completed %v after the loss, want the short backoff", d)
 	}
-	if got := e.processed("t:locked", ResultLockLost); got != 1 {
-		t.Fatalf("processed{lock_lost} = %v, want 1", got)
-	}
+	e.wantProcessed("t:locked", ResultLockLost, 1)
 	losses := e.admin.XRange(ctx, LossesStream("lockstep:"), "-", "+").Val()
 	if len(losses) != 1 || losses[0].Values["resource"] != "res" || losses[0].Values["reason"] != "expired" ||
 		losses[0].Values["task_id"] != "l1" || losses[0].Values["fence"] != strconv.FormatInt(job.Fence, 10) {
@@ -160,10 +153,8 @@ func TestReturnAfterLossIsDone(t *testing.T) {
 	admin.Store(e.admin)
 	e.enqueue("t:locked", "r1", nil, asynq.MaxRetry(3))
 	e.completedOnce("r1", &runs, 10*time.Second)
-	if got := e.processed("t:locked", ResultSuccess); got != 1 {
-		t.Fatalf("processed{success} = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(e.metrics.LockLost.WithLabelValues("stolen")); got != 1 {
+	e.wantProcessed("t:locked", ResultSuccess, 1)
+	if got := e.lost("stolen"); got != 1 {
 		t.Fatalf("lock_lost_total{stolen} = %v, want 1: the loss must still be counted", got)
 	}
 	if v := e.admin.Get(context.Background(), "lockstep:{res}").Val(); v != "another-holder" {
@@ -193,9 +184,7 @@ func TestFailureAfterLossIsRetriedAsLockLost(t *testing.T) {
 	if !strings.Contains(info.LastErr, "lock lost") || !strings.Contains(info.LastErr, "payment provider timed out") {
 		t.Fatalf("last error %q does not say the lock was lost and what the handler returned", info.LastErr)
 	}
-	if got := e.processed("t:locked", ResultLockLost); got != 1 {
-		t.Fatalf("processed{lock_lost} = %v, want 1", got)
-	}
+	e.wantProcessed("t:locked", ResultLockLost, 1)
 }
 
 // A payload that does not decode is archived at once with the reason.
@@ -213,9 +202,7 @@ func TestInvalidPayloadIsArchived(t *testing.T) {
 			t.Errorf("%s: retried %d, want 0", id, info.Retried)
 		}
 	}
-	if got := e.processed(orderType, ResultInvalid); got != 2 {
-		t.Fatalf("processed{invalid} = %v, want 2", got)
-	}
+	e.wantProcessed(orderType, ResultInvalid, 2)
 }
 
 // A panicking handler fails its run and its lock is released.

@@ -23,59 +23,46 @@ type taskMsg struct {
 	Retention int64 // seconds
 }
 
-// decodeTaskMsg reads the fields above, skipping the rest.
+// decodeTaskMsg reads the fields above, skipping the rest. It collects the
+// values by field number (the last one wins, as in protobuf) and builds the
+// message from them at the end.
 func decodeTaskMsg(b []byte) (taskMsg, error) {
-	var m taskMsg
+	const fields = 15 // the highest field number read, and one
+	var vs [fields]uint64
+	var bs [fields][]byte
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return m, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
+			return taskMsg{}, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		var v uint64
-		var bs []byte
+		var s []byte
 		switch typ {
 		case protowire.VarintType:
 			v, n = protowire.ConsumeVarint(b)
 		case protowire.BytesType:
-			bs, n = protowire.ConsumeBytes(b)
+			s, n = protowire.ConsumeBytes(b)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return m, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
+			return taskMsg{}, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
 		}
 		b = b[n:]
-		if typ == protowire.VarintType {
-			switch num {
-			case 5:
-				m.Retry = int(int32(v))
-			case 6:
-				m.Retried = int(int32(v))
-			case 8:
-				m.Timeout = int64(v)
-			case 9:
-				m.Deadline = int64(v)
-			case 12:
-				m.Retention = int64(v)
-			}
+		switch {
+		case num >= fields:
+		case typ == protowire.VarintType:
+			vs[num] = v
+		case typ == protowire.BytesType:
+			bs[num] = s
 		}
-		if typ == protowire.BytesType {
-			switch num {
-			case 1:
-				m.Type = string(bs)
-			case 2:
-				m.Payload = append([]byte(nil), bs...)
-			case 3:
-				m.ID = string(bs)
-			case 4:
-				m.Queue = string(bs)
-			case 10:
-				m.UniqueKey = string(bs)
-			case 14:
-				m.GroupKey = string(bs)
-			}
-		}
+	}
+	m := taskMsg{
+		Type: string(bs[1]), Payload: append([]byte(nil), bs[2]...), ID: string(bs[3]), Queue: string(bs[4]),
+		UniqueKey: string(bs[10]), GroupKey: string(bs[14]),
+		Retry: int(int32(vs[5])), Retried: int(int32(vs[6])),
+		Timeout: int64(vs[8]), Deadline: int64(vs[9]), Retention: int64(vs[12]),
 	}
 	if m.ID == "" || m.Type == "" {
 		return m, fmt.Errorf("asynq task message without id or type")

@@ -62,6 +62,19 @@ func waitLive(t *testing.T, reps ...*Scheduler) {
 	})
 }
 
+// threeLive starts replicas r0, r1 and r2 of c on srv, all recording to one
+// new recorder, and waits until each sees the three live.
+func threeLive(t *testing.T, srv *redistest.Server, c *config.SchedulerConfig) ([]*Scheduler, *recorder) {
+	t.Helper()
+	rec := newRecorder()
+	var reps []*Scheduler
+	for _, id := range []string{"r0", "r1", "r2"} {
+		reps = append(reps, replica(t, srv, c, rec, id))
+	}
+	waitLive(t, reps...)
+	return reps, rec
+}
+
 // replica starts a scheduler with its own Redis client, as a separate
 // process would have, and stops it when the test ends.
 func replica(t testing.TB, srv *redistest.Server, c *config.SchedulerConfig, rec *recorder, id string, opts ...Option) *Scheduler {
@@ -159,6 +172,14 @@ func (r *recorder) waitTick(t *testing.T, timeout time.Duration, schedule string
 		}
 		return true
 	})
+}
+
+// waitTicks is waitTick for each tick of spec from from to to, both included.
+func (r *recorder) waitTicks(t *testing.T, timeout time.Duration, schedule string, spec Spec, from, to time.Time, replicas ...string) {
+	t.Helper()
+	for tick := from; !tick.After(to); tick = spec.Next(tick) {
+		r.waitTick(t, timeout, schedule, tick, replicas...)
+	}
 }
 
 func describeEvents(evs []event) string {

@@ -55,12 +55,7 @@ func TestRuntimeSchedulesOnThreeReplicas(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := t.Context()
-	rec := newRecorder()
-	c := testConfig(0, 2*time.Second, sched("from-file", "@every 1h", config.CatchUpSkip))
-	var reps []*Scheduler
-	for _, id := range []string{"r0", "r1", "r2"} {
-		reps = append(reps, replica(t, srv, c, rec, id))
-	}
+	reps, rec := threeLive(t, srv, testConfig(0, 2*time.Second, sched("from-file", "@every 1h", config.CatchUpSkip)))
 	st := NewStore(srv.Client(), "")
 
 	// Add.

@@ -40,9 +40,7 @@ func TestEveryTickOnceAcrossReplicas(t *testing.T) {
 	spec, _ := ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
 	last := first.Add(4 * time.Second)
-	for tick := first; !tick.After(last); tick = spec.Next(tick) {
-		rec.waitTick(t, 5*time.Second, name, tick, ids...)
-	}
+	rec.waitTicks(t, 5*time.Second, name, spec, first, last, ids...)
 	assertExactlyOnce(t, srv.Client(), name, spec, first, last)
 
 	evs := rec.all()
@@ -147,9 +145,7 @@ func testCrash(t *testing.T, point, takeoverResult string) {
 	}
 	spec, _ := ParseSpec("* * * * * *", nil)
 	last := spec.Next(time.Now()).Add(2 * time.Second)
-	for n := spec.Next(time.Now()); !n.After(last); n = spec.Next(n) {
-		rec.waitTick(t, 5*time.Second, name, n, alive...)
-	}
+	rec.waitTicks(t, 5*time.Second, name, spec, spec.Next(time.Now()), last, alive...)
 	assertExactlyOnce(t, srv.Client(), name, spec, tick, last)
 
 	k := keysFor(c.Lock.Prefix, name)
@@ -190,9 +186,7 @@ func TestSkewedClocksNoDuplicates(t *testing.T) {
 		rec.waitTick(t, 5*time.Second, name, n, "exact", id+"-2")
 	}
 	last := spec.Next(time.Now().Add(skew)).Add(2 * time.Second)
-	for n := spec.Next(time.Now().Add(skew)); !n.After(last); n = spec.Next(n) {
-		rec.waitTick(t, 5*time.Second, name, n, "exact", "fast-2", "slow-2")
-	}
+	rec.waitTicks(t, 5*time.Second, name, spec, spec.Next(time.Now().Add(skew)), last, "exact", "fast-2", "slow-2")
 	assertExactlyOnce(t, srv.Client(), name, spec, first, last)
 	evs := rec.all()
 	for _, r := range []string{ResultDuplicate, ResultMissed, "early"} {
@@ -384,9 +378,7 @@ func TestClockAheadOfRedisIsRefused(t *testing.T) {
 	spec, _ := ParseSpec("* * * * * *", nil)
 	first := spec.Next(time.Now())
 	last := first.Add(2 * time.Second)
-	for n := first; !n.After(last); n = spec.Next(n) {
-		rec.waitTick(t, 5*time.Second, name, n, "on-time")
-	}
+	rec.waitTicks(t, 5*time.Second, name, spec, first, last, "on-time")
 	assertExactlyOnce(t, srv.Client(), name, spec, first, last)
 	for _, u := range taskTicks(t, srv.Client(), name) {
 		if u > time.Now().Add(time.Minute).Unix() {
@@ -493,9 +485,7 @@ func TestRedisPausedTicksRecovered(t *testing.T) {
 
 	after := spec.Next(time.Now().Add(time.Second))
 	last := after.Add(2 * time.Second)
-	for n := after; !n.After(last); n = spec.Next(n) {
-		rec.waitTick(t, 10*time.Second, name, n, ids...)
-	}
+	rec.waitTicks(t, 10*time.Second, name, spec, after, last, ids...)
 	// Ticks of the pause are enqueued by the catch-up or by takeovers.
 	cl := srv.Client()
 	k := keysFor(c.Lock.Prefix, name)

@@ -13,8 +13,11 @@ import (
 
 // The scheduler's scripts, each in lua/ with its header (KEYS, ARGV,
 // returns): the tick's claim and its end, the live-replica set, and the
-// run-time schedules' store.
+// run-time schedules' store. lib.lua is no script of its own: it is
+// prepended to the two that prune the file-schedule registry.
 var (
+	//go:embed lua/lib.lua
+	libLua string
 	//go:embed lua/claim.lua
 	claimLua string
 	//go:embed lua/done.lua
@@ -35,8 +38,8 @@ var (
 	scriptClaim    = redis.NewScript(claimLua)
 	scriptDone     = redis.NewScript(doneLua)
 	scriptSkip     = redis.NewScript(skipLua)
-	scriptReplicas = redis.NewScript(replicasLua)
-	scriptRegister = redis.NewScript(registerLua)
+	scriptReplicas = redis.NewScript(libLua + replicasLua)
+	scriptRegister = redis.NewScript(libLua + registerLua)
 	scriptPut      = redis.NewScript(putLua)
 	scriptRemove   = redis.NewScript(removeLua)
 	scriptPause    = redis.NewScript(pauseLua)

@@ -26,14 +26,7 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local live = redis.call('ZRANGE', KEYS[3], 0, -1)
 local removed = 0
 for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
-  local declared = false
-  for _, id in ipairs(live) do
-    if redis.call('SISMEMBER', ARGV[3] .. id, name) == 1 then
-      declared = true
-      break
-    end
-  end
-  if not declared then
+  if not live_declares(ARGV[3], live, name) then
     redis.call('HDEL', KEYS[1], name)
     removed = removed + 1
   end

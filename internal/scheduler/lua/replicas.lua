@@ -35,14 +35,7 @@ if #gone > 0 then
   for _, id in ipairs(gone) do
     local declared = ARGV[4] .. id
     for _, name in ipairs(redis.call('SMEMBERS', declared)) do
-      local kept = false
-      for _, other in ipairs(live) do
-        if redis.call('SISMEMBER', ARGV[4] .. other, name) == 1 then
-          kept = true
-          break
-        end
-      end
-      if not kept then
+      if not live_declares(ARGV[4], live, name) then
         redis.call('HDEL', KEYS[2], name)
       end
     end
