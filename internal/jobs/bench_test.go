@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,6 +178,16 @@ func (r *benchRig) stats(b *testing.B) serverStats {
 	return serverStats{commands: int64(n) - 1, cpu: time.Duration(cpu * float64(time.Second))} // less our INFO
 }
 
+// processCPU is the CPU time this process (the worker under test, asynq's
+// server and the Redis clients) has used so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func (r *benchRig) info(b *testing.B, section, field string) float64 {
 	s, err := r.admin.Info(context.Background(), section).Result()
 	if err != nil {
@@ -213,6 +224,7 @@ func BenchmarkThroughput(b *testing.B) {
 			c := newCounter(b.N)
 			r.counter.n.Store(0)
 			r.resetStats(b)
+			cpu0 := processCPU(b)
 			b.ResetTimer()
 			var stop func()
 			switch mode {
@@ -242,6 +254,7 @@ func BenchmarkThroughput(b *testing.B) {
 			st := r.stats(b)
 			b.ReportMetric(float64(st.commands)/float64(b.N), "server-cmds/job")
 			b.ReportMetric(st.cpu.Seconds()*1e6/float64(b.N), "redis-cpu-us/job")
+			b.ReportMetric((processCPU(b)-cpu0).Seconds()*1e6/float64(b.N), "go-cpu-us/job")
 			stop()
 		})
 	}
