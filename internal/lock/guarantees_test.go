@@ -203,12 +203,9 @@ func checkWrongToken(t *testing.T, d deployment) {
 	t.Helper()
 	l := d.locker()
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "wrong-token", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "wrong-token", time.Minute)
 	d.store.overwrite(t, holder.RedisKey(), "someone-else", 2*time.Second)
-	err = holder.Renew(ctx)
+	err := holder.Renew(ctx)
 	var lost *lock.LostError
 	if !errors.As(err, &lost) || lost.Reason != d.stolen || !errors.Is(err, lock.ErrLockLost) {
 		t.Fatalf("Renew with a stale token: %v, want ErrLockLost (%s)", err, d.stolen)
@@ -236,10 +233,7 @@ func checkStaleHolder(t *testing.T, d deployment, ttl time.Duration) {
 	t.Helper()
 	l := d.locker()
 	ctx := context.Background()
-	first, err := l.TryAcquire(ctx, "stale", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustAcquire(t, ctx, l, "stale", ttl)
 	second, err := d.locker().Acquire(ctx, "stale", time.Minute, lock.MaxWait(10*ttl+5*time.Second),
 		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
 	if err != nil {
@@ -285,10 +279,7 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 	l1 := d.locker(lock.WithFenceTTL(100 * time.Millisecond))
 	var last int64
 	for i := range 3 {
-		lease, err := l1.TryAcquire(ctx, "fence-expiry", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lease := mustAcquire(t, ctx, l1, "fence-expiry", time.Minute)
 		if lease.Fence() <= last {
 			t.Fatalf("acquire %d: fence %d <= %d", i, lease.Fence(), last)
 		}
@@ -308,10 +299,7 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 		}
 		return true
 	})
-	lease, err := d.locker().TryAcquire(ctx, "fence-expiry", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, ctx, d.locker(), "fence-expiry", time.Minute)
 	if lease.Fence() <= last {
 		t.Fatalf("fence after the counter expired: %d <= %d", lease.Fence(), last)
 	}
@@ -329,10 +317,7 @@ func checkReentrancy(t *testing.T, d deployment, l, inner *lock.Locker, resource
 	ctx := context.Background()
 	mine := lock.WithOwner(ctx, "owner-a")
 	theirs := lock.WithOwner(ctx, "owner-b")
-	outer, err := l.TryAcquire(mine, resource, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	outer = mustAcquire(t, mine, l, resource, ttl)
 	held, err := inner.TryAcquire(mine, resource, ttl)
 	if err != nil {
 		t.Fatalf("reentrant acquire: %v", err)

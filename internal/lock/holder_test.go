@@ -15,10 +15,7 @@ func TestTokenCarriesHolder(t *testing.T) {
 	l, c, _ := newLocker(t)
 	ctx := lock.WithJob(context.Background(), "task|1 x", "demo:order.pay")
 	before := time.Now().Truncate(time.Millisecond)
-	a, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustAcquire(t, ctx, l, "r", time.Minute)
 	stored := c.Get(ctx, "lockstep:{r}").Val()
 	info := lock.ParseToken(stored)
 	host, _ := os.Hostname()
@@ -43,10 +40,7 @@ func TestTokenCarriesHolder(t *testing.T) {
 	if got := lock.ParseToken("0123abcd"); got != (lock.TokenInfo{}) {
 		t.Fatalf("ParseToken of a bare token = %+v, want zero", got)
 	}
-	plain, err := l.TryAcquire(context.Background(), "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := mustAcquire(t, context.Background(), l, "p", time.Minute)
 	if got := lock.ParseToken(plain.Token()); got.Holder != want || got.TaskID != "" || got.Type != "" {
 		t.Fatalf("plain acquire: %+v, want holder only", got)
 	}

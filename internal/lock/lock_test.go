@@ -10,25 +10,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
-
-func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, *redistest.Server) {
-	t.Helper()
-	srv := redistest.Start(t)
-	c := srv.Client(func(o *redis.Options) { o.PoolSize = 64 })
-	return lock.New(c, opts...), c, srv
-}
-
-// eventually waits for an observable condition (see redistest.WaitFor).
-var eventually = redistest.WaitFor
 
 func TestContentionNoOverlapAndFencesIncrease(t *testing.T) {
 	t.Parallel()
@@ -39,10 +26,7 @@ func TestTryAcquireBusy(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	a, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustAcquire(t, ctx, l, "r", time.Minute)
 	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("second TryAcquire: %v, want ErrNotAcquired", err)
 	}
@@ -66,10 +50,7 @@ func TestReleaseAfterExpiryLeavesNextHolder(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	first, err := l.TryAcquire(ctx, "r", 50*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustAcquire(t, ctx, l, "r", 50*time.Millisecond)
 	eventually(t, 2*time.Second, "the first lease to expire", func() bool {
 		return c.Exists(ctx, first.RedisKey()).Val() == 0
 	})
@@ -111,10 +92,7 @@ func TestRenewExtendsTTL(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "r", time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, ctx, l, "r", time.Second)
 	if err := c.PExpire(ctx, lease.RedisKey(), 100*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +105,7 @@ func TestRenewExtendsTTL(t *testing.T) {
 	if err := c.Del(ctx, lease.RedisKey()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err = lease.Renew(ctx)
+	err := lease.Renew(ctx)
 	var lost *lock.LostError
 	if !errors.As(err, &lost) || lost.Reason != lock.ReasonExpired || lost.Key != "r" {
 		t.Fatalf("Renew of a deleted key: %v, want ErrLockLost (expired) on r", err)
@@ -144,10 +122,7 @@ func TestAcquireWaitsForRelease(t *testing.T) {
 	m := metrics.New(nil)
 	l, _, _ := newLocker(t, lock.WithMetrics(m))
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "r", time.Minute)
 	got := make(chan error, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),
@@ -223,10 +198,7 @@ func TestReentrancy(t *testing.T) {
 	if err := next.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	plain, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plain := mustAcquire(t, ctx, l, "r", time.Minute)
 	if err := c.HSet(ctx, "lockstep:{r}:owners", "t", outer.Token(), "o:owner-a", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -276,10 +248,7 @@ func TestRedisKilledReturnsErrors(t *testing.T) {
 	c := srv.Client(func(o *redis.Options) { o.MaxRetries = 1; o.DialTimeout = 200 * time.Millisecond })
 	l := lock.New(c)
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, ctx, l, "r", time.Minute)
 	srv.Kill()
 	if _, err := l.TryAcquire(ctx, "other", time.Minute); err == nil || errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire with Redis dead: %v, want a transport error", err)
@@ -297,15 +266,6 @@ func TestRedisKilledReturnsErrors(t *testing.T) {
 	if _, err := l.Acquire(wctx, "r", time.Minute); err == nil {
 		t.Fatal("Acquire with Redis dead returned nil")
 	}
-}
-
-func containsAll(s string, subs ...string) bool {
-	for _, sub := range subs {
-		if !strings.Contains(s, sub) {
-			return false
-		}
-	}
-	return true
 }
 
 func TestOptionsThatDoNotApplyAreRejected(t *testing.T) {

@@ -29,10 +29,7 @@ func TestWaitersAreServedInArrivalOrderOnRelease(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "fifo", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "fifo", 10*time.Second)
 	const waiters = 5
 	order := make(chan int, waiters)
 	errs := make(chan error, waiters)     // Acquire failures
@@ -90,10 +87,7 @@ func TestTryAcquireDoesNotJumpTheQueue(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "queue-first", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "queue-first", 10*time.Second)
 	got := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
@@ -123,10 +117,7 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "leave", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "leave", 10*time.Second)
 	cctx, cancel := context.WithCancel(ctx)
 	first := make(chan error, 1)
 	go func() {
@@ -185,10 +176,7 @@ func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "marker", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "marker", 10*time.Second)
 	q := l.Key("marker") + ":queue"
 	addDeadWaiter(t, c, q, "w", 10*time.Second)
 	if err := c.RPush(ctx, q+":w:wake", "cancelled").Err(); err != nil {
@@ -217,10 +205,7 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	l, c, _ := newLocker(t)
 	ctx := context.Background()
 	const ttl = 400 * time.Millisecond
-	holder, err := l.TryAcquire(ctx, "crash", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "crash", ttl)
 	q := l.Key("crash") + ":queue"
 	addDeadWaiter(t, c, q, "dead", ttl)
 	addDeadWaiter(t, c, q, "long-dead", 0) // its hash already expired: skipped
@@ -282,10 +267,7 @@ func TestHandedOffLeaseNeverOutlivesItsKey(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 5 * time.Second
 	for i := range 3 {
-		holder, err := l.TryAcquire(ctx, "validity", ttl)
-		if err != nil {
-			t.Fatal(err)
-		}
+		holder := mustAcquire(t, ctx, l, "validity", ttl)
 		got := make(chan *lock.Lease, 1)
 		go func() {
 			lease, err := l.Acquire(ctx, "validity", ttl, slowFallback, lock.MaxWait(20*time.Second))
