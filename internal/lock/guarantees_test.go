@@ -74,25 +74,21 @@ func (r redisStore) ttl(t *testing.T, key string) []time.Duration {
 }
 
 func singleServer(t *testing.T) deployment {
-	srv := redistest.Start(t)
-	c := srv.Client(func(o *redis.Options) { o.PoolSize = 64 })
+	return redisDeployment(redistest.Start(t).Client(func(o *redis.Options) { o.PoolSize = 64 }))
+}
+
+func clusterDeployment(t *testing.T) deployment {
+	return redisDeployment(redistest.StartCluster(t, 3).Client(func(o *redis.ClusterOptions) { o.PoolSize = 64 }))
+}
+
+// redisDeployment is a deployment on one Redis server or one Cluster, through c.
+func redisDeployment(c redis.UniversalClient) deployment {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
 		admin:  []redis.UniversalClient{c},
 		store:  redisStore{c},
 		stolen: lock.ReasonStolen,
 	}
-}
-
-func clusterDeployment(t *testing.T) (deployment, *redistest.Cluster) {
-	cl := redistest.StartCluster(t, 3)
-	c := cl.Client(func(o *redis.ClusterOptions) { o.PoolSize = 64 })
-	return deployment{
-		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
-		admin:  []redis.UniversalClient{c},
-		store:  redisStore{c},
-		stolen: lock.ReasonStolen,
-	}, cl
 }
 
 // redlockNodes starts n independent masters and returns a client for each,
@@ -369,20 +365,27 @@ func checkReentrancy(t *testing.T, d deployment, l, inner *lock.Locker, resource
 	return outer, next
 }
 
-func TestGuaranteesOnCluster(t *testing.T) {
-	t.Parallel()
-	d, _ := clusterDeployment(t)
-	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 16, 100) })
+// checkGuarantees runs the guarantee bodies on d as parallel subtests, the
+// contention one with workers goroutines of perWorker cycles each.
+func checkGuarantees(t *testing.T, d deployment, workers, perWorker int) {
+	t.Helper()
+	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, workers, perWorker) })
 	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
 	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
 	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
 }
 
+func TestGuaranteesOnOneServer(t *testing.T) {
+	t.Parallel()
+	checkGuarantees(t, singleServer(t), 16, 200)
+}
+
+func TestGuaranteesOnCluster(t *testing.T) {
+	t.Parallel()
+	checkGuarantees(t, clusterDeployment(t), 16, 100)
+}
+
 func TestGuaranteesOnRedlock(t *testing.T) {
 	t.Parallel()
-	d := redlockDeployment(t, 5)
-	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 8, 50) })
-	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
-	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
-	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
+	checkGuarantees(t, redlockDeployment(t, 5), 8, 50)
 }
