@@ -19,11 +19,7 @@ import (
 // how long the holder took to see the loss.
 func noticeLatency(t *testing.T, l *lock.Locker, wd *watchdog.Watchdog, del func(key string) error, node *redis.Client, resource string) time.Duration {
 	t.Helper()
-	lease, err := l.TryAcquire(context.Background(), resource, longTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
+	ctx, hold := holdOn(t, wd, l, resource, longTTL)
 	defer hold.Stop()
 	waitListening(t, node)
 	deleted := time.Now()
@@ -99,11 +95,7 @@ func TestNoticeThroughSentinel(t *testing.T) {
 	redistest.WaitFor(t, 10*time.Second, "the failover client on the new master", func() bool {
 		return c.Set(context.Background(), "probe", "1", time.Second).Err() == nil
 	})
-	lease, err := l.TryAcquire(context.Background(), "s:after", longTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
+	ctx, hold := holdOn(t, wd, l, "s:after", longTTL)
 	defer hold.Stop()
 	time.Sleep(200 * time.Millisecond) // the replica link carries the acquire
 	deleted := time.Now()
@@ -130,11 +122,7 @@ func TestNoticeOnEtcd(t *testing.T) {
 	defer l.Close()
 	wd := watchdog.New(watchdog.Options{})
 	defer wd.Stop(context.Background())
-	lease, err := l.TryAcquire(context.Background(), "e", longTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
+	ctx, hold := holdOn(t, wd, l, "e", longTTL)
 	defer hold.Stop()
 	deleted := time.Now()
 	if _, err := admin.Delete(context.Background(), l.Key("e")); err != nil {
