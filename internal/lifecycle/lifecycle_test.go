@@ -6,12 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestStartOnceStopOnce(t *testing.T) {
 	t.Parallel()
