@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 func TestStartOnceStopOnce(t *testing.T) {
@@ -102,13 +103,8 @@ func TestConcurrentStopWaitsBounded(t *testing.T) {
 	if err := <-first; err != failed {
 		t.Fatalf("first Stop = %v, want the stop function's error", err)
 	}
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatalf("waiting Stop = %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a waiting Stop did not return after the first finished")
+	if err := redistest.Receive(t, second, 10*time.Second, "the waiting Stop to return after the first finished"); err != nil {
+		t.Fatalf("waiting Stop = %v", err)
 	}
 }
 

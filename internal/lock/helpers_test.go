@@ -25,6 +25,14 @@ func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, 
 // eventually waits for an observable condition (see redistest.WaitFor).
 var eventually = redistest.WaitFor
 
+// newHeld is newLocker with resource held for ttl (the holder that a test's
+// waiters queue behind, say).
+func newHeld(t testing.TB, resource string, ttl time.Duration, opts ...lock.Option) (*lock.Locker, *redis.Client, *lock.Lease) {
+	t.Helper()
+	l, c, _ := newLocker(t, opts...)
+	return l, c, mustAcquire(t, context.Background(), l, resource, ttl)
+}
+
 // mustAcquire takes resource on l for ttl and fails the test when it cannot.
 func mustAcquire(t testing.TB, ctx context.Context, l *lock.Locker, resource string, ttl time.Duration) *lock.Lease {
 	t.Helper()

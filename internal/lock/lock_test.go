@@ -21,9 +21,8 @@ import (
 
 func TestTryAcquireBusy(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, a := newHeld(t, "r", time.Minute)
 	ctx := context.Background()
-	a := mustAcquire(t, ctx, l, "r", time.Minute)
 	if _, err := l.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("second TryAcquire: %v, want ErrNotAcquired", err)
 	}
@@ -76,9 +75,8 @@ func TestTokenCarriesHolder(t *testing.T) {
 
 func TestReleaseAfterExpiryLeavesNextHolder(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, first := newHeld(t, "r", 50*time.Millisecond)
 	ctx := context.Background()
-	first := mustAcquire(t, ctx, l, "r", 50*time.Millisecond)
 	eventually(t, 2*time.Second, "the first lease to expire", func() bool {
 		return c.Exists(ctx, first.RedisKey()).Val() == 0
 	})
@@ -118,9 +116,8 @@ func TestReleaseAfterExpiryLeavesNextHolder(t *testing.T) {
 
 func TestRenewExtendsTTL(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	_, c, lease := newHeld(t, "r", time.Second)
 	ctx := context.Background()
-	lease := mustAcquire(t, ctx, l, "r", time.Second)
 	if err := c.PExpire(ctx, lease.RedisKey(), 100*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +140,8 @@ func TestRenewExtendsTTL(t *testing.T) {
 func TestAcquireWaitsForRelease(t *testing.T) {
 	t.Parallel()
 	m := metrics.New(nil)
-	l, _, _ := newLocker(t, lock.WithMetrics(m))
+	l, _, holder := newHeld(t, "r", time.Minute, lock.WithMetrics(m))
 	ctx := context.Background()
-	holder := mustAcquire(t, ctx, l, "r", time.Minute)
 	got := make(chan error, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // slowFallback makes any wake-up that is not a release's show: a waiter that
@@ -27,9 +28,8 @@ func queued(c *redis.Client, l *lock.Locker, resource string) int64 {
 // the next in arrival order, at once (the fallback would take seconds).
 func TestWaitersAreServedInArrivalOrderOnRelease(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "fifo", 10*time.Second)
 	ctx := context.Background()
-	holder := mustAcquire(t, ctx, l, "fifo", 10*time.Second)
 	const waiters = 5
 	order := make(chan int, waiters)
 	errs := make(chan error, waiters)     // Acquire failures
@@ -85,9 +85,8 @@ func TestWaitersAreServedInArrivalOrderOnRelease(t *testing.T) {
 // lock is the waiter's; a TryAcquire in between finds it busy.
 func TestTryAcquireDoesNotJumpTheQueue(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "queue-first", 10*time.Second)
 	ctx := context.Background()
-	holder := mustAcquire(t, ctx, l, "queue-first", 10*time.Second)
 	got := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
@@ -115,9 +114,8 @@ func TestTryAcquireDoesNotJumpTheQueue(t *testing.T) {
 // it leaves the queue at once, and the release goes to the second.
 func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "leave", 10*time.Second)
 	ctx := context.Background()
-	holder := mustAcquire(t, ctx, l, "leave", 10*time.Second)
 	cctx, cancel := context.WithCancel(ctx)
 	first := make(chan error, 1)
 	go func() {
@@ -135,13 +133,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	}()
 	eventually(t, 5*time.Second, "the second waiter in the queue", func() bool { return queued(c, l, "leave") == 2 })
 	cancel()
-	select {
-	case err := <-first:
-		if !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
-			t.Fatalf("cancelled waiter: %v", err)
-		}
-	case <-time.After(time.Second):
-		t.Fatal("a cancelled waiter did not return within 1s")
+	if err := redistest.Receive(t, first, time.Second, "the cancelled waiter to return"); !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("cancelled waiter: %v", err)
 	}
 	if n := queued(c, l, "leave"); n != 1 {
 		t.Fatalf("queue holds %d waiters after the first left, want 1", n)
@@ -150,13 +143,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(4 * time.Second):
-		t.Fatal("the release did not reach the second waiter: the cancelled one still stood first")
+	if err := redistest.Receive(t, second, 4*time.Second, "the release to reach the second waiter (did the cancelled one still stand first?)"); err != nil {
+		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("second waiter served %v after the release", d)
@@ -174,9 +162,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 // stay with a waiter that is gone, for its TTL).
 func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "marker", 10*time.Second)
 	ctx := context.Background()
-	holder := mustAcquire(t, ctx, l, "marker", 10*time.Second)
 	q := l.Key("marker") + ":queue"
 	addDeadWaiter(t, c, q, "w", 10*time.Second)
 	if err := c.RPush(ctx, q+":w:wake", "cancelled").Err(); err != nil {
@@ -202,10 +189,9 @@ func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
 // the next waiter gets it, within the TTL and one fallback wait.
 func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
-	ctx := context.Background()
 	const ttl = 400 * time.Millisecond
-	holder := mustAcquire(t, ctx, l, "crash", ttl)
+	l, c, holder := newHeld(t, "crash", ttl)
+	ctx := context.Background()
 	q := l.Key("crash") + ":queue"
 	addDeadWaiter(t, c, q, "dead", ttl)
 	addDeadWaiter(t, c, q, "long-dead", 0) // its hash already expired: skipped
@@ -226,13 +212,8 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	if v := c.Get(ctx, l.Key("crash")).Val(); v != "dead-token" {
 		t.Fatalf("after the release the lock holds %q, want the first waiter's token", v)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a crashed waiter at the head held the queue up for 5s")
+	if err := redistest.Receive(t, got, 5*time.Second, "the live waiter behind a crashed one at the head"); err != nil {
+		t.Fatal(err)
 	}
 	if d := time.Since(released); d > ttl+time.Second {
 		t.Fatalf("the live waiter got the lock %v after the release, want within the TTL %v and one fallback wait", d, ttl)
