@@ -47,11 +47,7 @@ func renewed(m *metrics.Metrics) float64 {
 // lostWithin waits for ctx's cancellation and returns when and the reason.
 func lostWithin(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
 	t.Helper()
-	select {
-	case <-ctx.Done():
-	case <-time.After(within):
-		t.Fatalf("context not cancelled within %v", within)
-	}
+	redistest.Receive(t, ctx.Done(), within, "the context's cancellation")
 	at := time.Now()
 	var lost *lock.LostError
 	if cause := context.Cause(ctx); !errors.As(cause, &lost) {

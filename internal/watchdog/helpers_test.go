@@ -157,11 +157,7 @@ func holdOn(t *testing.T, wd *watchdog.Watchdog, l *lock.Locker, resource string
 // cancelled waits for ctx to be cancelled and returns when and the lost reason.
 func cancelled(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
 	t.Helper()
-	select {
-	case <-ctx.Done():
-	case <-time.After(within):
-		t.Fatalf("context not cancelled within %v", within)
-	}
+	redistest.Receive(t, ctx.Done(), within, "the context's cancellation")
 	at := time.Now()
 	var lost *lock.LostError
 	cause := context.Cause(ctx)
