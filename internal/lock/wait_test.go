@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -21,6 +23,73 @@ var slowFallback = lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Second, Max
 // queued returns how many waiters resource's queue holds (see acquire.lua).
 func queued(c *redis.Client, l *lock.Locker, resource string) int64 {
 	return c.ZCard(context.Background(), l.Key(resource)+":queue").Val()
+}
+
+func TestAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(nil)
+	l, _, holder := newHeld(t, "r", time.Minute, lock.WithMetrics(m))
+	ctx := context.Background()
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),
+			lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 20 * time.Millisecond}))
+		if err == nil && lease.Fence() <= holder.Fence() {
+			err = fmt.Errorf("fence %d not above holder's %d", lease.Fence(), holder.Fence())
+		}
+		got <- err
+	}()
+	eventually(t, 5*time.Second, "a busy attempt", func() bool {
+		return testutil.ToFloat64(m.LockAcquire.WithLabelValues(metrics.AcquireBusy)) > 0
+	})
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire after release: %v", err)
+	}
+}
+
+func TestAcquireGivesUpAtMaxWaitWithBoundedAttempts(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	ctx := context.Background()
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(time.Second),
+		lock.CountAttempts(&attempts), lock.WithWaitBackoff(backoff.Jitter{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
+	elapsed := time.Since(start)
+	if !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire on a held lock: %v, want ErrNotAcquired", err)
+	}
+	if elapsed < time.Second || elapsed > 3*time.Second {
+		t.Fatalf("gave up after %v, want about the 1s max wait", elapsed)
+	}
+	// A fixed 10ms retry would make ~100 attempts; growing backoff makes far fewer.
+	if attempts < 3 || attempts > 40 {
+		t.Fatalf("%d attempts in 1s with 10ms..200ms backoff, want between 3 and 40", attempts)
+	}
+}
+
+func TestAcquireHonoursContext(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	if _, err := l.TryAcquire(context.Background(), "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire with a cancelled context: %v, want context.Canceled and ErrNotAcquired", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Acquire returned %v after cancel", d)
+	}
 }
 
 // TestWaitersAreServedInArrivalOrderOnRelease queues five waiters one after
