@@ -25,26 +25,31 @@ func newLocker(t *testing.T) (*lockstep.Locker, *redis.Client) {
 	return l, srv.Client()
 }
 
-func TestWithLockRunsOnceUnderTheLock(t *testing.T) {
+// WithLock runs fn once under the lock, returns what fn returns (no lock
+// loss when there was none) and releases the lock, whether fn succeeded or
+// failed.
+func TestWithLockRunsFnOnceAndReleases(t *testing.T) {
 	t.Parallel()
 	l, admin := newLocker(t)
 	ctx := context.Background()
-	var runs int
-	err := l.WithLock(ctx, "job", func(ctx context.Context, lease *lockstep.Lease) error {
-		runs++
-		if got := admin.Get(ctx, "lockstep:{job}").Val(); got != lease.Token() {
-			t.Errorf("during fn the lock key holds %q, want the lease token", got)
+	for _, want := range []error{nil, errors.New("boom")} {
+		var runs int
+		err := l.WithLock(ctx, "job", func(ctx context.Context, lease *lockstep.Lease) error {
+			runs++
+			if got := admin.Get(ctx, "lockstep:{job}").Val(); got != lease.Token() {
+				t.Errorf("during fn the lock key holds %q, want the lease token", got)
+			}
+			if lease.Fence() <= 0 || lease.Key() != "job" {
+				t.Errorf("lease key %q fence %d", lease.Key(), lease.Fence())
+			}
+			return want
+		})
+		if !errors.Is(err, want) || (want == nil) != (err == nil) || errors.Is(err, lockstep.ErrLockLost) || runs != 1 {
+			t.Fatalf("WithLock = %v after %d runs, want fn's %v after 1 and no lock loss", err, runs, want)
 		}
-		if lease.Fence() <= 0 || lease.Key() != "job" {
-			t.Errorf("lease key %q fence %d", lease.Key(), lease.Fence())
+		if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
+			t.Fatalf("lock not released after fn returned %v", want)
 		}
-		return nil
-	})
-	if err != nil || runs != 1 {
-		t.Fatalf("WithLock = %v after %d runs, want nil after 1", err, runs)
-	}
-	if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
-		t.Fatal("lock not released after fn returned")
 	}
 }
 
@@ -103,20 +108,6 @@ func TestWithLockBusyFailsAtOnceOrWaits(t *testing.T) {
 	if err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { return nil },
 		lockstep.Wait(200*time.Millisecond)); !errors.Is(err, lockstep.ErrNotAcquired) {
 		t.Fatalf("wait past the bound: %v, want ErrNotAcquired", err)
-	}
-}
-
-func TestWithLockReturnsFnErrorAndReleases(t *testing.T) {
-	t.Parallel()
-	l, admin := newLocker(t)
-	ctx := context.Background()
-	boom := errors.New("boom")
-	err := l.WithLock(ctx, "job", func(context.Context, *lockstep.Lease) error { return boom })
-	if !errors.Is(err, boom) || errors.Is(err, lockstep.ErrLockLost) {
-		t.Fatalf("WithLock = %v, want fn's error and no lock loss", err)
-	}
-	if n := admin.Exists(ctx, "lockstep:{job}").Val(); n != 0 {
-		t.Fatal("lock not released after fn failed")
 	}
 }
 

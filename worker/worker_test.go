@@ -175,13 +175,8 @@ worker: {concurrency: 2, shutdown_timeout: 1s, contention_backoff_min: 10ms, con
 	}
 
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after its context ended")
+	if err := redistest.Receive(t, done, 10*time.Second, "Run to return after its context ended"); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 	if keys := admin.Keys(context.Background(), "lockstep:{*}").Val(); len(keys) != 0 {
 		t.Fatalf("lock keys left: %v", keys)

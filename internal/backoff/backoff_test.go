@@ -4,12 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestJitterGrowsWithinBounds(t *testing.T) {
 	t.Parallel()

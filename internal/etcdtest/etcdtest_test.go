@@ -5,12 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
 
 func TestClusterServesAndSurvivesOneKilledMember(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)

@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestStartOnceStopOnce(t *testing.T) {
 	t.Parallel()
@@ -106,13 +103,8 @@ func TestConcurrentStopWaitsBounded(t *testing.T) {
 	if err := <-first; err != failed {
 		t.Fatalf("first Stop = %v, want the stop function's error", err)
 	}
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatalf("waiting Stop = %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a waiting Stop did not return after the first finished")
+	if err := redistest.Receive(t, second, 10*time.Second, "the waiting Stop to return after the first finished"); err != nil {
+		t.Fatalf("waiting Stop = %v", err)
 	}
 }
 

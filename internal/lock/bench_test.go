@@ -79,10 +79,7 @@ func BenchmarkCycleFencedLock(b *testing.B) {
 	l := lock.New(c)
 	ctx := context.Background()
 	parallel64(b, c, func(key string) {
-		lease, err := l.TryAcquire(ctx, key, 30*time.Second)
-		if err != nil {
-			b.Fatal(err)
-		}
+		lease := mustAcquire(b, ctx, l, key, 30*time.Second)
 		if err := lease.Release(ctx); err != nil {
 			b.Fatal(err)
 		}

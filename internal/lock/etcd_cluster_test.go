@@ -45,10 +45,7 @@ func holdOnEtcdCluster(t *testing.T) *etcdHolds {
 	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
 	h := &etcdHolds{cluster: cluster, locker: l, metrics: m}
 	for i := range etcdHeld {
-		lease, err := l.TryAcquire(context.Background(), fmt.Sprintf("held-%d", i), etcdTTL)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lease := mustAcquire(t, context.Background(), l, fmt.Sprintf("held-%d", i), etcdTTL)
 		ctx, hold := wd.Hold(context.Background(), lease)
 		h.leases, h.ctxs, h.holds = append(h.leases, lease), append(h.ctxs, ctx), append(h.holds, hold)
 	}

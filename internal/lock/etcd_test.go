@@ -90,10 +90,7 @@ func checkEtcdFenceAcrossRestarts(t *testing.T, d deployment, cluster *etcdtest.
 	ctx := context.Background()
 	wait := []lock.AcquireOption{lock.MaxWait(10 * time.Second),
 		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond})}
-	crashed, err := d.locker().TryAcquire(ctx, "restarts", time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	crashed := mustAcquire(t, ctx, d.locker(), "restarts", time.Second)
 	last := crashed.Fence() // never released: its lease expires
 	next, err := d.locker().Acquire(ctx, "restarts", time.Second, wait...)
 	if err != nil {
@@ -127,10 +124,7 @@ func TestEtcdLockIsKeyBoundToLeaseWithRevisionFence(t *testing.T) {
 	admin := cluster.Client()
 	l := d.locker(lock.WithPrefix("p:"))
 	ctx := context.Background()
-	lease, err := l.TryAcquire(ctx, "r", 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, ctx, l, "r", 3*time.Second)
 	if _, err := l.TryAcquire(ctx, "r", 3*time.Second); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("second TryAcquire: %v, want ErrNotAcquired", err)
 	}
@@ -200,18 +194,9 @@ func TestEtcdLossNoticeIsImmediate(t *testing.T) {
 		t.Fatal("NotifyLoss: the etcd back end should have loss notices")
 	}
 	ctx := context.Background()
-	deleted, err := l.TryAcquire(ctx, "deleted", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	overwritten, err := l.TryAcquire(ctx, "overwritten", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	released, err := l.TryAcquire(ctx, "released", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deleted := mustAcquire(t, ctx, l, "deleted", time.Minute)
+	overwritten := mustAcquire(t, ctx, l, "overwritten", time.Minute)
+	released := mustAcquire(t, ctx, l, "released", time.Minute)
 	if err := released.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

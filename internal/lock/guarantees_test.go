@@ -74,25 +74,21 @@ func (r redisStore) ttl(t *testing.T, key string) []time.Duration {
 }
 
 func singleServer(t *testing.T) deployment {
-	srv := redistest.Start(t)
-	c := srv.Client(func(o *redis.Options) { o.PoolSize = 64 })
+	return redisDeployment(redistest.Start(t).Client(func(o *redis.Options) { o.PoolSize = 64 }))
+}
+
+func clusterDeployment(t *testing.T) deployment {
+	return redisDeployment(redistest.StartCluster(t, 3).Client(func(o *redis.ClusterOptions) { o.PoolSize = 64 }))
+}
+
+// redisDeployment is a deployment on one Redis server or one Cluster, through c.
+func redisDeployment(c redis.UniversalClient) deployment {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
 		admin:  []redis.UniversalClient{c},
 		store:  redisStore{c},
 		stolen: lock.ReasonStolen,
 	}
-}
-
-func clusterDeployment(t *testing.T) (deployment, *redistest.Cluster) {
-	cl := redistest.StartCluster(t, 3)
-	c := cl.Client(func(o *redis.ClusterOptions) { o.PoolSize = 64 })
-	return deployment{
-		locker: func(opts ...lock.Option) *lock.Locker { return lock.New(c, opts...) },
-		admin:  []redis.UniversalClient{c},
-		store:  redisStore{c},
-		stolen: lock.ReasonStolen,
-	}, cl
 }
 
 // redlockNodes starts n independent masters and returns a client for each,
@@ -203,12 +199,9 @@ func checkWrongToken(t *testing.T, d deployment) {
 	t.Helper()
 	l := d.locker()
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "wrong-token", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustAcquire(t, ctx, l, "wrong-token", time.Minute)
 	d.store.overwrite(t, holder.RedisKey(), "someone-else", 2*time.Second)
-	err = holder.Renew(ctx)
+	err := holder.Renew(ctx)
 	var lost *lock.LostError
 	if !errors.As(err, &lost) || lost.Reason != d.stolen || !errors.Is(err, lock.ErrLockLost) {
 		t.Fatalf("Renew with a stale token: %v, want ErrLockLost (%s)", err, d.stolen)
@@ -236,10 +229,7 @@ func checkStaleHolder(t *testing.T, d deployment, ttl time.Duration) {
 	t.Helper()
 	l := d.locker()
 	ctx := context.Background()
-	first, err := l.TryAcquire(ctx, "stale", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustAcquire(t, ctx, l, "stale", ttl)
 	second, err := d.locker().Acquire(ctx, "stale", time.Minute, lock.MaxWait(10*ttl+5*time.Second),
 		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
 	if err != nil {
@@ -285,10 +275,7 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 	l1 := d.locker(lock.WithFenceTTL(100 * time.Millisecond))
 	var last int64
 	for i := range 3 {
-		lease, err := l1.TryAcquire(ctx, "fence-expiry", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		lease := mustAcquire(t, ctx, l1, "fence-expiry", time.Minute)
 		if lease.Fence() <= last {
 			t.Fatalf("acquire %d: fence %d <= %d", i, lease.Fence(), last)
 		}
@@ -308,10 +295,7 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 		}
 		return true
 	})
-	lease, err := d.locker().TryAcquire(ctx, "fence-expiry", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, ctx, d.locker(), "fence-expiry", time.Minute)
 	if lease.Fence() <= last {
 		t.Fatalf("fence after the counter expired: %d <= %d", lease.Fence(), last)
 	}
@@ -329,10 +313,7 @@ func checkReentrancy(t *testing.T, d deployment, l, inner *lock.Locker, resource
 	ctx := context.Background()
 	mine := lock.WithOwner(ctx, "owner-a")
 	theirs := lock.WithOwner(ctx, "owner-b")
-	outer, err := l.TryAcquire(mine, resource, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	outer = mustAcquire(t, mine, l, resource, ttl)
 	held, err := inner.TryAcquire(mine, resource, ttl)
 	if err != nil {
 		t.Fatalf("reentrant acquire: %v", err)
@@ -384,20 +365,27 @@ func checkReentrancy(t *testing.T, d deployment, l, inner *lock.Locker, resource
 	return outer, next
 }
 
-func TestGuaranteesOnCluster(t *testing.T) {
-	t.Parallel()
-	d, _ := clusterDeployment(t)
-	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 16, 100) })
+// checkGuarantees runs the guarantee bodies on d as parallel subtests, the
+// contention one with workers goroutines of perWorker cycles each.
+func checkGuarantees(t *testing.T, d deployment, workers, perWorker int) {
+	t.Helper()
+	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, workers, perWorker) })
 	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
 	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
 	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
 }
 
+func TestGuaranteesOnOneServer(t *testing.T) {
+	t.Parallel()
+	checkGuarantees(t, singleServer(t), 16, 200)
+}
+
+func TestGuaranteesOnCluster(t *testing.T) {
+	t.Parallel()
+	checkGuarantees(t, clusterDeployment(t), 16, 100)
+}
+
 func TestGuaranteesOnRedlock(t *testing.T) {
 	t.Parallel()
-	d := redlockDeployment(t, 5)
-	t.Run("contention", func(t *testing.T) { t.Parallel(); checkContention(t, d, 8, 50) })
-	t.Run("wrong token", func(t *testing.T) { t.Parallel(); checkWrongToken(t, d) })
-	t.Run("fence across expiry", func(t *testing.T) { t.Parallel(); checkFenceAcrossExpiry(t, d) })
-	t.Run("stale holder", func(t *testing.T) { t.Parallel(); checkStaleHolder(t, d, 100*time.Millisecond) })
+	checkGuarantees(t, redlockDeployment(t, 5), 8, 50)
 }

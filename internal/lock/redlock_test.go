@@ -34,10 +34,7 @@ func newWatchdog(t *testing.T) (*watchdog.Watchdog, *metrics.Metrics) {
 // stops when the test ends.
 func watched(t *testing.T, wd *watchdog.Watchdog, l *lock.Locker, resource string, ttl time.Duration) (*lock.Lease, context.Context, *watchdog.Hold) {
 	t.Helper()
-	lease, err := l.TryAcquire(context.Background(), resource, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := mustAcquire(t, context.Background(), l, resource, ttl)
 	hctx, hold := wd.Hold(context.Background(), lease)
 	t.Cleanup(hold.Stop)
 	return lease, hctx, hold
@@ -50,11 +47,7 @@ func renewed(m *metrics.Metrics) float64 {
 // lostWithin waits for ctx's cancellation and returns when and the reason.
 func lostWithin(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
 	t.Helper()
-	select {
-	case <-ctx.Done():
-	case <-time.After(within):
-		t.Fatalf("context not cancelled within %v", within)
-	}
+	redistest.Receive(t, ctx.Done(), within, "the context's cancellation")
 	at := time.Now()
 	var lost *lock.LostError
 	if cause := context.Cause(ctx); !errors.As(cause, &lost) {
@@ -272,10 +265,7 @@ func TestRedlockFenceIncreasesAcrossDisjointMajorities(t *testing.T) {
 	}
 
 	block(3, 4)
-	x, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustAcquire(t, ctx, l, "r", time.Minute)
 	if x.Fence() != base+5001 {
 		t.Fatalf("fence %d, want base+5001 (node 0 was ahead)", x.Fence())
 	}
@@ -288,10 +278,7 @@ func TestRedlockFenceIncreasesAcrossDisjointMajorities(t *testing.T) {
 
 	unblock(3, 4)
 	block(0)
-	y, err := l.TryAcquire(ctx, "r", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	y := mustAcquire(t, ctx, l, "r", time.Minute)
 	if y.Fence() <= x.Fence() {
 		t.Fatalf("fence %d after %d from a majority without the node that was ahead", y.Fence(), x.Fence())
 	}

@@ -7,10 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // slowFallback makes any wake-up that is not a release's show: a waiter that
@@ -22,17 +25,80 @@ func queued(c *redis.Client, l *lock.Locker, resource string) int64 {
 	return c.ZCard(context.Background(), l.Key(resource)+":queue").Val()
 }
 
+func TestAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(nil)
+	l, _, holder := newHeld(t, "r", time.Minute, lock.WithMetrics(m))
+	ctx := context.Background()
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(10*time.Second),
+			lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 20 * time.Millisecond}))
+		if err == nil && lease.Fence() <= holder.Fence() {
+			err = fmt.Errorf("fence %d not above holder's %d", lease.Fence(), holder.Fence())
+		}
+		got <- err
+	}()
+	eventually(t, 5*time.Second, "a busy attempt", func() bool {
+		return testutil.ToFloat64(m.LockAcquire.WithLabelValues(metrics.AcquireBusy)) > 0
+	})
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire after release: %v", err)
+	}
+}
+
+func TestAcquireGivesUpAtMaxWaitWithBoundedAttempts(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	ctx := context.Background()
+	if _, err := l.TryAcquire(ctx, "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute, lock.MaxWait(time.Second),
+		lock.CountAttempts(&attempts), lock.WithWaitBackoff(backoff.Jitter{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}))
+	elapsed := time.Since(start)
+	if !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire on a held lock: %v, want ErrNotAcquired", err)
+	}
+	if elapsed < time.Second || elapsed > 3*time.Second {
+		t.Fatalf("gave up after %v, want about the 1s max wait", elapsed)
+	}
+	// A fixed 10ms retry would make ~100 attempts; growing backoff makes far fewer.
+	if attempts < 3 || attempts > 40 {
+		t.Fatalf("%d attempts in 1s with 10ms..200ms backoff, want between 3 and 40", attempts)
+	}
+}
+
+func TestAcquireHonoursContext(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	if _, err := l.TryAcquire(context.Background(), "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := l.Acquire(ctx, "r", time.Minute)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("Acquire with a cancelled context: %v, want context.Canceled and ErrNotAcquired", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Acquire returned %v after cancel", d)
+	}
+}
+
 // TestWaitersAreServedInArrivalOrderOnRelease queues five waiters one after
 // the other behind a holder and checks that each release hands the lock to
 // the next in arrival order, at once (the fallback would take seconds).
 func TestWaitersAreServedInArrivalOrderOnRelease(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "fifo", 10*time.Second)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "fifo", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const waiters = 5
 	order := make(chan int, waiters)
 	errs := make(chan error, waiters)     // Acquire failures
@@ -88,12 +154,8 @@ func TestWaitersAreServedInArrivalOrderOnRelease(t *testing.T) {
 // lock is the waiter's; a TryAcquire in between finds it busy.
 func TestTryAcquireDoesNotJumpTheQueue(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "queue-first", 10*time.Second)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "queue-first", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
@@ -121,12 +183,8 @@ func TestTryAcquireDoesNotJumpTheQueue(t *testing.T) {
 // it leaves the queue at once, and the release goes to the second.
 func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "leave", 10*time.Second)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "leave", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cctx, cancel := context.WithCancel(ctx)
 	first := make(chan error, 1)
 	go func() {
@@ -144,13 +202,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	}()
 	eventually(t, 5*time.Second, "the second waiter in the queue", func() bool { return queued(c, l, "leave") == 2 })
 	cancel()
-	select {
-	case err := <-first:
-		if !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
-			t.Fatalf("cancelled waiter: %v", err)
-		}
-	case <-time.After(time.Second):
-		t.Fatal("a cancelled waiter did not return within 1s")
+	if err := redistest.Receive(t, first, time.Second, "the cancelled waiter to return"); !errors.Is(err, context.Canceled) || !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("cancelled waiter: %v", err)
 	}
 	if n := queued(c, l, "leave"); n != 1 {
 		t.Fatalf("queue holds %d waiters after the first left, want 1", n)
@@ -159,13 +212,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(4 * time.Second):
-		t.Fatal("the release did not reach the second waiter: the cancelled one still stood first")
+	if err := redistest.Receive(t, second, 4*time.Second, "the release to reach the second waiter (did the cancelled one still stand first?)"); err != nil {
+		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("second waiter served %v after the release", d)
@@ -183,12 +231,8 @@ func TestWaiterWhoseContextEndsLeavesTheQueue(t *testing.T) {
 // stay with a waiter that is gone, for its TTL).
 func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
+	l, c, holder := newHeld(t, "marker", 10*time.Second)
 	ctx := context.Background()
-	holder, err := l.TryAcquire(ctx, "marker", 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	q := l.Key("marker") + ":queue"
 	addDeadWaiter(t, c, q, "w", 10*time.Second)
 	if err := c.RPush(ctx, q+":w:wake", "cancelled").Err(); err != nil {
@@ -214,13 +258,9 @@ func TestLeaveReleasesAHandOffBehindTheCancelMarker(t *testing.T) {
 // the next waiter gets it, within the TTL and one fallback wait.
 func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	t.Parallel()
-	l, c, _ := newLocker(t)
-	ctx := context.Background()
 	const ttl = 400 * time.Millisecond
-	holder, err := l.TryAcquire(ctx, "crash", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, c, holder := newHeld(t, "crash", ttl)
+	ctx := context.Background()
 	q := l.Key("crash") + ":queue"
 	addDeadWaiter(t, c, q, "dead", ttl)
 	addDeadWaiter(t, c, q, "long-dead", 0) // its hash already expired: skipped
@@ -241,13 +281,8 @@ func TestCrashedWaiterHoldsTheQueueUpAtMostItsTTL(t *testing.T) {
 	if v := c.Get(ctx, l.Key("crash")).Val(); v != "dead-token" {
 		t.Fatalf("after the release the lock holds %q, want the first waiter's token", v)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a crashed waiter at the head held the queue up for 5s")
+	if err := redistest.Receive(t, got, 5*time.Second, "the live waiter behind a crashed one at the head"); err != nil {
+		t.Fatal(err)
 	}
 	if d := time.Since(released); d > ttl+time.Second {
 		t.Fatalf("the live waiter got the lock %v after the release, want within the TTL %v and one fallback wait", d, ttl)
@@ -282,10 +317,7 @@ func TestHandedOffLeaseNeverOutlivesItsKey(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 5 * time.Second
 	for i := range 3 {
-		holder, err := l.TryAcquire(ctx, "validity", ttl)
-		if err != nil {
-			t.Fatal(err)
-		}
+		holder := mustAcquire(t, ctx, l, "validity", ttl)
 		got := make(chan *lock.Lease, 1)
 		go func() {
 			lease, err := l.Acquire(ctx, "validity", ttl, slowFallback, lock.MaxWait(20*time.Second))

@@ -54,21 +54,20 @@ func NewQueueCollector(inspector QueueInspector, log *slog.Logger) *QueueCollect
 var (
 	queueTasksDesc = prometheus.NewDesc("asynq_tasks_enqueued_total",
 		"Number of tasks enqueued; broken down by queue and state.", []string{"queue", "state"}, nil)
-	queueSizeDesc = prometheus.NewDesc("asynq_queue_size",
-		"Number of tasks in a queue", []string{"queue"}, nil)
-	queueLatencyDesc = prometheus.NewDesc("asynq_queue_latency_seconds",
-		"Number of seconds the oldest pending task is waiting in pending state to be processed.", []string{"queue"}, nil)
-	queueMemoryDesc = prometheus.NewDesc("asynq_queue_memory_usage_approx_bytes",
-		"Number of memory used by a given queue (approximated number by sampling).", []string{"queue"}, nil)
-	queueProcessedDesc = prometheus.NewDesc("asynq_tasks_processed_total",
-		"Number of tasks processed (both succeeded and failed); broken down by queue", []string{"queue"}, nil)
-	queueFailedDesc = prometheus.NewDesc("asynq_tasks_failed_total",
-		"Number of tasks failed; broken down by queue", []string{"queue"}, nil)
-	queuePausedDesc = prometheus.NewDesc("asynq_queue_paused_total",
-		"Number of queues paused", []string{"queue"}, nil)
-	queueAgeDesc = prometheus.NewDesc("lockstep_queue_metrics_age_seconds",
+	queueSizeDesc      = perQueue("asynq_queue_size", "Number of tasks in a queue")
+	queueLatencyDesc   = perQueue("asynq_queue_latency_seconds", "Number of seconds the oldest pending task is waiting in pending state to be processed.")
+	queueMemoryDesc    = perQueue("asynq_queue_memory_usage_approx_bytes", "Number of memory used by a given queue (approximated number by sampling).")
+	queueProcessedDesc = perQueue("asynq_tasks_processed_total", "Number of tasks processed (both succeeded and failed); broken down by queue")
+	queueFailedDesc    = perQueue("asynq_tasks_failed_total", "Number of tasks failed; broken down by queue")
+	queuePausedDesc    = perQueue("asynq_queue_paused_total", "Number of queues paused")
+	queueAgeDesc       = prometheus.NewDesc("lockstep_queue_metrics_age_seconds",
 		"Age of the asynq queue figures exported (they are refreshed in the background, so a scrape never waits on Redis); +Inf before the first refresh completed.", nil, nil)
 )
+
+// perQueue describes an asynq series labelled by queue alone.
+func perQueue(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{"queue"}, nil)
+}
 
 // Describe implements prometheus.Collector.
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -26,13 +26,14 @@ func exitedWithin(exited <-chan struct{}, d time.Duration) bool {
 	}
 }
 
+// sleeper is a process that sleeps for a minute.
+func sleeper(t *testing.T) proctest.Spec {
+	return proctest.Spec{What: "sleep", Bin: proctest.Binary(t, "sleep", "coreutils"), Args: []string{"60"}}
+}
+
 func TestKillPauseRestart(t *testing.T) {
 	t.Parallel()
-	p := proctest.New(t, proctest.Spec{What: "sleep", Bin: proctest.Binary(t, "sleep", "coreutils"), Args: []string{"60"}})
-	t.Cleanup(p.Kill)
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
+	p := proctest.Start(t, sleeper(t))
 	pid := p.Pid()
 	if pid == 0 {
 		t.Fatal("Pid() = 0 for a running process")
@@ -62,11 +63,7 @@ func TestKillPauseRestart(t *testing.T) {
 
 func TestStopIsGraceful(t *testing.T) {
 	t.Parallel()
-	p := proctest.New(t, proctest.Spec{What: "sleep", Bin: proctest.Binary(t, "sleep", "coreutils"), Args: []string{"60"}})
-	t.Cleanup(p.Kill)
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
+	p := proctest.Start(t, sleeper(t))
 	if !p.Stop(5 * time.Second) {
 		t.Fatal("sleep did not exit on SIGTERM")
 	}
@@ -126,12 +123,8 @@ func TestFailedStartQuotesLog(t *testing.T) {
 func TestLogWait(t *testing.T) {
 	t.Parallel()
 	var log proctest.Log
-	p := proctest.New(t, proctest.Spec{What: "logger", Bin: proctest.Binary(t, "sh", "dash"), Output: &log,
+	p := proctest.Start(t, proctest.Spec{What: "logger", Bin: proctest.Binary(t, "sh", "dash"), Output: &log,
 		Args: []string{"-c", `echo '{"msg":"starting"}'; printf '{"msg":"listening",'; sleep 0.05; echo '"addr":"127.0.0.1:1"}'; exec sleep 60`}})
-	t.Cleanup(p.Kill)
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
 	rec := log.Wait(t, 0, 10*time.Second, p.Exited(), "listening", proctest.Msg("listening", "addr", "127.0.0.1:1"))
 	if rec["addr"] != "127.0.0.1:1" {
 		t.Fatalf("Wait = %v", rec)
@@ -167,7 +160,7 @@ func TestStartKillsAtTheEnd(t *testing.T) {
 	var p *proctest.Proc
 	var pid int
 	t.Run("owner", func(t *testing.T) {
-		p = proctest.Start(t, proctest.Spec{What: "sleep", Bin: proctest.Binary(t, "sleep", "coreutils"), Args: []string{"60"}})
+		p = proctest.Start(t, sleeper(t))
 		if pid = p.Pid(); pid == 0 {
 			t.Fatal("Start returned before the process runs")
 		}

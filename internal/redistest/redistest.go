@@ -50,17 +50,23 @@ type Server struct {
 func Start(tb testing.TB, directives ...string) *Server {
 	tb.Helper()
 	return launch(tb, func(port int, dir string) []string {
-		return append([]string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", dir,
-			"--logfile", logFile(dir, port),
-			"--daemonize", "no",
-			"--repl-diskless-sync-delay", "0", // replicas link up at once
-		}, expand(directives)...)
+		return append(serverArgs(port, dir), expand(directives)...)
 	})
+}
+
+// serverArgs are the flags of every data node: port on loopback, no
+// persistence, its own directory and log file, in the foreground.
+func serverArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", dir,
+		"--logfile", logFile(dir, port),
+		"--daemonize", "no",
+		"--repl-diskless-sync-delay", "0", // replicas link up at once
+	}
 }
 
 // launch starts redis-server with the arguments args returns for a free port

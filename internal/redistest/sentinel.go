@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // failoverTimeout bounds how long Failover waits for the sentinels to agree
@@ -44,19 +44,11 @@ func StartSentinel(tb testing.TB, directives ...string) *Sentinel {
 	s := &Sentinel{tb: tb, MasterName: "lockstep"}
 	data := func(extra ...string) *Server {
 		return launch(tb, func(port int, dir string) []string {
-			args := []string{
-				"--port", strconv.Itoa(port),
-				"--bind", "127.0.0.1",
-				"--save", "",
-				"--appendonly", "no",
-				"--dir", dir,
-				"--logfile", logFile(dir, port),
-				"--daemonize", "no",
-				"--repl-diskless-sync-delay", "0",
-				"--user", replUser, "on", ">" + replPassword, "~*", "&*", "+@all",
+			args := append(serverArgs(port, dir),
+				"--user", replUser, "on", ">"+replPassword, "~*", "&*", "+@all",
 				"--masteruser", replUser,
 				"--masterauth", replPassword,
-			}
+			)
 			return append(append(args, extra...), expand(directives)...)
 		})
 	}
@@ -64,17 +56,13 @@ func StartSentinel(tb testing.TB, directives ...string) *Sentinel {
 	s.Data[1] = data("--replicaof", "127.0.0.1", strconv.Itoa(s.Data[0].Port))
 	for range 3 {
 		s.Sentinels = append(s.Sentinels, launch(tb, func(port int, dir string) []string {
-			conf := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", port))
 			text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\n"+
 				"sentinel monitor %s 127.0.0.1 %d 2\n"+
 				"sentinel down-after-milliseconds %[4]s 1000\n"+
 				"sentinel failover-timeout %[4]s 5000\n"+
 				"sentinel parallel-syncs %[4]s 1\n",
 				port, dir, logFile(dir, port), s.MasterName, s.Data[0].Port)
-			if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-				tb.Fatalf("redistest: write sentinel config: %v", err)
-			}
-			return []string{conf, "--sentinel"}
+			return []string{proctest.WriteFile(tb, fmt.Sprintf("sentinel-%d.conf", port), text), "--sentinel"}
 		}))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), failoverTimeout)

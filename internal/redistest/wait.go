@@ -18,3 +18,17 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Receive returns the next value from ch, and fails the test when none comes
+// within timeout: how a test waits for what a goroutine sends.
+func Receive[T any](tb testing.TB, ch <-chan T, timeout time.Duration, what string) T {
+	tb.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		var zero T
+		return zero
+	}
+}

@@ -5,11 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"go.uber.org/goleak"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestExitCode(t *testing.T) {
 	t.Parallel()

@@ -14,27 +14,33 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
-// noticeLatency holds resource under a 30s TTL (next renewal 10s away),
-// deletes its key with admin once the notifier listens on node, and returns
-// how long the holder took to see the loss.
-func noticeLatency(t *testing.T, l *lock.Locker, wd *watchdog.Watchdog, del func(key string) error, node *redis.Client, resource string) time.Duration {
+// trackingWatchdog returns a Locker on c and a watchdog that learns of changes
+// to its keys from c's tracking notices, stopped when the test ends.
+func trackingWatchdog(t *testing.T, c redis.UniversalClient) (*lock.Locker, *watchdog.Watchdog) {
+	l := lock.New(c)
+	wd := watchdog.New(watchdog.Options{Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	return l, wd
+}
+
+// checkNotice holds resource under a 30s TTL (next renewal 10s away), runs
+// ready (until the notifier listens), deletes the key with del and checks
+// that the holder sees the loss, as expired, within a second.
+func checkNotice(t *testing.T, what string, l *lock.Locker, wd *watchdog.Watchdog, del func(key string) error, ready func(), resource string) {
 	t.Helper()
-	lease, err := l.TryAcquire(context.Background(), resource, longTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
+	ctx, hold := holdOn(t, wd, l, resource, longTTL)
 	defer hold.Stop()
-	waitListening(t, node)
+	ready()
 	deleted := time.Now()
 	if err := del(l.Key(resource)); err != nil {
 		t.Fatal(err)
 	}
 	at, reason := cancelled(t, ctx, 3*time.Second)
-	if reason != lock.ReasonExpired {
-		t.Fatalf("%s: reason %q, want expired", resource, reason)
+	d := at.Sub(deleted)
+	t.Logf("%s: loss (%s) seen %v after the deletion", what, reason, d)
+	if reason != lock.ReasonExpired || d > time.Second {
+		t.Fatalf("%s: reason %q after %v, want expired within 1s", what, reason, d)
 	}
-	return at.Sub(deleted)
 }
 
 // On Redis Cluster, each master has its tracking connection: a key deleted on
@@ -42,13 +48,9 @@ func noticeLatency(t *testing.T, l *lock.Locker, wd *watchdog.Watchdog, del func
 func TestNoticeOnCluster(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
-	c := cl.Client()
-	defer c.Close()
+	l, wd := trackingWatchdog(t, cl.Client())
 	admin := cl.Client()
-	defer admin.Close()
-	l := lock.New(c)
-	wd := watchdog.New(watchdog.Options{Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
-	defer wd.Stop(context.Background())
+	del := func(k string) error { return admin.Del(context.Background(), k).Err() }
 	nodes := map[string]bool{}
 	for i := 0; len(nodes) < 3 && i < 100; i++ {
 		res := fmt.Sprint("cl:", i)
@@ -58,12 +60,8 @@ func TestNoticeOnCluster(t *testing.T) {
 		}
 		nodes[node.Addr] = true
 		nc := node.Client()
-		d := noticeLatency(t, l, wd, func(k string) error { return admin.Del(context.Background(), k).Err() }, nc, res)
+		checkNotice(t, "node "+node.Addr, l, wd, del, func() { waitListening(t, nc) }, res)
 		nc.Close()
-		t.Logf("node %s: loss seen %v after the deletion", node.Addr, d)
-		if d > time.Second {
-			t.Fatalf("node %s: loss seen %v after the deletion, want within 1s", node.Addr, d)
-		}
 	}
 	if len(nodes) != 3 {
 		t.Fatalf("keys on %d masters, want 3", len(nodes))
@@ -76,45 +74,22 @@ func TestNoticeThroughSentinel(t *testing.T) {
 	t.Parallel()
 	s := redistest.StartSentinel(t)
 	c := s.Client()
-	defer c.Close()
+	l, wd := trackingWatchdog(t, c)
 	admin := s.Client()
-	defer admin.Close()
-	l := lock.New(c)
-	wd := watchdog.New(watchdog.Options{Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
-	defer wd.Stop(context.Background())
 	del := func(k string) error { return admin.Del(context.Background(), k).Err() }
 
 	m := s.Master().Client()
-	d := noticeLatency(t, l, wd, del, m, "s:before")
+	checkNotice(t, "before the failover", l, wd, del, func() { waitListening(t, m) }, "s:before")
 	m.Close()
-	t.Logf("before the failover: loss seen %v after the deletion", d)
-	if d > time.Second {
-		t.Fatalf("loss seen %v after the deletion, want within 1s", d)
-	}
-	_, to := s.Failover()
-	nm := to.Client()
-	defer nm.Close()
+	s.Failover()
 	// The old master is now a replica: the notifier hears the new master's
 	// writes through it (tracking works on replicas) or reconnects to it.
 	redistest.WaitFor(t, 10*time.Second, "the failover client on the new master", func() bool {
 		return c.Set(context.Background(), "probe", "1", time.Second).Err() == nil
 	})
-	lease, err := l.TryAcquire(context.Background(), "s:after", longTTL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
-	defer hold.Stop()
-	time.Sleep(200 * time.Millisecond) // the replica link carries the acquire
-	deleted := time.Now()
-	if err := del(l.Key("s:after")); err != nil {
-		t.Fatal(err)
-	}
-	at, _ := cancelled(t, ctx, 3*time.Second)
-	t.Logf("after the failover: loss seen %v after the deletion", at.Sub(deleted))
-	if at.Sub(deleted) > time.Second {
-		t.Fatalf("after the failover: loss seen %v after the deletion, want within 1s", at.Sub(deleted))
-	}
+	checkNotice(t, "after the failover", l, wd, del, func() {
+		time.Sleep(200 * time.Millisecond) // the replica link carries the acquire
+	}, "s:after")
 }
 
 // On etcd, the back end's own watch tells the watchdog of a deleted key: the
@@ -122,27 +97,14 @@ func TestNoticeThroughSentinel(t *testing.T) {
 func TestNoticeOnEtcd(t *testing.T) {
 	t.Parallel()
 	cl := etcdtest.Start(t)
-	c := cl.Client()
-	defer c.Close()
-	admin := cl.Client()
-	defer admin.Close()
-	l := lock.NewEtcd(c)
+	l := lock.NewEtcd(cl.Client())
 	defer l.Close()
 	wd := watchdog.New(watchdog.Options{})
 	defer wd.Stop(context.Background())
-	lease, err := l.TryAcquire(context.Background(), "e", longTTL)
-	if err != nil {
-		t.Fatal(err)
+	admin := cl.Client()
+	del := func(k string) error {
+		_, err := admin.Delete(context.Background(), k)
+		return err
 	}
-	ctx, hold := wd.Hold(context.Background(), lease)
-	defer hold.Stop()
-	deleted := time.Now()
-	if _, err := admin.Delete(context.Background(), l.Key("e")); err != nil {
-		t.Fatal(err)
-	}
-	at, reason := cancelled(t, ctx, 3*time.Second)
-	t.Logf("etcd: loss (%s) seen %v after the deletion", reason, at.Sub(deleted))
-	if reason != lock.ReasonExpired || at.Sub(deleted) > time.Second {
-		t.Fatalf("reason %q after %v, want expired within 1s", reason, at.Sub(deleted))
-	}
+	checkNotice(t, "etcd", l, wd, del, func() {}, "e")
 }

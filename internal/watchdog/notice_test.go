@@ -29,15 +29,6 @@ func noticeRig(t *testing.T, srv *redistest.Server) *rig {
 	return r
 }
 
-func (r *rig) holdTTL(t *testing.T, resource string, ttl time.Duration) (context.Context, *watchdog.Hold) {
-	t.Helper()
-	lease, err := r.locker.TryAcquire(context.Background(), resource, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.wd.Hold(context.Background(), lease)
-}
-
 // waitListening waits until the notifier is subscribed: a renewal of a held
 // key then comes back as a notice that the watchdog expects (and ignores).
 func waitListening(t *testing.T, admin *redis.Client) {
@@ -73,9 +64,9 @@ func TestNoticeCancelsWithinMilliseconds(t *testing.T) {
 		}, lock.ReasonStolen},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, hold := r.holdTTL(t, "n:"+c.name, longTTL)
+			ctx, hold := holdOn(t, r.wd, r.locker, "n:"+c.name, longTTL)
 			defer hold.Stop()
-			other, otherHold := r.holdTTL(t, "other:"+c.name, longTTL)
+			other, otherHold := holdOn(t, r.wd, r.locker, "other:"+c.name, longTTL)
 			defer otherHold.Stop()
 			waitListening(t, r.admin)
 			changed := time.Now()
@@ -107,7 +98,7 @@ func TestOwnRenewalsCauseNoExtraRenewals(t *testing.T) {
 	r := noticeRig(t, srv)
 	var holds []*watchdog.Hold
 	for i := range 20 {
-		ctx, h := r.holdTTL(t, fmt.Sprint("own:", i), ttl)
+		ctx, h := holdOn(t, r.wd, r.locker, fmt.Sprint("own:", i), ttl)
 		holds = append(holds, h)
 		defer h.Stop()
 		_ = ctx
@@ -150,11 +141,7 @@ func TestNoTrackingFallsBackToRenewals(t *testing.T) {
 	l := lock.New(c)
 	wd := watchdog.New(watchdog.Options{Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
 	defer wd.Stop(context.Background())
-	lease, err := l.TryAcquire(context.Background(), "m", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, hold := wd.Hold(context.Background(), lease)
+	ctx, hold := holdOn(t, wd, l, "m", ttl)
 	defer hold.Stop()
 	mr.Del(l.Key("m"))
 	_, reason := cancelled(t, ctx, 2*time.Second)
@@ -184,11 +171,7 @@ func TestDeadlineIsCheckedAtUse(t *testing.T) {
 		}},
 		{"Cause", func(ctx context.Context) bool { return context.Cause(ctx) != nil }},
 	} {
-		lease, err := r.locker.TryAcquire(context.Background(), "use:"+check.name, longTTL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, hold := r.wd.Hold(context.Background(), lease)
+		ctx, hold := holdOn(t, r.wd, r.locker, "use:"+check.name, longTTL)
 		if check.done(ctx) {
 			t.Fatalf("%s: done before the deadline", check.name)
 		}
@@ -210,7 +193,7 @@ func TestFinishReportsLossFoundAtRelease(t *testing.T) {
 	t.Parallel()
 	r := startRig(t, watchdog.Options{})
 	bg := context.Background()
-	_, hold := r.holdTTL(t, "fin", longTTL)
+	_, hold := holdOn(t, r.wd, r.locker, "fin", longTTL)
 	if err := r.admin.Set(bg, r.locker.Key("fin"), "someone-else", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +208,7 @@ func TestFinishReportsLossFoundAtRelease(t *testing.T) {
 		t.Fatalf("release touched the next holder's lock: %q", v)
 	}
 	// A clean hold finishes with nothing to report and frees the key.
-	_, hold = r.holdTTL(t, "clean", longTTL)
+	_, hold = holdOn(t, r.wd, r.locker, "clean", longTTL)
 	if lost, err := hold.Finish(bg); lost != nil || err != nil {
 		t.Fatalf("Finish = %v, %v", lost, err)
 	}

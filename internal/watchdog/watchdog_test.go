@@ -1,7 +1,6 @@
 package watchdog_test
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,161 +10,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
-
-// ttl is short so fault tests run fast: interval 100ms, and a drift margin of
-// 75ms leaves room for a loaded 2-core CI machine to fire the deadline timer.
-const (
-	ttl   = 300 * time.Millisecond
-	drift = 75 * time.Millisecond
-	// slack is how late, beyond what the design allows, a cancellation may be
-	// observed on a loaded machine.
-	slack = 100 * time.Millisecond
-)
-
-// recorder is a go-redis hook that logs when each round trip was sent and
-// whether it succeeded, so tests can read the last successful renewal's send
-// time and count round trips.
-type recorder struct {
-	mu    sync.Mutex
-	trips []trip
-}
-
-type trip struct {
-	sent, done time.Time
-	cmds       int
-	evals      int // EVALSHA/EVAL commands in it
-	err        error
-}
-
-func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		t := trip{sent: time.Now(), cmds: 1, evals: countEvals(cmd)}
-		err := next(ctx, cmd)
-		t.done, t.err = time.Now(), err
-		r.add(t)
-		return err
-	}
-}
-
-func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		t := trip{sent: time.Now(), cmds: len(cmds), evals: countEvals(cmds...)}
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			if err == nil {
-				err = c.Err()
-			}
-		}
-		t.done, t.err = time.Now(), err
-		r.add(t)
-		return err
-	}
-}
-
-func countEvals(cmds ...redis.Cmder) int {
-	n := 0
-	for _, c := range cmds {
-		if name := c.Name(); name == "evalsha" || name == "eval" {
-			n++
-		}
-	}
-	return n
-}
-
-func (r *recorder) add(t trip) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.trips = append(r.trips, t)
-}
-
-func (r *recorder) snapshot() []trip {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]trip(nil), r.trips...)
-}
-
-// lastOKSend is the send time of the last round trip that succeeded before t.
-func (r *recorder) lastOKSend(before time.Time) time.Time {
-	var last time.Time
-	for _, t := range r.snapshot() {
-		if t.err == nil && t.done.Before(before) && t.sent.After(last) {
-			last = t.sent
-		}
-	}
-	return last
-}
-
-type rig struct {
-	srv     *redistest.Server
-	client  *redis.Client // the watchdog's, through rec
-	admin   *redis.Client // another client, for the test's own commands
-	rec     *recorder
-	locker  *lock.Locker
-	wd      *watchdog.Watchdog
-	metrics *metrics.Metrics
-}
-
-func newRig(t *testing.T, addr string, srv *redistest.Server, opts watchdog.Options) *rig {
-	t.Helper()
-	rec := &recorder{}
-	c := redis.NewClient(&redis.Options{
-		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
-		DialTimeout: 100 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
-	})
-	c.AddHook(rec)
-	t.Cleanup(func() { c.Close() })
-	m := metrics.New(nil)
-	opts.Metrics = m
-	opts.DriftMargin = cmp.Or(opts.DriftMargin, drift)
-	wd := watchdog.New(opts)
-	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
-	return &rig{srv: srv, client: c, admin: srv.Client(), rec: rec, locker: lock.New(c), wd: wd, metrics: m}
-}
-
-// startRig is newRig on a Redis server of its own.
-func startRig(t *testing.T, opts watchdog.Options) *rig {
-	t.Helper()
-	srv := redistest.Start(t)
-	return newRig(t, srv.Addr, srv, opts)
-}
-
-func (r *rig) hold(t *testing.T, resource string, opts ...watchdog.HoldOption) (context.Context, *watchdog.Hold) {
-	t.Helper()
-	lease, err := r.locker.TryAcquire(context.Background(), resource, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.wd.Hold(context.Background(), lease, opts...)
-}
-
-// cancelled waits for ctx to be cancelled and returns when and the lost reason.
-func cancelled(t *testing.T, ctx context.Context, within time.Duration) (time.Time, lock.Reason) {
-	t.Helper()
-	select {
-	case <-ctx.Done():
-	case <-time.After(within):
-		t.Fatalf("context not cancelled within %v", within)
-	}
-	at := time.Now()
-	var lost *lock.LostError
-	cause := context.Cause(ctx)
-	if !errors.As(cause, &lost) || !errors.Is(cause, lock.ErrLockLost) {
-		t.Fatalf("cause %v, want a *lock.LostError matching lock.ErrLockLost", cause)
-	}
-	return at, lost.Reason
-}
 
 func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
 	t.Parallel()
@@ -210,61 +60,71 @@ func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
 	}
 }
 
-func TestKeyDeletedCancelsExpired(t *testing.T) {
+// A key deleted or overwritten behind the holder's back is a loss with its
+// reason (expired, stolen), seen within one renewal interval and counted
+// once; no renewal of ours touches the key after it.
+func TestKeyChangedCancelsWithItsReason(t *testing.T) {
 	t.Parallel()
-	r := startRig(t, watchdog.Options{})
-	ctx, hold := r.hold(t, "r")
-	defer hold.Stop()
 	bg := context.Background()
-	if err := r.admin.Del(bg, r.locker.Key("r")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	deleted := time.Now()
-	at, reason := cancelled(t, ctx, 2*time.Second)
-	if reason != lock.ReasonExpired {
-		t.Fatalf("reason %q, want expired", reason)
-	}
-	latency := at.Sub(deleted)
-	t.Logf("expired: cancelled %v after the key was deleted (interval %v)", latency, ttl/3)
-	if latency > ttl/3+slack {
-		t.Fatalf("cancelled %v after deletion, want within one interval (%v) + %v", latency, ttl/3, slack)
-	}
-	if got := testutil.ToFloat64(r.metrics.LockLost.WithLabelValues("expired")); got != 1 {
-		t.Fatalf("lock_lost_total{reason=expired} = %v", got)
-	}
-}
-
-func TestKeyOverwrittenCancelsStolenAndLeavesOtherTokenAlone(t *testing.T) {
-	t.Parallel()
-	r := startRig(t, watchdog.Options{})
-	ctx, hold := r.hold(t, "r")
-	defer hold.Stop()
-	bg := context.Background()
-	key := r.locker.Key("r")
-	if err := r.admin.Set(bg, key, "other-holder", 5*time.Second).Err(); err != nil {
-		t.Fatal(err)
-	}
-	stolen := time.Now()
-	at, reason := cancelled(t, ctx, 2*time.Second)
-	if reason != lock.ReasonStolen {
-		t.Fatalf("reason %q, want stolen", reason)
-	}
-	t.Logf("stolen: cancelled %v after the key was overwritten (interval %v)", at.Sub(stolen), ttl/3)
-	if d := at.Sub(stolen); d > ttl/3+slack {
-		t.Fatalf("cancelled %v after the overwrite, want within one interval + %v", d, slack)
-	}
-	// Observe a full interval more: no renewal of ours may touch the other token.
-	tripsAtCancel := len(r.rec.snapshot())
-	time.Sleep(ttl / 2)
-	pttl := r.admin.PTTL(bg, key).Val()
-	if got := r.admin.Get(bg, key).Val(); got != "other-holder" {
-		t.Fatalf("key holds %q, want the other holder's token", got)
-	}
-	if want := 5*time.Second - time.Since(stolen) + 20*time.Millisecond; pttl > want {
-		t.Fatalf("other token's PTTL %v > %v: it was extended", pttl, want)
-	}
-	if n := len(r.rec.snapshot()) - tripsAtCancel; n != 0 {
-		t.Fatalf("%d round trips after the loss, want none", n)
+	for _, tc := range []struct {
+		reason lock.Reason
+		fault  func(r *rig, key string) error
+		// after checks the key a full interval after the loss.
+		after func(t *testing.T, r *rig, key string, faulted time.Time)
+	}{
+		{
+			reason: lock.ReasonExpired,
+			fault:  func(r *rig, key string) error { return r.admin.Del(bg, key).Err() },
+			after: func(t *testing.T, r *rig, key string, _ time.Time) {
+				if n := r.admin.Exists(bg, key).Val(); n != 0 {
+					t.Fatal("the deleted key is back")
+				}
+			},
+		},
+		{
+			reason: lock.ReasonStolen,
+			fault:  func(r *rig, key string) error { return r.admin.Set(bg, key, "other-holder", 5*time.Second).Err() },
+			after: func(t *testing.T, r *rig, key string, stolen time.Time) {
+				pttl := r.admin.PTTL(bg, key).Val()
+				if got := r.admin.Get(bg, key).Val(); got != "other-holder" {
+					t.Fatalf("key holds %q, want the other holder's token", got)
+				}
+				if want := 5*time.Second - time.Since(stolen) + 20*time.Millisecond; pttl > want {
+					t.Fatalf("other token's PTTL %v > %v: it was extended", pttl, want)
+				}
+			},
+		},
+	} {
+		t.Run(string(tc.reason), func(t *testing.T) {
+			t.Parallel()
+			r := startRig(t, watchdog.Options{})
+			ctx, hold := r.hold(t, "r")
+			defer hold.Stop()
+			key := r.locker.Key("r")
+			if err := tc.fault(r, key); err != nil {
+				t.Fatal(err)
+			}
+			faulted := time.Now()
+			at, reason := cancelled(t, ctx, 2*time.Second)
+			if reason != tc.reason {
+				t.Fatalf("reason %q, want %s", reason, tc.reason)
+			}
+			latency := at.Sub(faulted)
+			t.Logf("%s: cancelled %v after the fault (interval %v)", tc.reason, latency, ttl/3)
+			if latency > ttl/3+slack {
+				t.Fatalf("cancelled %v after the fault, want within one interval (%v) + %v", latency, ttl/3, slack)
+			}
+			if got := testutil.ToFloat64(r.metrics.LockLost.WithLabelValues(string(tc.reason))); got != 1 {
+				t.Fatalf("lock_lost_total{reason=%s} = %v", tc.reason, got)
+			}
+			// Observe a full interval more: no renewal of ours may touch the key.
+			tripsAtCancel := len(r.rec.snapshot())
+			time.Sleep(ttl / 2)
+			tc.after(t, r, key, faulted)
+			if n := len(r.rec.snapshot()) - tripsAtCancel; n != 0 {
+				t.Fatalf("%d round trips after the loss, want none", n)
+			}
+		})
 	}
 }
 
