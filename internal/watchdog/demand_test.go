@@ -64,7 +64,7 @@ func TestNoticesRunOnlyWhileAHoldIsOld(t *testing.T) {
 		t.Fatalf("notifier started %d times for holds that all ended within %v", got, after)
 	}
 
-	ctx, hold := r.holdTTL(t, "long", longTTL)
+	ctx, hold := holdOn(t, r.wd, r.locker, "long", longTTL)
 	defer hold.Stop()
 	redistest.WaitFor(t, 5*time.Second, "the notifier to start for a hold older than NoticeAfter", func() bool { return n.runs.Load() == 1 })
 	waitListening(t, r.admin)
@@ -93,7 +93,7 @@ func TestLossOfAYoungHoldIsFoundWhenNoticesStart(t *testing.T) {
 	t.Parallel()
 	const after = 300 * time.Millisecond
 	r, n := demandRig(t, after, time.Second)
-	ctx, hold := r.holdTTL(t, "young", longTTL)
+	ctx, hold := holdOn(t, r.wd, r.locker, "young", longTTL)
 	defer hold.Stop()
 	changed := time.Now()
 	if err := r.admin.Del(context.Background(), r.locker.Key("young")).Err(); err != nil {
@@ -120,7 +120,7 @@ func TestRefusedNoticesAreNotRetriedPerHold(t *testing.T) {
 	r.wd = watchdog.New(watchdog.Options{Metrics: r.metrics, Notifier: refused, NoticeAfter: after, NoticeLinger: after})
 	t.Cleanup(func() { _ = r.wd.Stop(context.Background()) })
 	for i := range 3 {
-		_, hold := r.holdTTL(t, fmt.Sprint("refused:", i), longTTL)
+		_, hold := holdOn(t, r.wd, r.locker, fmt.Sprint("refused:", i), longTTL)
 		redistest.WaitFor(t, 5*time.Second, "the notifier to be tried", func() bool { return refused.returned.Load() == 1 })
 		time.Sleep(3 * after) // the hold stays old: a retrying watchdog would start it again
 		hold.Stop()
