@@ -395,7 +395,10 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		job.Fence = lease.Fence()
 	}
 	start := time.Now()
-	s.log.Debug("job started", "type", job.Type, "id", job.ID, "attempt", job.Attempt, "resource", job.Resource, "fence", job.Fence)
+	debug := s.log.Enabled(ctx, slog.LevelDebug) // the lines below cost allocations even when off
+	if debug {
+		s.log.Debug("job started", "type", job.Type, "id", job.ID, "attempt", job.Attempt, "resource", job.Resource, "fence", job.Fence)
+	}
 	err := s.call(hctx, spec, job, payload)
 
 	var lost *lock.LostError
@@ -429,8 +432,10 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		result = ResultFailure
 	}
 	s.metrics.JobsProcessed.WithLabelValues(job.Type, result).Inc()
-	s.log.Debug("job finished", "type", job.Type, "id", job.ID, "resource", job.Resource, "fence", job.Fence,
-		"result", result, "duration", time.Since(start), "err", err)
+	if debug {
+		s.log.Debug("job finished", "type", job.Type, "id", job.ID, "resource", job.Resource, "fence", job.Fence,
+			"result", result, "duration", time.Since(start), "err", err)
+	}
 	return err
 }
 

@@ -51,7 +51,7 @@ func (h *Hold) Finish(ctx context.Context, opts ...FinishOption) (lost *lock.Los
 			return h.lost.Load(), nil // the watchdog found it meanwhile, and counted it
 		}
 		h.w.metrics.LockLost.WithLabelValues(string(atRelease.Reason)).Inc()
-		h.log.Warn("lock found lost at release: the work may have overlapped the next holder's",
+		h.logger().Warn("lock found lost at release: the work may have overlapped the next holder's",
 			"key", h.lease.Key(), "reason", string(atRelease.Reason), "fence", h.lease.Fence())
 		return atRelease, nil
 	}

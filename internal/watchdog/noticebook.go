@@ -121,7 +121,7 @@ func (w *Watchdog) onNotice(keys []string, all bool) {
 		if w.notices.consume(key, now) {
 			continue
 		}
-		for h := range on {
+		for _, h := range on {
 			h.next = now
 			due = true
 		}
@@ -142,7 +142,7 @@ func (w *Watchdog) onLoss(lease *lock.Lease, err error) {
 	}
 	w.mu.Lock()
 	var found *Hold
-	for h := range w.byKey[lease.RedisKey()] {
+	for _, h := range w.byKey[lease.RedisKey()] {
 		if h.lease == lease {
 			found = h
 		}

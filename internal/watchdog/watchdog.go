@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,9 +85,9 @@ type Watchdog struct {
 
 	mu         sync.Mutex
 	holds      map[*Hold]struct{}
-	byKey      map[string]map[*Hold]struct{} // Redis key -> holds on it
-	lossHooked map[*lock.Locker]bool         // Lockers whose loss notices reach onLoss
-	notices    noticeBook                    // expected and recent notices
+	byKey      map[string][]*Hold    // Redis key -> holds on it (mostly one)
+	lossHooked map[*lock.Locker]bool // Lockers whose loss notices reach onLoss
+	notices    noticeBook            // expected and recent notices
 	stopped    bool
 
 	notice noticeDemand // guarded by mu
@@ -109,7 +110,7 @@ func New(opts Options) *Watchdog {
 		metrics:    metrics.OrNop(opts.Metrics),
 		log:        cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
 		holds:      map[*Hold]struct{}{},
-		byKey:      map[string]map[*Hold]struct{}{},
+		byKey:      map[string][]*Hold{},
 		lossHooked: map[*lock.Locker]bool{},
 		notices:    newNoticeBook(),
 		notice:     noticeDemand{n: opts.Notifier, always: opts.NoticeAfter < 0},
@@ -178,31 +179,29 @@ func (w *Watchdog) Held() int {
 // done. The watchdog never releases a lease.
 func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOption) (context.Context, *Hold) {
 	ttl := lease.TTL()
-	c := holdConfig{
-		interval: w.opts.Interval,
-		drift:    w.opts.DriftMargin,
-		retry:    w.opts.RetryInterval,
-		maxHold:  w.opts.MaxHold,
+	cctx, cancel := context.WithCancelCause(ctx)
+	h := &Hold{
+		w:      w,
+		lease:  lease,
+		cancel: cancel,
+		cfg: holdConfig{
+			interval: w.opts.Interval,
+			drift:    w.opts.DriftMargin,
+			retry:    w.opts.RetryInterval,
+			maxHold:  w.opts.MaxHold,
+		},
+		heldFrom: time.Now(),
 	}
+	c := &h.cfg // the options apply in place: nothing more to allocate
 	for _, o := range opts {
-		o(&c)
+		o(c)
 	}
 	c.interval = cmp.Or(c.interval, ttl/3)
 	c.drift = cmp.Or(c.drift, max(ttl/10, 2*time.Millisecond))
 	c.retry = cmp.Or(c.retry, max(c.interval/5, 5*time.Millisecond))
-
-	cctx, cancel := context.WithCancelCause(ctx)
-	h := &Hold{
-		w:        w,
-		lease:    lease,
-		cancel:   cancel,
-		cfg:      c,
-		log:      w.log.With(c.logAttrs...),
-		sent:     lease.AcquiredAt(),
-		next:     lease.AcquiredAt().Add(c.interval),
-		deadline: lease.AcquiredAt().Add(ttl - c.drift),
-		heldFrom: time.Now(),
-	}
+	h.sent = lease.AcquiredAt()
+	h.next = lease.AcquiredAt().Add(c.interval)
+	h.deadline = lease.AcquiredAt().Add(ttl - c.drift)
 	h.setDeadline(h.deadline)
 	hctx := &leaseContext{Context: cctx, h: h}
 	started := w.life.Start(w.start) == nil // fails once stopped, even if never started
@@ -219,10 +218,7 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 		l.NotifyLoss(w.onLoss) // a back end that watches its own keys (etcd)
 	}
 	key := lease.RedisKey()
-	if w.byKey[key] == nil {
-		w.byKey[key] = map[*Hold]struct{}{}
-	}
-	w.byKey[key][h] = struct{}{}
+	w.byKey[key] = append(w.byKey[key], h)
 	if !lease.Reentrant() && w.notice.running() {
 		// The acquire wrote the key, which the server announces; that notice
 		// is ours unless more than one arrived since the acquire was sent.
@@ -420,7 +416,6 @@ type Hold struct {
 	w        *Watchdog
 	lease    *lock.Lease
 	cfg      holdConfig
-	log      *slog.Logger
 	cancel   context.CancelCauseFunc
 	heldFrom time.Time
 
@@ -438,6 +433,10 @@ type Hold struct {
 
 // Lease returns the held lease.
 func (h *Hold) Lease() *lock.Lease { return h.lease }
+
+// logger is the watchdog's logger with the hold's attributes (LogWith),
+// built when a line is written: most holds never log.
+func (h *Hold) logger() *slog.Logger { return h.w.log.With(h.cfg.logAttrs...) }
 
 // Stop ends renewal without releasing the lease, and cancels the hold's
 // context (cause context.Canceled) unless it already ended. Safe to repeat.
@@ -485,7 +484,7 @@ func (h *Hold) settle(sent time.Time, err error) {
 		h.lose(lost.Reason)
 	default:
 		m.Renewals.WithLabelValues(metrics.RenewalError).Inc()
-		h.log.Warn("watchdog: renewal failed; retrying until the local deadline",
+		h.logger().Warn("watchdog: renewal failed; retrying until the local deadline",
 			"key", h.lease.Key(), "error", err)
 		h.retryAt(time.Now())
 	}
@@ -520,7 +519,7 @@ func (h *Hold) lose(reason lock.Reason) {
 	if !ended {
 		msg = "watchdog: lock lost as its work returned"
 	}
-	h.log.Warn(msg, "key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
+	h.logger().Warn(msg, "key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
 }
 
 // end removes the hold and cancels its context with cause; it reports whether
@@ -536,10 +535,11 @@ func (h *Hold) end(cause error) bool {
 	delete(h.w.holds, h)
 	key := h.lease.RedisKey()
 	if on := h.w.byKey[key]; on != nil {
-		delete(on, h)
-		if len(on) == 0 {
+		if on = slices.DeleteFunc(on, func(o *Hold) bool { return o == h }); len(on) == 0 {
 			delete(h.w.byKey, key)
 			h.w.notices.forget(key)
+		} else {
+			h.w.byKey[key] = on
 		}
 	}
 	h.timer.Stop()
