@@ -31,7 +31,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
-	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 5000x -count 3 ./internal/jobs
+	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'Contention|HotResources' -benchtime 3x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'TickLateness' -benchtime 20x ./internal/scheduler
 	$(GO) test -run '^$$' -bench 'Burst10k' -benchtime 2x ./internal/scheduler
