@@ -111,7 +111,8 @@ type lockerConfig struct {
 // at the next renewal (every TTL/3). For servers that refuse CLIENT TRACKING
 // this happens on its own. The notices run only while some lease of the
 // Locker has been held for 50ms or more (and 10s after): shorter holds cost
-// nothing for them, and a loss in a lease's first 50ms is seen by then.
+// nothing for them, and a loss in a lease's first 50ms is seen a few
+// milliseconds after it turns 50ms old.
 func WithoutNotices() Option { return func(c *lockerConfig) { c.noNotices = true } }
 
 // KeyPrefix sets the prefix of every Redis key (default "lockstep:"); the

@@ -34,8 +34,10 @@
 //     with a cause matching lockstep.ErrLockLost, before another holder can
 //     take it: within milliseconds of a change to the key (a server notice;
 //     the notices run while some lock of the worker is 50ms old or more, so
-//     a loss in a lock's first 50ms is seen by then), at the local deadline when Redis is unreachable, and at the first
-//     check after the process itself was paused past that deadline.
+//     a loss in a lock's first 50ms is seen a few milliseconds after it
+//     turns 50ms old), at the local deadline when Redis is unreachable, and
+//     at the first check after the process itself was paused past that
+//     deadline.
 //   - The handler's return value decides the outcome: nil is done, and the
 //     task is never run again by Lockstep, even if its lock turns out lost
 //     afterwards (that loss is counted in lockstep_lock_lost_total and
