@@ -40,8 +40,9 @@ type Options struct {
 	// it runs while any hold is at least that old (and for NoticeLinger
 	// after the last one ended), so a process whose holds all end sooner
 	// (short jobs) pays nothing for notices. When it starts, every lease is
-	// checked at once, so a loss in a hold's first NoticeAfter is found by
-	// then at the latest. Default 50ms; negative: always running.
+	// checked at once, so a loss in a hold's first NoticeAfter is found a
+	// few milliseconds after it turns that old. Default 50ms; negative:
+	// always running.
 	NoticeAfter time.Duration
 	// NoticeLinger keeps the Notifier running after the last hold older
 	// than NoticeAfter ended; default 10s.
