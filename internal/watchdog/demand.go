@@ -15,10 +15,10 @@ const (
 // noticeDemand runs the Notifier only while some hold is old enough to need
 // it. Server notices are not free: with tracking on, every write to a lock
 // key (an acquire, a release) is pushed to every process that listens, which
-// for jobs of a millisecond costs 10-20us of Redis CPU each, most of what the
-// lock's own scripts cost. A hold that ends within NoticeAfter needs no notice: no renewal
-// falls due in that time, and its release checks its token anyway. Guarded
-// by the watchdog's mu, but for wg.
+// for jobs of a millisecond costs 10-20us of Redis CPU each, most of what
+// the lock's own scripts cost. A hold that ends within NoticeAfter needs no
+// notice: no renewal falls due in that time, and its release checks its
+// token anyway. Guarded by the watchdog's mu, but for wg.
 type noticeDemand struct {
 	n        Notifier
 	always   bool               // NoticeAfter < 0
