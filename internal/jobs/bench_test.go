@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -52,7 +52,7 @@ type benchRig struct {
 	enq     *asynq.Client
 	metrics *metrics.Metrics
 	srv     *Server // the last serveLocked's
-	cpuBase float64
+	cpuBase time.Duration
 	// noticesOn has serveLocked's watchdog keep its loss notices (client
 	// tracking) running from the start, as in a process where some hold is
 	// always older than NoticeAfter (a long job in another slot); by
@@ -170,23 +170,12 @@ func (r *benchRig) resetStats(b *testing.B) {
 	if err := r.admin.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
-	r.cpuBase = r.info(b, "cpu", "used_cpu_user") + r.info(b, "cpu", "used_cpu_sys")
+	r.cpuBase = redistest.CPU(b, r.admin)
 }
 
 func (r *benchRig) stats(b *testing.B) serverStats {
 	n := r.info(b, "stats", "total_commands_processed")
-	cpu := r.info(b, "cpu", "used_cpu_user") + r.info(b, "cpu", "used_cpu_sys") - r.cpuBase
-	return serverStats{commands: int64(n) - 1, cpu: time.Duration(cpu * float64(time.Second))} // less our INFO
-}
-
-// processCPU is the CPU time this process (the worker under test, asynq's
-// server and the Redis clients) has used so far.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return serverStats{commands: int64(n) - 1, cpu: redistest.CPU(b, r.admin) - r.cpuBase} // less our INFO
 }
 
 func (r *benchRig) info(b *testing.B, section, field string) float64 {
@@ -292,7 +281,7 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 	c := newCounter(n)
 	r.counter.n.Store(0)
 	r.resetStats(b)
-	cpu0 := processCPU(b)
+	cpu0 := proctest.SelfCPU(b)
 	began := time.Now()
 	var stop func()
 	switch mode {
@@ -316,7 +305,7 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 		})
 	}
 	waitDone(b, c.done, 5*time.Minute)
-	run := throughputRun{jobs: n, elapsed: time.Since(began), client: r.counter.n.Load(), goCPU: processCPU(b) - cpu0}
+	run := throughputRun{jobs: n, elapsed: time.Since(began), client: r.counter.n.Load(), goCPU: proctest.SelfCPU(b) - cpu0}
 	st := r.stats(b)
 	run.server, run.redisCPU = st.commands, st.cpu
 	stop()

@@ -7,13 +7,13 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -36,7 +36,7 @@ func benchClient(b *testing.B) *redis.Client {
 func parallel64(b *testing.B, c *redis.Client, body func(key string)) {
 	b.SetParallelism((benchGoroutines + 1) / max(1, runtimeProcs()))
 	var n atomic.Int64
-	srv0, self0 := redisCPU(b, c), processCPU(b)
+	srv0, self0 := redistest.CPU(b, c), proctest.SelfCPU(b)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		key := fmt.Sprintf("bench-%d", n.Add(1))
@@ -46,17 +46,8 @@ func parallel64(b *testing.B, c *redis.Client, body func(key string)) {
 	})
 	b.StopTimer()
 	ops := float64(b.N)
-	b.ReportMetric(float64((redisCPU(b, c)-srv0).Microseconds())/ops, "redis-cpu-us/op")
-	b.ReportMetric(float64((processCPU(b)-self0).Microseconds())/ops, "client-cpu-us/op")
-}
-
-// processCPU returns this process's user+sys CPU time.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((redistest.CPU(b, c)-srv0).Microseconds())/ops, "redis-cpu-us/op")
+	b.ReportMetric(float64((proctest.SelfCPU(b)-self0).Microseconds())/ops, "client-cpu-us/op")
 }
 
 // BenchmarkCycleRawSetNXDel is the floor: SET NX PX + DEL, no token check, no fence.
@@ -137,35 +128,15 @@ func BenchmarkRenew10k(b *testing.B) {
 				b.Fatal(err)
 			}
 			round[name]() // warm up: scripts loaded, connections open
-			cpu0 := redisCPU(b, c)
+			cpu0 := redistest.CPU(b, c)
 			b.ResetTimer()
 			for range b.N {
 				round[name]()
 			}
 			b.StopTimer()
-			b.ReportMetric((redisCPU(b, c)-cpu0).Seconds()*1000/float64(b.N), "redis-cpu-ms/op")
+			b.ReportMetric((redistest.CPU(b, c)-cpu0).Seconds()*1000/float64(b.N), "redis-cpu-ms/op")
 		})
 	}
-}
-
-// redisCPU returns the server's used_cpu_user + used_cpu_sys.
-func redisCPU(b *testing.B, c *redis.Client) time.Duration {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
 }
 
 // commandStats returns the server's calls per command (INFO commandstats).

@@ -193,22 +193,6 @@ func (bl *bursts) wait(b *testing.B, tick time.Time, n int, timeout time.Duratio
 	}
 }
 
-func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\r\n") {
-		k, v, _ := strings.Cut(line, ":")
-		if k == "used_cpu_sys" || k == "used_cpu_user" {
-			f, _ := strconv.ParseFloat(v, 64)
-			total += f
-		}
-	}
-	return total
-}
-
 // cmdStat is one command's line of INFO commandstats.
 type cmdStat struct{ calls, usec float64 }
 
@@ -318,7 +302,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	bl.reset()
 	tick := spec.Next(time.Now().Add(time.Second)) // bursts in flight settle first
 	time.Sleep(time.Until(tick.Add(-500 * time.Millisecond)))
-	cpu0 := redisCPU(b, srv.Client())
+	cpu0 := redistest.CPU(b, srv.Client())
 	stats0 := commandStats(b, srv.Client())
 	b.ResetTimer()
 	for range b.N {
@@ -328,7 +312,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 	b.StopTimer()
 	// Followers' claims come claimGrace after each burst; let them land.
 	time.Sleep(claimGrace + 500*time.Millisecond)
-	cpu := redisCPU(b, srv.Client()) - cpu0
+	cpu := redistest.CPU(b, srv.Client()) - cpu0
 	logCommandStats(b, stats0, commandStats(b, srv.Client()), b.N*n)
 
 	bl.mu.Lock()
@@ -343,7 +327,7 @@ func (bl *bursts) run(b *testing.B, srv *redistest.Server, spec Spec, n int) {
 		b.Errorf("%d duplicate enqueues", dups)
 	}
 	s := bl.report(b)
-	b.ReportMetric(cpu*1e6/float64(len(s)), "redis-cpu-us/tick")
+	b.ReportMetric(cpu.Seconds()*1e6/float64(len(s)), "redis-cpu-us/tick")
 }
 
 // BenchmarkKillAtBurst: 10,000 schedules due in the same second on 3
