@@ -84,6 +84,20 @@ func TestNoticesRunOnlyWhileAHoldIsOld(t *testing.T) {
 	if got := n.runs.Load(); got != 1 {
 		t.Fatalf("notifier started %d times, want 1", got)
 	}
+
+	// A long hold that ends by its release (no renewal or loss wakes the
+	// watchdog then; its next renewal is 10s away): the notifier stops
+	// NoticeLinger after that end, not at the next renewal.
+	_, hold2 := holdOn(t, r.wd, r.locker, "long2", longTTL)
+	redistest.WaitFor(t, 5*time.Second, "the notifier to start again", func() bool { return n.runs.Load() == 2 })
+	if err := hold2.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	redistest.WaitFor(t, 5*time.Second, "the notifier to stop NoticeLinger after the release", func() bool { return n.returned.Load() == 2 })
+	if d := time.Since(released); d < linger-50*time.Millisecond || d > linger+time.Second {
+		t.Fatalf("notifier stopped %v after the release, want NoticeLinger %v", d, linger)
+	}
 }
 
 // A loss in a hold's first NoticeAfter, before any notifier runs, is found

@@ -547,7 +547,16 @@ func (h *Hold) end(cause error) bool {
 	if h.maxTimer != nil {
 		h.maxTimer.Stop()
 	}
+	// A long hold's end starts the notifier's linger: the loop, which may
+	// sleep until a renewal far away, plans the stop from now.
+	longEnded := held && h.w.notice.running() && time.Since(h.heldFrom) >= h.w.noticeAfter()
+	if longEnded {
+		h.w.notice.lastLong = time.Now()
+	}
 	h.w.mu.Unlock()
+	if longEnded {
+		h.w.poke()
+	}
 
 	h.cancel(cause)
 	if held {
