@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -19,8 +18,8 @@ import (
 )
 
 // This file reads Lockstep's state from Redis for the CLI and the page; the
-// layouts it reads are those of internal/lock (a lock's value and fence
-// counter) and internal/jobs (a resource's waiters).
+// layouts it reads are internal/lock's (through its key builder and its
+// Waiters) and asynq's (through its Inspector).
 
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
@@ -36,9 +35,6 @@ type lockView struct {
 
 // keys builds the Redis keys: the lock package's key builder, with the prefix.
 func (a *app) keys() *lock.Locker { return lock.New(a.client, lock.WithPrefix(a.prefix)) }
-
-// waitersKey is internal/jobs' zset of a resource's waiting tasks.
-func (a *app) waitersKey(resource string) string { return a.keys().Key(resource) + ":waiters" }
 
 // scanBatch is how many keys one SCAN step returns and one pipeline reads.
 const scanBatch = 500
@@ -61,7 +57,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 	var mu sync.Mutex
 	var out []lockView
 	err = forEachMaster(ctx, a.client, func(ctx context.Context, node redis.Cmdable) error {
-		pattern := globEscape(a.prefix) + "{*}"
+		pattern := a.keys().ScanPattern()
 		iter := node.Scan(ctx, 0, pattern, scanBatch).Iterator()
 		var batch []string
 		flush := func() error {
@@ -128,8 +124,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 		val     *redis.StringCmd
 		ttl     *redis.DurationCmd
 		fence   *redis.StringCmd
-		waiters *redis.IntCmd
-		queued  *redis.IntCmd // lockstep.WithLock / Acquire callers waiting in arrival order
+		waiters *redis.IntCmd // the resource's one queue: parked tasks and WithLock / Acquire callers
 	}
 	cs := make([]cmds, len(resources))
 	_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -138,8 +133,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 				val:     p.Get(ctx, k.Key(r)),
 				ttl:     p.PTTL(ctx, k.Key(r)),
 				fence:   p.Get(ctx, k.FenceKey(r)),
-				waiters: p.ZCard(ctx, a.waitersKey(r)),
-				queued:  p.ZCard(ctx, k.Key(r)+":queue"),
+				waiters: p.ZCard(ctx, k.QueueKey(r)),
 			}
 		}
 		return nil
@@ -165,7 +159,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
 			v.HeldMs = &held
 		}
-		v.Waiters = c.waiters.Val() + c.queued.Val()
+		v.Waiters = c.waiters.Val()
 		out = append(out, v)
 	}
 	return out, nil
@@ -191,48 +185,37 @@ func forEachMaster(ctx context.Context, c redis.UniversalClient, fn func(context
 	return fn(ctx, c)
 }
 
-// globEscape escapes the glob characters of a SCAN pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// waiterView is one task waiting for a lock, as `lockstep waiters --json`
-// prints it.
+// waiterView is one waiter of a lock, as `lockstep waiters --json` prints
+// it: a parked task (kind "task") or a WithLock / Acquire caller ("call").
 type waiterView struct {
 	Position int    `json:"position"` // 1 is served first
+	Kind     string `json:"kind"`     // "task" or "call"
 	Queue    string `json:"queue"`
 	TaskID   string `json:"task_id"`
 	Type     string `json:"type"`      // "" when asynq no longer has the task
-	State    string `json:"state"`     // asynq's state: retry (waiting), pending (woken), active, ...
-	SinceMs  int64  `json:"since_ms"`  // first contention, Unix ms
+	State    string `json:"state"`     // a task's asynq state: retry (waiting), pending (woken), active, ...; a call's "waiting" or "gone"
+	Holder   string `json:"holder"`    // a call's process (host:pid)
+	SinceMs  int64  `json:"since_ms"`  // arrival in the queue, Unix ms
 	WaitedMs int64  `json:"waited_ms"` // since then
 }
 
-// waitQueue reads the resource's waiters in the order they will be served.
-// Today's order is internal/jobs' contention zset: a task joins with its
-// first contention time (NX keeps its place when it contends again), and a
-// release wakes the lowest score first (next_waiter.lua, ZPOPMIN). A new
-// wait-queue layout changes this one function.
+// waitQueue reads the resource's waiters in the order they will be served,
+// through the lock package (Locker.Waiters).
 func waitQueue(ctx context.Context, a *app, resource string) ([]waiterView, error) {
-	zs, err := a.client.ZRangeWithScores(ctx, a.waitersKey(resource), 0, -1).Result()
+	ws, err := a.keys().Waiters(ctx, resource)
 	if err != nil {
-		return nil, fmt.Errorf("redis: %w", err)
+		return nil, err
 	}
-	out := make([]waiterView, 0, len(zs))
-	for i, z := range zs {
-		member, _ := z.Member.(string)
-		var w [2]string // ["<queue>", "<task id>"], internal/jobs' waiter
-		if json.Unmarshal([]byte(member), &w) != nil {
-			continue
+	out := make([]waiterView, 0, len(ws))
+	for _, w := range ws {
+		v := waiterView{Position: w.Position, Kind: "task", Queue: w.Queue, TaskID: w.TaskID, SinceMs: w.Since.UnixMilli()}
+		if w.TaskID == "" {
+			v.Kind, v.Holder, v.TaskID, v.Type, v.State = "call", w.Caller.Holder, w.Caller.TaskID, w.Caller.Type, "waiting"
+			if !w.Live {
+				v.State = "gone"
+			}
 		}
-		out = append(out, waiterView{Position: i + 1, Queue: w[0], TaskID: w[1], SinceMs: int64(z.Score)})
+		out = append(out, v)
 	}
 	return out, nil
 }
@@ -251,6 +234,9 @@ func listWaiters(ctx context.Context, a *app, resource string) ([]waiterView, er
 	for i := range ws {
 		w := &ws[i]
 		w.WaitedMs = max(now.UnixMilli()-w.SinceMs, 0)
+		if w.Kind != "task" {
+			continue
+		}
 		if info, err := insp.GetTaskInfo(w.Queue, w.TaskID); err == nil {
 			w.Type, w.State = info.Type, info.State.String()
 		} else {

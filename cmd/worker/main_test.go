@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/worker"
 )
@@ -233,10 +234,17 @@ func readWaitRuns(t *testing.T, c *redis.Client) []waitRun {
 	return runs
 }
 
-// waitsInWorker reports whether task id waits for its lock in a worker (the
-// Wait policy marks its asynq hash while it does).
+// waitsInWorker reports whether task id waits for its lock (test:wait's,
+// lock:wait:k) in a worker: the Wait policy waits in the resource's one
+// queue as a caller whose token names the task.
 func waitsInWorker(c *redis.Client, id string) bool {
-	return c.HGet(context.Background(), "asynq:{default}:t:"+id, "lockstep_waits").Val() == "1"
+	ws, err := lock.New(c).Waiters(context.Background(), "lock:wait:k")
+	for _, w := range ws {
+		if err == nil && w.Live && w.Caller.TaskID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // The worker of a task that waits for its lock in the worker (Wait policy),

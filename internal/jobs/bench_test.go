@@ -16,6 +16,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
@@ -581,8 +582,8 @@ func (w *wakeBaseline) process(ctx context.Context, t *asynq.Task, work time.Dur
 	resource := string(t.Payload())
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
-	key := w.locker.Key(resource) + ":waiters"
-	me := member(queue, id)
+	key := w.locker.Key(resource) + ":baseline" // the baseline's own waiters, apart from the one queue
+	me := lock.TaskWaiter(queue, id)
 	lease, err := w.locker.TryAcquire(ctx, resource, 30*time.Second)
 	if errors.Is(err, lock.ErrNotAcquired) {
 		w.client.ZAddNX(ctx, key, redis.Z{Score: float64(time.Now().UnixMilli()), Member: me})
@@ -603,11 +604,11 @@ func (w *wakeBaseline) process(ctx context.Context, t *asynq.Task, work time.Dur
 			return nil
 		}
 		m, _ := zs[0].Member.(string)
-		q, wid, ok := parseMember(m)
+		q, wid, ok := lock.ParseTaskWaiter(m)
 		if !ok {
 			continue
 		}
-		if v, _ := run(ctx, w.client, scriptWake, asynqTaskKeys(q, wid), wid, time.Now().UnixNano()); v == int64(1) {
+		if v, _ := asynqstore.New(w.client).Wake(ctx, q, wid); v == asynqstore.WokenMoved {
 			return nil
 		}
 	}

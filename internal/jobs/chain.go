@@ -8,8 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
@@ -40,101 +39,26 @@ import (
 // delivery that read it can be lost too (its worker killed before asynq's
 // completion), and the next one must read it again.
 
-// grant is a lock handed on to a waiting task.
-type grant struct {
-	resource  string
-	member    string // the waiter, JSON ["queue","id"]
-	queue, id string
-	token     string
-	fence     int64
-	ttl       time.Duration
-	sent      time.Time
-	inWorker  bool // the waiter waits in its worker (the Wait policy), not in the retry set
-}
-
 // handoff is what the release at the end of one run does, and what it found.
 type handoff struct {
-	mark    byte   // 'g': mark the finished task only when handing on (asynq completes it); 'a': always (a chained task)
+	chained bool   // the finished task was itself handed on (mark it done always: asynq completes it later)
 	drop    string // done marker to drop in the same call (its task is complete), "" none
 	outcome string // the finished run's outcome, set by run before the release; "" none (interrupted)
 
-	next    *grant // the lock was handed on to this waiter
-	marked  bool   // the finished task was marked done
-	dropped bool   // drop was dropped
+	next    *lock.TaskGrant // the lock was handed on to this waiting task
+	marked  bool            // the finished task was marked done
+	dropped bool            // drop was dropped
 }
 
 // release returns the release function for Finish: it releases lease and,
-// when a task waits, hands the lock on to the longest waiting one.
+// when someone waits, hands the lock on to the longest waiter.
 func (s *Server) release(lease *lock.Lease, job Job, h *handoff) func(context.Context) error {
 	return func(ctx context.Context) error {
-		if lease.Err() != nil {
-			// Lost (or concluded lost locally): the lock package's release,
-			// which leaves another holder's lock alone.
-			return lease.Release(ctx)
-		}
-		status, g, err := s.handOn(ctx, job.Resource, lease.Token(), lease.TTL(), job.Queue, job.ID, h)
-		switch {
-		case err != nil:
-			return fmt.Errorf("lock: release %q: %w", job.Resource, err)
-		case status == 0:
-			return lease.MarkLost(lock.ReasonExpired)
-		case status < 0:
-			return lease.MarkLost(lock.ReasonStolen)
-		}
-		lease.MarkReleased()
-		h.next = g
-		return nil
+		r, err := s.locker.HandOn(ctx, lease, lock.HandOff{Chain: true, Queue: job.Queue, ID: job.ID,
+			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: markerTTL, Drop: h.drop})
+		h.next, h.marked, h.dropped = r.Next, r.Marked, r.Dropped
+		return err
 	}
-}
-
-// handOn runs handoff.lua for the holder of token on resource; queue and id
-// name the task that just ran ("" when none did: a pass).
-func (s *Server) handOn(ctx context.Context, resource, token string, ttl time.Duration, queue, id string, h *handoff) (int64, *grant, error) {
-	k := s.keys(resource)
-	marker := k.lock + ":done:"
-	if id != "" {
-		marker = s.doneKey(resource, queue, id)
-	}
-	drop, dropFlag := k.lock+":done:", ""
-	if h.drop != "" {
-		drop, dropFlag = h.drop, "1"
-	}
-	outcome := h.outcome
-	if id == "" {
-		outcome = ""
-	}
-	sent := time.Now()
-	next := lock.NewToken(ctx, sent) // this process holds next; the task it goes to is the script's choice
-	v, err := run(ctx, s.client, scriptHandoff, []string{k.lock, k.fence, k.waiters, marker, drop},
-		token, next, ttl.Milliseconds(), s.locker.FenceTTL().Milliseconds(),
-		outcome, string(rune(cmp.Or(h.mark, 'g'))), markerTTL.Milliseconds(), dropFlag)
-	if err != nil {
-		return 0, nil, err
-	}
-	vals, _ := v.([]any)
-	if len(vals) == 0 {
-		return 0, nil, fmt.Errorf("unexpected reply %v", v)
-	}
-	status, _ := vals[0].(int64)
-	if status <= 0 {
-		return status, nil, nil
-	}
-	h.dropped = h.drop != ""
-	h.marked = outcome != "" && (status == 2 || h.mark == 'a')
-	if status == 1 {
-		return 1, nil, nil
-	}
-	if len(vals) < 3 {
-		return 0, nil, fmt.Errorf("unexpected reply %v", v)
-	}
-	m, _ := vals[1].(string)
-	fence, _ := vals[2].(int64)
-	g := &grant{resource: resource, member: m, token: next, fence: fence, ttl: ttl, sent: sent}
-	var ok bool
-	if g.queue, g.id, ok = parseMember(m); !ok {
-		s.log.Warn("waiter not understood; lock handed past it", "resource", resource, "waiter", m)
-	}
-	return 2, g, nil
 }
 
 // outcomeOf is the done marker's value for a run that returned err.
@@ -170,27 +94,23 @@ func (s *Server) chaining(ctx context.Context) bool {
 // slot. The done marker of the task asynq delivered is left to expire: asynq
 // completes that task only after the chain returns, and a worker killed in
 // between leaves it to be delivered again, which must read the marker.
-func (s *Server) chain(ctx context.Context, g *grant) {
+func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
 	var done *finished
 	drop := ""
 	for g != nil {
-		if g.id == "" {
+		if g.ID == "" {
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
 		if !s.chaining(ctx) {
-			s.deliver(ctx, g, false)
+			s.deliver(ctx, g)
 			break
 		}
-		msg, inWorker, err := s.claim(ctx, done, g, &drop)
+		msg, err := s.claim(ctx, done, g, &drop)
 		done = nil
 		switch {
 		case err != nil:
-			s.log.Warn("claiming the next waiter failed; its lock expires within its TTL", "resource", g.resource, "id", g.id, "err", err)
-			g = nil
-			continue
-		case inWorker:
-			s.deliver(ctx, g, true)
+			s.log.Warn("claiming the next waiter failed; its lock expires within its TTL", "resource", g.Resource, "id", g.ID, "err", err)
 			g = nil
 			continue
 		case msg == nil:
@@ -202,12 +122,12 @@ func (s *Server) chain(ctx context.Context, g *grant) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if done != nil {
-		if _, _, err := s.claim(wctx, done, nil, &drop); err != nil {
+		if _, err := s.claim(wctx, done, nil, &drop); err != nil {
 			s.log.Warn("completing a handed-on task failed; its done marker keeps it from running again", "id", done.id, "err", err)
 		}
 	}
 	if drop != "" {
-		// Its task is complete in asynq (claim.lua deleted it): no delivery
+		// Its task is complete in asynq (the claim deleted it): no delivery
 		// of it is left to read the marker.
 		_ = s.client.Del(wctx, drop).Err()
 	}
@@ -215,73 +135,50 @@ func (s *Server) chain(ctx context.Context, g *grant) {
 
 // claim completes done (if set) and claims g's task in asynq, waiting a
 // moment for a task still on its way to the retry set. It returns the
-// task's message; or inWorker when the task waits in its worker (Wait);
-// or neither when g's task is not there to run (passed over).
-func (s *Server) claim(ctx context.Context, done *finished, g *grant, drop *string) (msg []byte, inWorker bool, err error) {
-	if done != nil && g != nil && done.queue != g.queue {
-		if _, _, err := s.claim(ctx, done, nil, drop); err != nil {
-			return nil, false, err
+// task's message, or nil when g's task is not there to run (passed over).
+func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, drop *string) ([]byte, error) {
+	if done != nil && g != nil && done.queue != g.Queue {
+		if _, err := s.claim(ctx, done, nil, drop); err != nil {
+			return nil, err
 		}
 		done = nil
 	}
-	queue := ""
-	switch {
-	case g != nil:
-		queue = g.queue
-	case done != nil:
-		queue = done.queue
-	default:
-		return nil, false, nil
-	}
-	p := asynqQueuePrefix(queue)
-	now := time.Now()
-	keys := []string{p + "retry", p + "t:", p + "processed:" + now.UTC().Format("2006-01-02"), p + "processed", p + "unique:", p + "t:"}
-	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), "", "", s.leaseUntil(now)}
+	var fin *asynqstore.Finished
 	if done != nil {
-		keys[1], args[0] = p+"t:"+done.id, done.id
-		if done.unique != "" {
-			keys[4], args[2] = done.unique, "1"
-		}
+		fin = &asynqstore.Finished{Queue: done.queue, ID: done.id, Unique: done.unique}
 	}
+	queue, id := "", ""
 	if g != nil {
-		keys[5], args[3] = p+"t:"+g.id, g.id
+		queue, id = g.Queue, g.ID
 	}
 	wait, begin := 200*time.Microsecond, time.Now()
 	for {
-		v, err := run(ctx, s.client, scriptClaim, keys, args...)
+		completed, c, msg, err := s.store.Claim(ctx, fin, queue, id, s.leaseUntil(time.Now()))
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
-		vals, _ := v.([]any)
-		if len(vals) < 2 {
-			return nil, false, fmt.Errorf("unexpected reply %v", v)
-		}
-		if done != nil {
-			if vals[0] == int64(1) && done.marker != "" {
-				*drop = done.marker // complete now: its marker goes with the next handoff
+		if fin != nil {
+			if completed && done.marker != "" {
+				*drop = done.marker // complete now: its marker goes with the next hand-off
 			}
-			keys[1], args[0], args[2] = p+"t:", "", ""
-			done = nil
+			fin = nil
 		}
-		switch vals[1] {
-		case int64(1):
-			m, _ := vals[2].(string)
-			return []byte(m), false, nil
-		case int64(-2):
-			return nil, true, nil
-		case int64(-1):
+		switch c {
+		case asynqstore.ClaimedOK:
+			return msg, nil
+		case asynqstore.ClaimedActive:
 			// Still active: most likely on its way to the retry set (its
-			// worker is returning from take.lua). Bounded: a worker that
+			// worker is returning from its take). Bounded: a worker that
 			// died there leaves it to asynq's lease recovery.
 			if time.Since(begin) > claimPatience || ctx.Err() != nil {
-				s.log.Info("next waiter still active elsewhere; passed over", "resource", g.resource, "id", g.id)
-				return nil, false, nil
+				s.log.Info("next waiter still active elsewhere; passed over", "resource", g.Resource, "id", g.ID)
+				return nil, nil
 			}
 			time.Sleep(wait)
 			wait = min(2*wait, 10*time.Millisecond)
 			continue
 		}
-		return nil, false, nil
+		return nil, nil
 	}
 }
 
@@ -294,9 +191,7 @@ const claimPatience = 100 * time.Millisecond
 // lock has expired; it is renewed at a third of it while the task runs.
 func (s *Server) chainLease() time.Duration { return s.cfg.LockTTL + max(s.cfg.LockTTL, 2*time.Second) }
 
-func (s *Server) leaseUntil(now time.Time) int64 {
-	return now.Add(s.chainLease()).Unix() + 1
-}
+func (s *Server) leaseUntil(now time.Time) time.Time { return now.Add(s.chainLease()) }
 
 // keepClaim renews a claimed task's lease until stop is called.
 func (s *Server) keepClaim(queue, id string) (stop func()) {
@@ -311,7 +206,7 @@ func (s *Server) keepClaim(queue, id string) (stop func()) {
 				return
 			case now := <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				err := s.client.ZAddXX(ctx, asynqQueuePrefix(queue)+"retry", redis.Z{Score: float64(s.leaseUntil(now)), Member: id}).Err()
+				err := s.store.ExtendClaim(ctx, queue, id, s.leaseUntil(now))
 				cancel()
 				if err != nil {
 					s.log.Warn("renewing a handed-on task's lease failed", "id", id, "err", err)
@@ -324,45 +219,36 @@ func (s *Server) keepClaim(queue, id string) (stop func()) {
 
 // pass hands g's lock on to the waiter after it: g's task is not there to
 // run (gone, or still active elsewhere).
-func (s *Server) pass(ctx context.Context, g *grant, drop *string) *grant {
-	h := &handoff{drop: *drop}
-	_, next, err := s.handOn(context.WithoutCancel(ctx), g.resource, g.token, g.ttl, "", "", h)
+func (s *Server) pass(ctx context.Context, g *lock.TaskGrant, drop *string) *lock.TaskGrant {
+	r, err := s.locker.HandOn(context.WithoutCancel(ctx), s.locker.Adopt(g, g.TTL), lock.HandOff{Chain: true, Drop: *drop})
 	if err != nil {
-		s.log.Warn("handing the lock past a waiter failed; it expires within its TTL", "resource", g.resource, "err", err)
+		s.log.Warn("handing the lock past a waiter failed; it expires within its TTL", "resource", g.Resource, "err", err)
 		return nil
 	}
-	if h.dropped {
+	if r.Dropped {
 		*drop = ""
 	}
-	return next
+	return r.Next
 }
 
-// deliver leaves g's task to asynq: it marks the lock granted to the task
-// and moves the task to the head of its queue, so that whichever worker
-// takes it takes the lock over (take.lua). For a chain that stops, a task
-// this worker has no handler for, and a waiter that waits in its worker
-// (inWorker: the grant's notice wakes it).
-func (s *Server) deliver(ctx context.Context, g *grant, inWorker bool) {
+// deliver leaves g's task to asynq: it grants the lock to the task and
+// moves the task to the head of its queue, so that whichever worker takes
+// it takes the lock over (Locker.Take). For a chain that stops, and a task
+// this worker has no handler for.
+func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	k := s.keys(g.resource)
-	if _, err := run(ctx, s.client, scriptGrant, []string{k.lock}, g.token, g.member, g.ttl.Milliseconds()); err != nil {
-		s.log.Warn("granting the lock to the next waiter failed; it expires within its TTL", "resource", g.resource, "err", err)
+	if _, err := s.locker.Grant(ctx, g); err != nil {
+		s.log.Warn("granting the lock to the next waiter failed; it expires within its TTL", "resource", g.Resource, "err", err)
 		return
 	}
-	if inWorker {
-		s.client.Publish(ctx, k.lock+":granted", g.member)
-		return
-	}
-	if _, err := run(ctx, s.client, scriptWake, asynqTaskKeys(g.queue, g.id), g.id, time.Now().UnixNano()); err != nil {
-		s.log.Warn("waking the next waiter failed; it comes back with its backoff", "resource", g.resource, "id", g.id, "err", err)
-	}
+	s.wake(ctx, g.Resource, g.Queue, g.ID)
 }
 
 // runChained runs a claimed task under its granted lock. It returns the
 // next grant, and the task when asynq still has to complete it.
-func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *string) (*grant, *finished) {
-	m, err := decodeTaskMsg(msg)
+func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, drop *string) (*lock.TaskGrant, *finished) {
+	m, err := asynqstore.DecodeTaskMsg(msg)
 	var spec *Spec
 	if err == nil {
 		var ok bool
@@ -372,26 +258,22 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 	}
 	var payload any
 	if err == nil {
-		if payload, err = spec.Decode(m.Payload); err == nil && spec.Resource != nil && spec.Resource(payload) != g.resource {
+		if payload, err = spec.Decode(m.Payload); err == nil && spec.Resource != nil && spec.Resource(payload) != g.Resource {
 			err = errors.New("its payload names another resource now")
 		}
 	}
 	if err != nil {
-		s.log.Info("handed-on task not run here; left to asynq", "resource", g.resource, "id", g.id, "err", err)
-		s.deliver(ctx, g, false)
+		s.log.Info("handed-on task not run here; left to asynq", "resource", g.Resource, "id", g.ID, "err", err)
+		s.deliver(ctx, g)
 		return nil, nil
 	}
-	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.resource}
-	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.ttl)
-	lease, err := s.locker.Adopt(g.resource, g.token, g.fence, ttl, g.sent)
-	if err != nil {
-		s.deliver(ctx, g, false)
-		return nil, nil
-	}
+	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.Resource}
+	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL)
+	lease := s.locker.Adopt(g, ttl)
 	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := taskContext(ctx, m)
 	stop := s.keepClaim(m.Queue, m.ID)
-	h := &handoff{mark: 'a', drop: *drop}
+	h := &handoff{chained: true, drop: *drop}
 	err = s.run(rctx, spec, job, payload, lease, h)
 	stop()
 	cancel()
@@ -400,7 +282,7 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 	}
 	marker := ""
 	if h.marked {
-		marker = s.doneKey(g.resource, m.Queue, m.ID)
+		marker = s.locker.DoneKey(g.Resource, m.Queue, m.ID)
 	}
 	if err == nil && (m.Retention == 0 || marker == "") {
 		return h.next, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker}
@@ -409,7 +291,7 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 	// replays the outcome), a completion kept for its retention, or a run
 	// that was interrupted (no marker: it runs again).
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	if _, werr := run(wctx, s.client, scriptWake, asynqTaskKeys(m.Queue, m.ID), m.ID, time.Now().UnixNano()); werr != nil {
+	if _, werr := s.store.Wake(wctx, m.Queue, m.ID); werr != nil {
 		s.log.Warn("returning a handed-on task to asynq failed; it comes back when its lease passes", "id", m.ID, "err", werr)
 	}
 	wcancel()
@@ -418,7 +300,7 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 
 // taskContext bounds a chained run by its task's own timeout and deadline,
 // as asynq would.
-func taskContext(ctx context.Context, m taskMsg) (context.Context, context.CancelFunc) {
+func taskContext(ctx context.Context, m asynqstore.TaskMsg) (context.Context, context.CancelFunc) {
 	var d time.Time
 	if m.Timeout > 0 {
 		d = time.Now().Add(time.Duration(m.Timeout) * time.Second)

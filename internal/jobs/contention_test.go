@@ -35,35 +35,7 @@ func TestContentionWakesNextWaiter(t *testing.T) {
 	if d := info.CompletedAt.Sub(released); d > time.Second {
 		t.Fatalf("waiter completed %v after the release, want it woken at once (its backoff is 3s or more)", d)
 	}
-	if n := e.admin.ZCard(context.Background(), "lockstep:{res}:waiters").Val(); n != 0 {
+	if n := e.admin.ZCard(context.Background(), "lockstep:{res}:queue").Val(); n != 0 {
 		t.Fatalf("%d waiters left", n)
-	}
-}
-
-// A wake-up moves only a task in the retry state: a pending, archived or
-// missing task is left as it is, so a wake never runs a task twice.
-func TestWakeTouchesOnlyRetryTasks(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, Config{Queues: map[string]int{"other": 1}}) // serves no queue the tasks are in
-	e.enqueue("t:x", "pending", nil)
-	e.enqueue("t:x", "archived", nil)
-	if err := e.insp.ArchiveTask("default", "archived"); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for _, id := range []string{"pending", "archived", "missing"} {
-		got, err := run(ctx, e.client, scriptWake, asynqTaskKeys("default", id), id, time.Now().UnixNano())
-		if err != nil || got != int64(0) {
-			t.Errorf("wake %s: %v, %v; want 0", id, got, err)
-		}
-	}
-	if s := e.info("pending").State; s != asynq.TaskStatePending {
-		t.Errorf("pending task now %v", s)
-	}
-	if s := e.info("archived").State; s != asynq.TaskStateArchived {
-		t.Errorf("archived task now %v", s)
-	}
-	if n := e.admin.LLen(ctx, "asynq:{default}:pending").Val(); n != 1 {
-		t.Errorf("pending list has %d tasks, want 1", n)
 	}
 }

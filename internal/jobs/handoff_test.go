@@ -84,7 +84,7 @@ func TestHandoffRunsWaitersInOrder(t *testing.T) {
 			t.Errorf("done marker %s = %q, ttl %v; want %q expiring within %v", k, v, ttl, outcomeOK, markerTTL)
 		}
 	}
-	if c := e.admin.ZCard(ctx, "lockstep:{hot}:waiters").Val(); c != 0 {
+	if c := e.admin.ZCard(ctx, "lockstep:{hot}:queue").Val(); c != 0 {
 		t.Errorf("%d waiters left", c)
 	}
 	e.wantProcessed("t:hot", ResultSuccess, n+1)
@@ -202,7 +202,7 @@ func TestWaitersDrainAfterHolderDied(t *testing.T) {
 	}
 }
 
-// Wait is woken by the release (the grant's notice), not by its backoff: a
+// Wait is woken by the release (a waiter of the one queue), not by its backoff: a
 // task waiting with a 3s backoff starts within a moment of the release.
 func TestWaitPolicyWokenByRelease(t *testing.T) {
 	t.Parallel()
@@ -223,8 +223,8 @@ func TestWaitPolicyWokenByRelease(t *testing.T) {
 	e.enqueue("t:hot", "holder", nil)
 	<-started
 	e.enqueue("t:hot", "waiter", nil)
-	waitFor(t, 10*time.Second, "waiter waiting in its worker", func() bool {
-		return e.admin.HExists(context.Background(), "asynq:{default}:t:waiter", waitsField).Val()
+	waitFor(t, 10*time.Second, "waiter waiting in its worker, in the resource's queue", func() bool {
+		return e.admin.ZCard(context.Background(), "lockstep:{hot}:queue").Val() == 1
 	})
 	released := time.Now()
 	close(release)

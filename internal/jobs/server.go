@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -94,6 +95,9 @@ type Server struct {
 	log      *slog.Logger
 	cfg      Config
 	srv      *asynq.Server
+	store    *asynqstore.Store // asynq's tasks, for the hand-off
+	handsOff bool              // tasks park in the resource's queue and releases hand on to them
+	grants   context.CancelFunc
 
 	// onWait, when set (tests, benchmarks), sees every task that joins a
 	// resource's waiters, with its first contention (Unix ms).
@@ -118,6 +122,14 @@ func NewServer(p Params) *Server {
 		log:      cmp.Or(p.Logger, slog.New(slog.DiscardHandler)),
 		cfg:      c,
 		holds:    map[*watchdog.Hold]struct{}{},
+		store:    asynqstore.New(p.Client),
+		grants:   func() {},
+	}
+	s.handsOff = s.locker.HasQueue()
+	if linked, ok := linkedAsynq(); s.handsOff && !ok {
+		s.handsOff = false
+		s.log.Warn("hand-off off: this worker is linked against an asynq whose task layout asynqstore does not know; contended tasks are requeued with backoff",
+			"asynq", linked, "known", asynqstore.Version)
 	}
 	// Every series at zero from the start, so the first event shows in rate().
 	if p.Registry != nil {
@@ -143,6 +155,10 @@ func NewServer(p Params) *Server {
 	return s
 }
 
+// linkedAsynq reports the asynq version this binary is linked against and
+// whether asynqstore knows its layout (a variable: tests pretend another).
+var linkedAsynq = asynqstore.Supported
+
 // asynqShutdownTimeout is the part of the shutdown budget that asynq waits for
 // running handlers; the rest (a fifth, at most a second) is left for handlers
 // that asynq gave up on to return and release their locks.
@@ -156,7 +172,16 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 // Start after Stop fails.
 func (s *Server) Start(context.Context) error {
 	return s.life.Start(func() error {
+		if s.handsOff {
+			ctx, cancel := context.WithCancel(context.Background())
+			if err := s.watchGrants(ctx); err != nil {
+				cancel()
+				return fmt.Errorf("jobs: start: %w", err)
+			}
+			s.grants = cancel
+		}
 		if err := s.srv.Start(s); err != nil {
+			s.grants()
 			return fmt.Errorf("jobs: start: %w", err)
 		}
 		s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
@@ -183,6 +208,7 @@ func (s *Server) stop(ctx context.Context) error {
 	case <-shutdown:
 	case <-ctx.Done():
 		s.releaseAll()
+		s.grants()
 		return fmt.Errorf("jobs: stop: %w", ctx.Err())
 	}
 
@@ -194,6 +220,7 @@ func (s *Server) stop(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	n := s.releaseAll()
+	s.grants()
 	if n > 0 {
 		s.log.Warn("worker stopped with handlers still running; released their locks", "locks", n)
 	} else {
@@ -261,31 +288,36 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
 	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
-	if s.locker.Backend() != "single" {
+	if !s.handsOff {
 		// Redlock and etcd keep the locks away from the queue's Redis: the
 		// hand-off (one script over the lock and the queue) cannot span
-		// them, so those back ends take the lock through the Locker.
+		// them, so those back ends (and a worker linked against an asynq
+		// whose layout asynqstore does not know) take the lock through the
+		// Locker.
 		return s.serveThroughLocker(ctx, t, spec, job, payload, ttl)
 	}
-	r, err := s.take(ctx, job, ttl, waitMode(spec))
+	// A task that waits in its worker (Wait, or no retries left to requeue
+	// with) waits as a goroutine waiter of the queue: its first take does
+	// not park it.
+	r, err := s.take(ctx, job, ttl, spec.Contention == Requeue && job.Attempt <= job.MaxRetry)
 	switch {
 	case err != nil:
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
-	case r.done:
-		return s.replay(job, r.outcome)
-	case r.lease == nil:
+	case r.Done:
+		return s.replay(job, r.Outcome)
+	case r.Lease == nil:
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
-		if r.lease, err = s.contended(ctx, t, spec, job, ttl, r); r.lease == nil {
+		if r.Lease, err = s.contended(ctx, t, spec, job, ttl, r); r.Lease == nil {
 			return err
 		}
 	}
-	return s.serve(ctx, spec, job, payload, r.lease)
+	return s.serve(ctx, spec, job, payload, r.Lease)
 }
 
 // serve runs job under lease, then, in this same slot, every task the lock
 // is handed on to (chain.go).
 func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
-	h := &handoff{mark: 'g'}
+	h := &handoff{}
 	err := s.run(ctx, spec, job, payload, lease, h)
 	if h.next != nil {
 		s.chain(ctx, h.next)
@@ -326,14 +358,6 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 	return s.run(ctx, spec, job, payload, lease, nil)
 }
 
-// waitMode is how a task of spec waits when its lock is busy.
-func waitMode(spec *Spec) string {
-	if spec.Contention == Skip {
-		return waitNot
-	}
-	return waitJoin
-}
-
 func (s *Server) invalid(job Job, err error) error {
 	s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultInvalid).Inc()
 	s.log.Warn("invalid payload; task archived", "type", job.Type, "id", job.ID, "err", err)
@@ -343,7 +367,7 @@ func (s *Server) invalid(job Job, err error) error {
 // contended applies the spec's contention policy to a busy lock (take.lua
 // has put the task among the waiters, unless it skips). It returns a lease
 // to run with, or the task's result.
-func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration, r takeResult) (*lock.Lease, error) {
+func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job Job, ttl time.Duration, r lock.Taken) (*lock.Lease, error) {
 	switch {
 	case spec.Contention == Skip:
 		s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()
@@ -359,7 +383,19 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 		switch {
 		case lease != nil || err != nil:
 			return lease, err
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
 		case job.Attempt <= job.MaxRetry:
+			// Waited long enough: parked from now on, at the end of the queue.
+			r, err := s.take(ctx, job, ttl, true)
+			switch {
+			case err != nil:
+				return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+			case r.Done:
+				return nil, s.replay(job, r.Outcome)
+			case r.Lease != nil:
+				return r.Lease, nil
+			}
 			return nil, s.requeue(job, r)
 		}
 	case job.Attempt <= job.MaxRetry:

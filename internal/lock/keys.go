@@ -1,6 +1,9 @@
 package lock
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // keys are the Redis keys of one resource. They share the hash tag {resource}
 // so that every script touching them runs on one Cluster slot.
@@ -38,3 +41,61 @@ func (l *Locker) Key(resource string) string { return l.keysFor(resource).lock }
 
 // FenceKey returns the Redis key of resource's fencing counter.
 func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).fence }
+
+// A resource's other keys and names, all under its hash tag:
+//
+//	prefix{R}:queue:W        a goroutine waiter's hash (token, ttl, owner)
+//	prefix{R}:queue:W:wake   its wake list
+//	prefix{R}:done:<q>:<id>  a done marker: task id of queue q ran under a hand-off
+//	prefix{R}:granted        the pub/sub channel of grants to parked tasks
+//
+// The waiter queue's members are goroutine waiters (16 hex digits) and
+// parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
+
+// TaskWaiter is the member that names the parked task id of queue among a
+// resource's waiters.
+func TaskWaiter(queue, id string) string {
+	b, _ := json.Marshal([2]string{queue, id})
+	return "t:" + string(b)
+}
+
+// ParseTaskWaiter is TaskWaiter's inverse; ok is false for a goroutine waiter.
+func ParseTaskWaiter(m string) (queue, id string, ok bool) {
+	rest, ok := strings.CutPrefix(m, "t:")
+	var w [2]string
+	if !ok || json.Unmarshal([]byte(rest), &w) != nil || w[1] == "" {
+		return "", "", false
+	}
+	return w[0], w[1], true
+}
+
+// DoneKey returns the key of the done marker of task id of queue on resource.
+func (l *Locker) DoneKey(resource, queue, id string) string {
+	return l.keysFor(resource).lock + ":done:" + queue + ":" + id
+}
+
+// ScanPattern matches every key of this Locker's resources (SCAN MATCH).
+func (l *Locker) ScanPattern() string { return globEscape(l.prefix) + "{*}" }
+
+func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
+
+// resourceOfGrants returns R for the channel prefix{R}:granted.
+func (l *Locker) resourceOfGrants(channel string) (string, bool) {
+	r, ok := strings.CutPrefix(channel, l.prefix+"{")
+	if !ok {
+		return "", false
+	}
+	return strings.CutSuffix(r, "}:granted")
+}
+
+// globEscape escapes the glob characters of a pattern (SCAN, PSUBSCRIBE).
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

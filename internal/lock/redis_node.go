@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -76,8 +77,8 @@ func parseHandoff(g *grant, v string) bool {
 	return true
 }
 
-func releaseArgs(k keys, token, owner string, fenceTTL int64) ([]string, []any) {
-	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, fenceTTL}
+func releaseArgs(k keys, token, owner string, fenceTTL int64, ttl time.Duration) ([]string, []any) {
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, fenceTTL, ttl.Milliseconds()}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
@@ -94,8 +95,8 @@ func releaseStatus(reply any, err error) (int64, error) {
 }
 
 // releaseOn runs release.lua for token and owner on c (see releaseStatus).
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64) (int64, error) {
-	keys, args := releaseArgs(k, token, owner, fenceTTL)
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64, ttl time.Duration) (int64, error) {
+	keys, args := releaseArgs(k, token, owner, fenceTTL, ttl)
 	return releaseStatus(run(ctx, c, scriptRelease, keys, args...))
 }
 

@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	// lib.lua holds the functions acquire.lua and release.lua share; it is
-	// prepended to both, so the two run one copy of the code.
+	// lib.lua holds the functions the scripts that take or hand on a lock
+	// share (acquire, release, take, handon); it is prepended to each, so
+	// they run one copy of the code.
 	//go:embed lua/lib.lua
 	libLua string
 	//go:embed lua/acquire.lua
@@ -25,6 +26,12 @@ var (
 	fenceRaiseLua string
 	//go:embed lua/leave.lua
 	leaveLua string
+	//go:embed lua/take.lua
+	takeLua string
+	//go:embed lua/handon.lua
+	handOnLua string
+	//go:embed lua/grant.lua
+	grantLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -32,6 +39,9 @@ var (
 	scriptRenewBatch = redis.NewScript(renewBatchLua)
 	scriptFenceRaise = redis.NewScript(fenceRaiseLua)
 	scriptLeave      = redis.NewScript(leaveLua)
+	scriptTake       = redis.NewScript(libLua + takeLua)
+	scriptHandOn     = redis.NewScript(libLua + handOnLua)
+	scriptGrant      = redis.NewScript(grantLua)
 )
 
 // run calls one script through the project's one runner (internal/script);
@@ -58,9 +68,3 @@ func runPipelined(ctx context.Context, c redis.Cmdable, s *redis.Script, calls [
 	}
 	return script.RunPipelined(ctx, c, "", sc, after)
 }
-
-// ScriptLib is lua/lib.lua, for the scripts of other packages that take a
-// lock under this package's rules (the job server's hand-off): prepended to
-// such a script, it gives it nextfence(fencekey, fencettl) and time(), so
-// every lock Lockstep takes gets its fence from the one rule.
-func ScriptLib() string { return libLua }

@@ -28,7 +28,8 @@
 -- woken through the list lockstep:{R}:queue:W:wake. While the queue has live
 -- waiters the lock is free only for the first: a release (release.lua), or
 -- an attempt that finds the lock free, hands it to that waiter directly, with
--- the one hand-off both scripts share (lua/lib.lua).
+-- the one hand-off both scripts share (lua/lib.lua). Parked tasks wait in the
+-- same queue (take.lua); a task at its head is granted the lock.
 --
 -- The fence is max(counter + 1, the server's TIME in microseconds), stored
 -- back with the counter's TTL refreshed. Fences so keep increasing when the
@@ -54,7 +55,7 @@ for i = 0, #KEYS / 4 - 1 do
   elseif redis.call('EXISTS', lock) == 0 then
     -- Free with waiters queued: the first live one's, perhaps the caller's
     -- (then this very attempt hands it over).
-    handoff(lock, fencekey, owners, q, fencettl)
+    handoff(lock, fencekey, owners, q, fencettl, ttl, '')
     if waiter ~= '' then
       granted = redis.call('LPOP', q .. ':' .. waiter .. ':wake')
       if granted then

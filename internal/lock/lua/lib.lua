@@ -36,13 +36,40 @@ local function own(owners, token, ttl, owner)
   end
 end
 
--- handoff gives the free lock to the first live waiter of q, if any (a
--- crashed waiter's hash expired: it is dropped), and wakes it.
-local function handoff(lock, fencekey, owners, q, fencettl)
+-- The one waiter queue of a resource, lockstep:{R}:queue, a zset by arrival
+-- (the server's TIME in µs), holds two kinds of waiter (see keys.go):
+--   W        a goroutine waiting in Acquire: a 16-hex id whose hash
+--            queue:W (token, ttl, owner) lives for its ttl while it waits,
+--            woken through the list queue:W:wake
+--   t:<...>  a parked task (the job server's Requeue): no hash, it lives as
+--            long as its task; it is handed the lock by a job server that
+--            runs it next (a chain), or else granted the lock, which holds
+--            "g:<member>:<fence>" until the task takes it over (take.lua),
+--            with a notice on lockstep:{R}:granted so that a job server
+--            brings the task back at once.
+--
+-- handoff gives the free lock to the first live waiter of q, whoever it is.
+-- ttl is the lock ttl of a grant to a task; nexttoken, when not "", is the
+-- token under which the caller runs a task head itself (a chain).
+-- Returns false (no live waiter: the lock is left as it was), true (a
+-- goroutine waiter holds it now), the member (a task was granted it), or
+-- {member, fence} (a task head, for the caller to run under nexttoken).
+local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken)
   for _ = 1, 16 do
     local first = redis.call('ZPOPMIN', q)[1]
     if not first then
       return false
+    end
+    if string.sub(first, 1, 2) == 't:' then
+      local fence = nextfence(fencekey, fencettl)
+      if nexttoken ~= '' then
+        redis.call('SET', lock, nexttoken, 'PX', ttl)
+        return {first, fence}
+      end
+      local g = 'g:' .. first .. ':' .. string.format('%.0f', fence)
+      redis.call('SET', lock, g, 'PX', ttl)
+      redis.call('PUBLISH', lock .. ':granted', g)
+      return first
     end
     local w = redis.call('HMGET', q .. ':' .. first, 'token', 'ttl', 'owner')
     if w[1] then

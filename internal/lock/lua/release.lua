@@ -4,14 +4,15 @@
 -- lock per call on a Cluster or a Redlock node; on one server, concurrent
 -- releases share a call.
 --
--- For the i-th lock (i from 1), four keys and three values:
+-- For the i-th lock (i from 1), four keys and four values:
 -- KEYS[4i-3]  lock key
 -- KEYS[4i-2]  fencing counter (for a hand-off)
 -- KEYS[4i-1]  reentrancy hash (see acquire.lua; ignored when the owner is "")
 -- KEYS[4i]    wait queue (see acquire.lua)
--- ARGV[3i-2]  token
--- ARGV[3i-1]  owner id of a reentrant lease, or ""
--- ARGV[3i]    fencing counter ttl in milliseconds
+-- ARGV[4i-3]  token
+-- ARGV[4i-2]  owner id of a reentrant lease, or ""
+-- ARGV[4i-1]  fencing counter ttl in milliseconds
+-- ARGV[4i]    lock ttl in milliseconds (of a grant to a parked task at the head)
 --
 -- Returns one status per lock, in order (for one lock, that status alone):
 --   1   released (the key is gone, or handed to the first waiter)
@@ -23,7 +24,7 @@
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
-  local token, owner, fencettl = ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3]
+  local token, owner, fencettl, ttl = ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4]
   local cur = redis.call('GET', lock)
   local status
   if not cur then
@@ -39,7 +40,7 @@ for i = 0, #KEYS / 4 - 1 do
     status = 1
   end
   if status == 0 or status == 1 then
-    if redis.call('EXISTS', q) == 0 or not handoff(lock, fencekey, owners, q, fencettl) then
+    if redis.call('EXISTS', q) == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '') then
       if status == 1 then
         redis.call('DEL', lock)
       end

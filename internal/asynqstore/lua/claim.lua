@@ -22,7 +22,6 @@
 --            was no longer ours (its lease had passed and asynq took it back)
 --   claimed   1 claimed, msg is its encoded message
 --            -1 still active: on its way to the retry set
---            -2 active and waiting for the lock in its worker (Wait policy)
 --             0 gone, done, grouped or pending: not ours to run
 local done = 0
 if ARGV[1] ~= '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
@@ -39,11 +38,8 @@ end
 if ARGV[4] == '' then
   return {done, 0}
 end
-local t = redis.call('HMGET', KEYS[6], 'state', 'msg', 'lockstep_waits')
+local t = redis.call('HMGET', KEYS[6], 'state', 'msg')
 if t[1] == 'active' then
-  if t[3] then
-    return {done, -2}
-  end
   return {done, -1}
 end
 -- CH counts a changed score; an unchanged one (the lease equals its retry

@@ -1,4 +1,4 @@
-package jobs
+package asynqstore
 
 import (
 	"fmt"
@@ -6,10 +6,10 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// taskMsg holds the fields of asynq's TaskMessage (internal/proto in asynq
+// TaskMsg holds the fields of asynq's TaskMessage (internal/proto in asynq
 // v0.26) that a hand-off chain needs to run a task it claimed. asynq keeps
 // the message protobuf-encoded in the task hash's "msg" field.
-type taskMsg struct {
+type TaskMsg struct {
 	Type      string
 	Payload   []byte
 	ID        string
@@ -23,17 +23,17 @@ type taskMsg struct {
 	Retention int64 // seconds
 }
 
-// decodeTaskMsg reads the fields above, skipping the rest. It collects the
+// DecodeTaskMsg reads the fields above, skipping the rest. It collects the
 // values by field number (the last one wins, as in protobuf) and builds the
 // message from them at the end.
-func decodeTaskMsg(b []byte) (taskMsg, error) {
+func DecodeTaskMsg(b []byte) (TaskMsg, error) {
 	const fields = 15 // the highest field number read, and one
 	var vs [fields]uint64
 	var bs [fields][]byte
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return taskMsg{}, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
+			return TaskMsg{}, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		var v uint64
@@ -47,7 +47,7 @@ func decodeTaskMsg(b []byte) (taskMsg, error) {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return taskMsg{}, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
+			return TaskMsg{}, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(n))
 		}
 		b = b[n:]
 		switch {
@@ -58,7 +58,7 @@ func decodeTaskMsg(b []byte) (taskMsg, error) {
 			bs[num] = s
 		}
 	}
-	m := taskMsg{
+	m := TaskMsg{
 		Type: string(bs[1]), Payload: append([]byte(nil), bs[2]...), ID: string(bs[3]), Queue: string(bs[4]),
 		UniqueKey: string(bs[10]), GroupKey: string(bs[14]),
 		Retry: int(int32(vs[5])), Retried: int(int32(vs[6])),

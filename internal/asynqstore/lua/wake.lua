@@ -17,8 +17,12 @@
 -- Returns
 --    1  moved: the next dequeue takes it
 --   -1  still active: it is on its way to the retry set (or contending again)
---    0  anything else (done, gone, pending, grouped): nothing changed
+--    0  anything else (done, pending, grouped): nothing changed
+--    2  gone: asynq has no such task (deleted, or completed without retention)
 local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return 2
+end
 if state == 'active' then
   return -1
 end

@@ -1,4 +1,4 @@
-package jobs
+package asynqstore
 
 import (
 	"reflect"
@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// decodeTaskMsg reads asynq's fields by number and wire type, skips the
+// DecodeTaskMsg reads asynq's fields by number and wire type, skips the
 // others (whatever their type), and names the field a truncated message
 // breaks in.
 func TestDecodeTaskMsg(t *testing.T) {
@@ -38,11 +38,11 @@ func TestDecodeTaskMsg(t *testing.T) {
 	b = protowire.AppendFixed32(b, 7)
 	varint(1, 9) // a known number with another wire type: ignored
 
-	m, err := decodeTaskMsg(b)
+	m, err := DecodeTaskMsg(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := taskMsg{Type: "t:type", Payload: []byte(`{"a":1}`), ID: "id-1", Queue: "q", Retry: 3, Retried: 1,
+	want := TaskMsg{Type: "t:type", Payload: []byte(`{"a":1}`), ID: "id-1", Queue: "q", Retry: 3, Retried: 1,
 		Timeout: 30, Deadline: 1700000000, UniqueKey: "uniq", GroupKey: "group", Retention: 3600}
 	if !reflect.DeepEqual(m, want) {
 		t.Fatalf("decoded %+v, want %+v", m, want)
@@ -59,7 +59,7 @@ func TestDecodeTaskMsg(t *testing.T) {
 		{"bad tag", []byte{0x80}, "asynq task message"},
 		{"no id", protowire.AppendVarint(protowire.AppendTag(nil, 5, protowire.VarintType), 1), "without id or type"},
 	} {
-		if _, err := decodeTaskMsg(c.msg); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := DecodeTaskMsg(c.msg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
 		}
 	}

@@ -1,0 +1,162 @@
+// Package asynqstore is the only code in Lockstep that knows asynq's private
+// Redis layout: the task hash (its state and protobuf message), the retry
+// set, the pending list and the processed counters, as asynq v0.26.0 keeps
+// them (internal/base and internal/rdb there). The job server's hand-off
+// uses it to bring a parked task back at once (Wake), and to complete the
+// task a chain ran while claiming the next one (Claim), both under the
+// queue's hash tag.
+//
+// A binary linked against another asynq version does not use it: Supported
+// says so, and the job server then requeues contended tasks with its
+// backoff instead of writing a layout it does not know. The contract test
+// (store_test.go) runs asynq's own Inspector over every state these writes
+// leave.
+package asynqstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/script"
+)
+
+// Version is the asynq release whose layout this package writes.
+const Version = "v0.26.0"
+
+// asynqModule is asynq's module path.
+const asynqModule = "github.com/hibiken/asynq"
+
+// Supported returns the asynq version linked into this binary and whether
+// it is Version. A binary whose build information lists no dependencies at
+// all (go test's binaries) was built from this module's own go.mod, which
+// requires Version.
+func Supported() (linked string, ok bool) {
+	info, found := debug.ReadBuildInfo()
+	if !found {
+		return "", false
+	}
+	return versionIn(info)
+}
+
+func versionIn(info *debug.BuildInfo) (string, bool) {
+	if len(info.Deps) == 0 {
+		return Version, true
+	}
+	for _, m := range info.Deps {
+		if m.Path == asynqModule {
+			if m.Replace != nil {
+				return m.Replace.Version, m.Replace.Version == Version
+			}
+			return m.Version, m.Version == Version
+		}
+	}
+	return "", false // linked without asynq: nothing to hand off
+}
+
+var (
+	//go:embed lua/claim.lua
+	claimLua string
+	//go:embed lua/wake.lua
+	wakeLua string
+
+	scriptClaim = redis.NewScript(claimLua)
+	scriptWake  = redis.NewScript(wakeLua)
+)
+
+// Store reads and writes asynq's tasks in its Redis.
+type Store struct{ client redis.UniversalClient }
+
+// New returns a Store over client, the Redis of asynq's queues.
+func New(client redis.UniversalClient) *Store { return &Store{client: client} }
+
+func queuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
+
+// Woken is what Wake found.
+type Woken int
+
+// Wake's answers.
+const (
+	WokenNot    Woken = 0  // done, pending or grouped: nothing changed
+	WokenMoved  Woken = 1  // moved from the retry set to the head of its queue
+	WokenActive Woken = -1 // still active: on its way to the retry set, or running
+	WokenGone   Woken = 2  // asynq has no such task
+)
+
+// Wake offers the task id of queue again now, instead of at its retry time:
+// it moves the task from asynq's retry set to the head of its queue, as
+// asynq's forwarder does once the retry time has come. Only a task in the
+// retry state moves, so a task that completed, was archived or runs is
+// never run again by a wake.
+func (s *Store) Wake(ctx context.Context, queue, id string) (Woken, error) {
+	p := queuePrefix(queue)
+	v, err := script.Run(ctx, s.client, scriptWake, "asynq wake", []string{p + "t:" + id, p + "retry", p + "pending"},
+		id, time.Now().UnixNano())
+	n, _ := v.(int64)
+	return Woken(n), err
+}
+
+// Finished is a task that a chain ran and that asynq still lists: Claim
+// completes it as asynq's Done does.
+type Finished struct {
+	Queue, ID string
+	Unique    string // its unique key, "" when it has none
+}
+
+// Claimed is what Claim found of the next task.
+type Claimed int
+
+// Claim's answers about the next task.
+const (
+	ClaimedNot    Claimed = 0  // gone, done, grouped or pending: not ours to run
+	ClaimedOK     Claimed = 1  // claimed: its message is returned
+	ClaimedActive Claimed = -1 // still active: on its way to the retry set
+)
+
+// Claim completes done (if not nil) and claims the task id of queue (if id
+// is not "") in one call (claim.lua): a claimed task stays in the retry set
+// with its score pushed to lease, so that a chain that dies leaves it to
+// asynq's own forwarder once the lease passes. done and the next task must
+// share queue. It reports whether done was completed (false: it was no
+// longer the chain's), and the next task's encoded message when claimed.
+func (s *Store) Claim(ctx context.Context, done *Finished, queue, id string, lease time.Time) (completed bool, c Claimed, msg []byte, err error) {
+	if done != nil {
+		queue = done.Queue
+	}
+	p := queuePrefix(queue)
+	now := time.Now()
+	keys := []string{p + "retry", p + "t:", p + "processed:" + now.UTC().Format("2006-01-02"), p + "processed", p + "unique:", p + "t:"}
+	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), "", "", lease.Unix() + 1}
+	if done != nil {
+		keys[1], args[0] = p+"t:"+done.ID, done.ID
+		if done.Unique != "" {
+			keys[4], args[2] = done.Unique, "1"
+		}
+	}
+	if id != "" {
+		keys[5], args[3] = p+"t:"+id, id
+	}
+	v, err := script.Run(ctx, s.client, scriptClaim, "asynq claim", keys, args...)
+	if err != nil {
+		return false, 0, nil, err
+	}
+	vals, _ := v.([]any)
+	if len(vals) < 2 {
+		return false, 0, nil, fmt.Errorf("asynq claim: unexpected reply %v", v)
+	}
+	n, _ := vals[1].(int64)
+	if len(vals) > 2 {
+		m, _ := vals[2].(string)
+		msg = []byte(m)
+	}
+	return vals[0] == int64(1), Claimed(n), msg, nil
+}
+
+// ExtendClaim pushes a claimed task's lease (its retry score) to until.
+func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Time) error {
+	return s.client.ZAddXX(ctx, queuePrefix(queue)+"retry", redis.Z{Score: float64(until.Unix() + 1), Member: id}).Err()
+}

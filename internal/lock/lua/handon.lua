@@ -1,0 +1,59 @@
+-- handon: a job's release. Release the lock and, when someone waits for it,
+-- hand it to the longest waiter of the one queue in the same step (lib.lua's
+-- handoff): a goroutine waiter is woken holding it; a parked task at the
+-- head is handed to the caller, which runs it next under nexttoken (a
+-- chain), or, without nexttoken, granted. The lock never becomes free
+-- between two holders, so no one barges in.
+--
+-- KEYS[1]  lock key          lockstep:{R}
+-- KEYS[2]  fencing counter   lockstep:{R}:fence
+-- KEYS[3]  reentrancy hash   lockstep:{R}:owners
+-- KEYS[4]  waiter queue      lockstep:{R}:queue
+-- KEYS[5]  done marker of the task that just ran   lockstep:{R}:done:<member>
+-- KEYS[6]  done marker to drop (its task is now complete in asynq)
+-- ARGV[1]  token of the releasing holder
+-- ARGV[2]  token for the next holder when the caller runs a task head, or ""
+-- ARGV[3]  lock ttl in milliseconds
+-- ARGV[4]  fencing counter ttl in milliseconds
+-- ARGV[5]  outcome to mark the finished task with ("ok", "fail:..."), or ""
+-- ARGV[6]  "a": mark always; "g": mark only when the caller runs the next task
+-- ARGV[7]  ttl of the marker in milliseconds
+-- ARGV[8]  "1": drop KEYS[6]
+--
+-- Returns
+--   {1}                  released; no one was waiting
+--   {2, member, fence}   handed on to the task waiter member, which the
+--                        caller now holds the lock for under ARGV[2]
+--   {3}                  handed to a goroutine waiter, or granted to a task
+--   {0}                  the key is gone: the lease had expired (nothing changed)
+--   {-1}                 the key holds another token (left alone)
+--
+-- The marker says the finished task ran, so that a delivery of it that
+-- asynq makes before it was completed there (a crash, a shutdown) does not
+-- run it again (take.lua returns its outcome instead).
+-- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  return {0}
+end
+if cur ~= ARGV[1] then
+  return {-1}
+end
+if ARGV[8] == '1' then
+  redis.call('DEL', KEYS[6])
+end
+local h = false
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  h = handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[3], ARGV[2])
+end
+if ARGV[5] ~= '' and (ARGV[6] == 'a' or type(h) == 'table') then
+  redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[7])
+end
+if not h then
+  redis.call('DEL', KEYS[1])
+  return {1}
+end
+if type(h) == 'table' then
+  return {2, h[1], h[2]}
+end
+return {3}

@@ -1,0 +1,94 @@
+-- take: a parked task (the job server's Requeue policy) asks for its lock.
+-- Take it if it is free and no one waits ahead; take it over if it was
+-- granted to this task; or else join the resource's one waiter queue (the
+-- queue Acquire waits in, lua/lib.lua), in arrival order, keeping the place
+-- it has. One call either way.
+--
+-- KEYS[1]  lock key          lockstep:{R}
+-- KEYS[2]  fencing counter   lockstep:{R}:fence
+-- KEYS[3]  reentrancy hash   lockstep:{R}:owners (for a hand-off to a goroutine waiter)
+-- KEYS[4]  waiter queue      lockstep:{R}:queue
+-- KEYS[5]  done marker       lockstep:{R}:done:<member>
+-- ARGV[1]  token (random, 128 bits, hex, then the holder; see holder.go)
+-- ARGV[2]  lock ttl in milliseconds
+-- ARGV[3]  fencing counter ttl in milliseconds
+-- ARGV[4]  the task as a waiter: "t:" .. JSON ["<queue>", "<task id>"] (keys.go)
+-- ARGV[5]  ttl of the queue in milliseconds, set when a task joins
+-- ARGV[6]  when busy: "q" join the queue, "n" do not wait
+--
+-- Returns
+--   {1, token, fence}   acquired afresh (same fence rule as acquire.lua)
+--   {2, token, fence}   granted to this task (lib.lua's handoff, grant.lua):
+--                       taken over, the lock holds this call's token now
+--   {0, pttl, since, ahead}  busy, waiting: the lock's remaining ttl (ms);
+--                       the arrival (server µs) if the task joined now, else
+--                       ""; the number of waiters before this one
+--   {4, pttl, since, ahead, head}  free, but head waited longer (its holder
+--                       died): granted to the task head, and this task waits
+--                       as for {0} (a goroutine head is woken by the script)
+--   {3, outcome}        this task already ran under a hand-off (its done
+--                       marker): "ok", "fail:<msg>" or "skip:<msg>". A failure's
+--                       marker is consumed (asynq retries the task, and that
+--                       retry runs it anew); an "ok" marker is kept until it
+--                       expires: the delivery that reads it may itself be lost
+--                       (its worker killed before asynq completed the task),
+--                       and the next delivery must read it again.
+-- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
+local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local function join()
+  if ARGV[6] == 'n' then
+    return '', 0
+  end
+  local since = string.format('%.0f', time())
+  if redis.call('ZADD', q, 'NX', since, me) == 0 then
+    since = ''
+  end
+  if redis.call('PTTL', q) < tonumber(ARGV[5]) then
+    redis.call('PEXPIRE', q, ARGV[5])
+  end
+  return since, redis.call('ZRANK', q, me)
+end
+
+local done = redis.call('GET', KEYS[5])
+if done then
+  if done ~= 'ok' then
+    redis.call('DEL', KEYS[5])
+  end
+  return {3, done}
+end
+local cur = redis.call('GET', lock)
+if cur then
+  local granted = 'g:' .. me .. ':'
+  if string.sub(cur, 1, #granted) == granted then
+    redis.call('SET', lock, token, 'PX', ttl)
+    return {2, token, tonumber(redis.call('GET', fencekey))}
+  end
+  local since, ahead = join()
+  return {0, redis.call('PTTL', lock), since, ahead}
+end
+-- Free: taken at once when no one waits ahead of this task. If others wait
+-- longer (their holder died, so no one handed on), it goes to the first
+-- live one of them instead, and this task waits its turn.
+local head = redis.call('ZRANGE', q, 0, 0)[1]
+if head and head ~= me then
+  local h = handoff(lock, fencekey, owners, q, fencettl, ttl, '')
+  if h == me then
+    -- Every waiter ahead was gone: the grant is this task's own.
+    redis.call('SET', lock, token, 'PX', ttl)
+    return {1, token, tonumber(redis.call('GET', fencekey))}
+  elseif h then
+    local since, ahead = join()
+    if h == true then
+      return {0, redis.call('PTTL', lock), since, ahead}
+    end
+    return {4, redis.call('PTTL', lock), since, ahead, h}
+  end
+end
+redis.call('SET', lock, token, 'PX', ttl)
+local fence = nextfence(fencekey, fencettl)
+if head then
+  redis.call('ZREM', q, me)
+end
+return {1, token, fence}

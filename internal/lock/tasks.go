@@ -1,0 +1,344 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Parked tasks among a resource's waiters: the job server's side of the one
+// waiter queue (see lua/lib.lua). A task whose lock is busy joins the queue
+// (Take) and goes back to its queue's retry set; a release hands the lock
+// to the longest waiter, goroutine or task. A job's release (HandOn) hands
+// a task head to the releasing worker, which runs it next; any other release
+// grants it, and a job server that hears the grant (Grants) brings the task
+// back at once. Only the single back end has the queue: Redlock's and etcd's
+// locks live away from the queue's Redis, and their jobs use Acquire.
+
+// ErrNoQueue is returned by the task operations of a back end without the
+// waiter queue (Redlock, etcd, WaitReplicas).
+var ErrNoQueue = errors.New("lock: this back end has no waiter queue for tasks")
+
+// HasQueue reports whether the back end keeps the one waiter queue that
+// tasks join and releases hand on from (the single back end without
+// WaitReplicas: a hand-off is not followed by WAIT).
+func (l *Locker) HasQueue() bool {
+	b, ok := l.be.(*single)
+	return ok && b.fairWaiting()
+}
+
+func (l *Locker) redis() (*single, error) {
+	if b, ok := l.be.(*single); ok && b.fairWaiting() {
+		return b, nil
+	}
+	return nil, ErrNoQueue
+}
+
+// Taken is Take's answer: a lease (acquired, or granted and taken over), an
+// outcome (the task already ran under a hand-off), or busy.
+type Taken struct {
+	Lease   *Lease
+	Granted bool   // the lease is a grant taken over
+	Done    bool   // the task already ran under a hand-off: Outcome is its done marker
+	Outcome string // "ok", "fail:<msg>" or "skip:<msg>"
+
+	// Busy:
+	PTTL   time.Duration // the lock's remaining TTL
+	Ahead  int           // waiters before this task
+	Joined time.Time     // the task joined the queue now, at this server time (zero: it had its place)
+	Head   string        // this call granted the free lock to this task waiter ahead (to be woken)
+}
+
+// Take asks for resource's lock for the task id of queue, in one call: it
+// is acquired, or was granted to the task, or the task already ran (its
+// done marker), or it is busy; then, with join, the task keeps or takes its
+// place in the waiter queue, which outlives its last join by queueTTL.
+func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool) (Taken, error) {
+	b, err := l.redis()
+	if err != nil {
+		return Taken{}, err
+	}
+	k := l.keysFor(resource)
+	sent := time.Now()
+	token := tokenFor(ctx, sent)
+	mode := "n"
+	if join {
+		mode = "q"
+	}
+	v, err := run(ctx, b.client, scriptTake, []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id)},
+		token, ttl.Milliseconds(), b.fenceTTL.Milliseconds(), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode)
+	l.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
+	if err != nil {
+		l.failed.Inc()
+		return Taken{}, fmt.Errorf("lock: acquire %q: %w", resource, err)
+	}
+	vals, _ := v.([]any)
+	if len(vals) < 2 {
+		l.failed.Inc()
+		return Taken{}, fmt.Errorf("lock: acquire %q: unexpected reply %v", resource, v)
+	}
+	switch vals[0] {
+	case int64(1), int64(2):
+		tok, _ := vals[1].(string)
+		var fence int64
+		if len(vals) > 2 {
+			fence, _ = vals[2].(int64)
+		}
+		l.acquired.Inc()
+		return Taken{Lease: l.adopt(resource, tok, fence, ttl, sent), Granted: vals[0] == int64(2)}, nil
+	case int64(3):
+		out, _ := vals[1].(string)
+		return Taken{Done: true, Outcome: out}, nil
+	case int64(0), int64(4):
+		l.busy.Inc()
+		var t Taken
+		if len(vals) >= 4 {
+			p, _ := vals[1].(int64)
+			a, _ := vals[3].(int64)
+			t.PTTL, t.Ahead = time.Duration(p)*time.Millisecond, int(a)
+			if s, _ := vals[2].(string); s != "" {
+				us, _ := strconv.ParseInt(s, 10, 64)
+				t.Joined = time.UnixMicro(us)
+			}
+		}
+		if len(vals) == 5 {
+			t.Head, _ = vals[4].(string)
+		}
+		return t, nil
+	}
+	l.failed.Inc()
+	return Taken{}, fmt.Errorf("lock: acquire %q: unexpected reply %v", resource, v)
+}
+
+// HandOff says what a job's release does besides releasing.
+type HandOff struct {
+	// Chain: a task at the head of the queue is handed to the caller, to
+	// run next under the returned TaskGrant (else it is granted).
+	Chain bool
+	// Queue and ID name the task that just ran ("" when none did: a pass).
+	Queue, ID string
+	// Outcome marks the finished task done ("ok", "fail:..."; "" for none),
+	// always (MarkAlways) or only when the caller runs the next task.
+	Outcome    string
+	MarkAlways bool
+	MarkerTTL  time.Duration
+	// Drop is a done marker (DoneKey) to delete in the same call.
+	Drop string
+}
+
+// HandedOn is what HandOn did.
+type HandedOn struct {
+	Next    *TaskGrant // the caller holds the lock for this task now
+	Marked  bool       // the finished task was marked done
+	Dropped bool       // Drop was deleted
+}
+
+// TaskGrant is a lock handed on to a parked task, held under Token.
+type TaskGrant struct {
+	Resource  string
+	Member    string // the waiter (TaskWaiter)
+	Queue, ID string
+	Token     string
+	Fence     int64
+	TTL       time.Duration
+	Sent      time.Time
+}
+
+// HandOn releases lease and hands the lock to the longest waiter in the
+// same step (handon.lua). It ends the lease: released, or lost when the key
+// is gone or holds another token (a *LostError, also returned). A lease
+// already lost is released by its token alone (Release).
+func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn, error) {
+	if lease.Err() != nil {
+		return HandedOn{}, lease.Release(ctx)
+	}
+	b, err := l.redis()
+	if err != nil {
+		return HandedOn{}, err
+	}
+	k := lease.keys
+	marker := k.lock + ":done:"
+	outcome := ""
+	if h.ID != "" {
+		marker, outcome = l.DoneKey(lease.resource, h.Queue, h.ID), h.Outcome
+	}
+	drop, dropFlag := k.lock+":done:", ""
+	if h.Drop != "" {
+		drop, dropFlag = h.Drop, "1"
+	}
+	sent := time.Now()
+	next := ""
+	if h.Chain {
+		next = tokenFor(ctx, sent) // this process holds next; the task it goes to is the script's choice
+	}
+	mark := "g"
+	if h.MarkAlways {
+		mark = "a"
+	}
+	v, err := run(ctx, b.client, scriptHandOn, []string{k.lock, k.fence, k.owners, k.queue, marker, drop},
+		lease.token, next, lease.ttl.Milliseconds(), b.fenceTTL.Milliseconds(), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag)
+	if err != nil {
+		return HandedOn{}, fmt.Errorf("lock: release %q: %w", lease.resource, err)
+	}
+	vals, _ := v.([]any)
+	if len(vals) == 0 {
+		return HandedOn{}, fmt.Errorf("lock: release %q: unexpected reply %v", lease.resource, v)
+	}
+	switch status, _ := vals[0].(int64); status {
+	case 0:
+		return HandedOn{}, lease.MarkLost(ReasonExpired)
+	case -1:
+		return HandedOn{}, lease.MarkLost(ReasonStolen)
+	case 2:
+		if len(vals) < 3 {
+			return HandedOn{}, fmt.Errorf("lock: release %q: unexpected reply %v", lease.resource, v)
+		}
+		lease.state.set(errReleased)
+		m, _ := vals[1].(string)
+		fence, _ := vals[2].(int64)
+		g := &TaskGrant{Resource: lease.resource, Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
+		g.Queue, g.ID, _ = ParseTaskWaiter(m)
+		return HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}, nil
+	default:
+		lease.state.set(errReleased)
+		return HandedOn{Marked: outcome != "" && h.MarkAlways, Dropped: dropFlag != ""}, nil
+	}
+}
+
+// Adopt returns the lease of a TaskGrant, for the task it was handed to.
+func (l *Locker) Adopt(g *TaskGrant, ttl time.Duration) *Lease {
+	return l.adopt(g.Resource, g.Token, g.Fence, ttl, g.Sent)
+}
+
+func (l *Locker) adopt(resource, token string, fence int64, ttl time.Duration, sent time.Time) *Lease {
+	return &Lease{locker: l, keys: l.keysFor(resource), resource: resource,
+		token: token, fence: fence, ttl: ttl, sent: sent}
+}
+
+// Grant leaves the lock of g, which the caller holds, to g's task for asynq
+// to deliver (grant.lua): the task's Take takes it over. It reports false
+// when the lock no longer holds g's token.
+func (l *Locker) Grant(ctx context.Context, g *TaskGrant) (bool, error) {
+	b, err := l.redis()
+	if err != nil {
+		return false, err
+	}
+	v, err := run(ctx, b.client, scriptGrant, []string{l.keysFor(g.Resource).lock}, g.Token, g.Member, g.TTL.Milliseconds(), g.Fence)
+	if err != nil {
+		return false, fmt.Errorf("lock: grant %q: %w", g.Resource, err)
+	}
+	return v == int64(1), nil
+}
+
+// GrantNotice is a grant of a free lock to a parked task, heard on
+// prefix{R}:granted.
+type GrantNotice struct {
+	Resource  string
+	Queue, ID string
+	value     string // the lock's value while granted: "g:<member>:<fence>"
+}
+
+func parseGrantNotice(l *Locker, channel, payload string) (GrantNotice, bool) {
+	r, ok := l.resourceOfGrants(channel)
+	rest, ok2 := strings.CutPrefix(payload, "g:")
+	i := strings.LastIndexByte(rest, ':')
+	if !ok || !ok2 || i < 0 {
+		return GrantNotice{}, false
+	}
+	q, id, ok := ParseTaskWaiter(rest[:i])
+	return GrantNotice{Resource: r, Queue: q, ID: id, value: payload}, ok
+}
+
+// Grants calls f for every grant to a parked task, on any resource of this
+// Locker, until ctx ends; the caller brings the task back (or Passes the
+// grant when the task is gone). A grant whose notice is missed is taken
+// over when the task comes back with its backoff.
+func (l *Locker) Grants(ctx context.Context, f func(GrantNotice)) error {
+	b, err := l.redis()
+	if err != nil {
+		return err
+	}
+	sub := b.client.PSubscribe(ctx, l.grantsPattern())
+	if _, err := sub.Receive(ctx); err != nil {
+		_ = sub.Close()
+		return fmt.Errorf("lock: subscribe to grants: %w", err)
+	}
+	go func() {
+		defer sub.Close()
+		ch := sub.Channel(redis.WithChannelSize(256))
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-ch:
+				if !ok {
+					return
+				}
+				if n, ok := parseGrantNotice(l, m.Channel, m.Payload); ok {
+					f(n)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// Pass releases a grant whose task is gone (deleted, completed): the lock
+// goes on to the next waiter.
+func (l *Locker) Pass(ctx context.Context, n GrantNotice, ttl time.Duration) error {
+	return l.adopt(n.Resource, n.value, 0, ttl, time.Now()).Release(ctx)
+}
+
+// Waiter is one waiter of a resource, in the order they are served.
+type Waiter struct {
+	Position int       // 1 is served first
+	Since    time.Time // arrival, by the server's clock
+	// A parked task:
+	Queue, TaskID string
+	// A goroutine waiting in Acquire (WithLock):
+	Caller TokenInfo // what its token says (holder, job); zero when its hash expired
+	Live   bool      // a task, or a goroutine waiter whose hash is alive
+}
+
+// Waiters returns resource's waiters in the order a release serves them.
+// Back ends without the queue have none.
+func (l *Locker) Waiters(ctx context.Context, resource string) ([]Waiter, error) {
+	b, err := l.redis()
+	if err != nil {
+		return nil, nil
+	}
+	k := l.keysFor(resource)
+	zs, err := b.client.ZRangeWithScores(ctx, k.queue, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	out := make([]Waiter, len(zs))
+	tokens := make([]*redis.StringCmd, len(zs))
+	_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, z := range zs {
+			m, _ := z.Member.(string)
+			w := &out[i]
+			w.Position, w.Since = i+1, time.UnixMicro(int64(z.Score))
+			if q, id, ok := ParseTaskWaiter(m); ok {
+				w.Queue, w.TaskID, w.Live = q, id, true
+			} else {
+				tokens[i] = p.HGet(ctx, k.queue+":"+m, "token")
+			}
+		}
+		return nil
+	})
+	for i, c := range tokens {
+		if c != nil && c.Err() == nil {
+			out[i].Caller, out[i].Live = ParseToken(c.Val()), true
+		}
+	}
+	return out, nil
+}
+
+// QueueKey returns the key of resource's waiter queue (for counting).
+func (l *Locker) QueueKey(resource string) string { return l.keysFor(resource).queue }
