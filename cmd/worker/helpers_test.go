@@ -18,12 +18,13 @@ import (
 )
 
 // bins holds the binaries the tests run, built once for the package:
-// "worker" (this command) and "ignorer" (testdata/ignorer: handlers
-// test:ignore and test:wait), race-enabled when the tests are.
+// "worker" (this command), "ignorer" (testdata/ignorer: handlers
+// test:ignore and test:wait) and "withlock" (testdata/withlock: a user's
+// program that locks its own code), race-enabled when the tests are.
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	os.Exit(proctest.Main(m, bins, append(raceFlags, ".", "./testdata/ignorer"), redistest.LeakOptions()...))
+	os.Exit(proctest.Main(m, bins, append(raceFlags, ".", "./testdata/ignorer", "./testdata/withlock"), redistest.LeakOptions()...))
 }
 
 // testYAML configures a quick worker: short lock TTL (renewed every 200ms),

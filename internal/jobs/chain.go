@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
@@ -106,11 +107,17 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
 			s.deliver(ctx, g)
 			break
 		}
-		msg, err := s.claim(ctx, done, g, &drop)
+		msg, active, err := s.claim(ctx, done, g, &drop)
 		done = nil
 		switch {
 		case err != nil:
 			s.log.Warn("claiming the next waiter failed; its lock expires within its TTL", "resource", g.Resource, "id", g.ID, "err", err)
+			g = nil
+			continue
+		case active:
+			// Still on its way back to the retry set (its worker is slow to
+			// park it): granted, it keeps its turn, and is woken once parked.
+			s.deliver(ctx, g)
 			g = nil
 			continue
 		case msg == nil:
@@ -122,7 +129,7 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if done != nil {
-		if _, err := s.claim(wctx, done, nil, &drop); err != nil {
+		if _, _, err := s.claim(wctx, done, nil, &drop); err != nil {
 			s.log.Warn("completing a handed-on task failed; its done marker keeps it from running again", "id", done.id, "err", err)
 		}
 	}
@@ -135,11 +142,12 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
 
 // claim completes done (if set) and claims g's task in asynq, waiting a
 // moment for a task still on its way to the retry set. It returns the
-// task's message, or nil when g's task is not there to run (passed over).
-func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, drop *string) ([]byte, error) {
+// task's message; or active, when g's task is still active after that
+// moment; or neither, when g's task is not there to run (passed over).
+func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, drop *string) (msg []byte, active bool, err error) {
 	if done != nil && g != nil && done.queue != g.Queue {
-		if _, err := s.claim(ctx, done, nil, drop); err != nil {
-			return nil, err
+		if _, _, err := s.claim(ctx, done, nil, drop); err != nil {
+			return nil, false, err
 		}
 		done = nil
 	}
@@ -151,11 +159,12 @@ func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, d
 	if g != nil {
 		queue, id = g.Queue, g.ID
 	}
-	wait, begin := 200*time.Microsecond, time.Now()
+	var wait time.Duration
+	begin := time.Now()
 	for {
 		completed, c, msg, err := s.store.Claim(ctx, fin, queue, id, s.leaseUntil(time.Now()))
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if fin != nil {
 			if completed && done.marker != "" {
@@ -165,26 +174,27 @@ func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, d
 		}
 		switch c {
 		case asynqstore.ClaimedOK:
-			return msg, nil
+			return msg, false, nil
 		case asynqstore.ClaimedActive:
 			// Still active: most likely on its way to the retry set (its
-			// worker is returning from its take). Bounded: a worker that
-			// died there leaves it to asynq's lease recovery.
+			// worker is returning from its take).
 			if time.Since(begin) > claimPatience || ctx.Err() != nil {
-				s.log.Info("next waiter still active elsewhere; passed over", "resource", g.Resource, "id", g.ID)
-				return nil, nil
+				return nil, true, nil
 			}
+			wait = parking.Next(wait)
 			time.Sleep(wait)
-			wait = min(2*wait, 10*time.Millisecond)
 			continue
 		}
-		return nil, nil
+		return nil, false, nil
 	}
 }
 
 // claimPatience bounds how long a claim waits for a waiter that is still
 // active: a worker returns a contended task to asynq within milliseconds.
 const claimPatience = 100 * time.Millisecond
+
+// parking paces the looks at a task on its way to the retry set.
+var parking = backoff.Jitter{Min: 200 * time.Microsecond, Max: 10 * time.Millisecond}
 
 // chainLease is how far ahead a claimed task's retry score is set: beyond
 // the lock's TTL, so that the task comes back only after a dead chain's
@@ -233,16 +243,32 @@ func (s *Server) pass(ctx context.Context, g *lock.TaskGrant, drop *string) *loc
 
 // deliver leaves g's task to asynq: it grants the lock to the task and
 // moves the task to the head of its queue, so that whichever worker takes
-// it takes the lock over (Locker.Take). For a chain that stops, and a task
-// this worker has no handler for.
+// it takes the lock over (Locker.Take). For a chain that stops, a task this
+// worker has no handler for, and one still on its way to the retry set
+// (then it is woken once there, within the grant's TTL).
 func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if _, err := s.locker.Grant(ctx, g); err != nil {
+	if _, err := s.locker.Grant(gctx, g); err != nil {
 		s.log.Warn("granting the lock to the next waiter failed; it expires within its TTL", "resource", g.Resource, "err", err)
 		return
 	}
-	s.wake(ctx, g.Resource, g.Queue, g.ID)
+	if s.wake(gctx, g.Resource, g.Queue, g.ID) != asynqstore.WokenActive {
+		return
+	}
+	s.bg.Go(func() {
+		wctx, cancel := context.WithTimeout(context.Background(), g.TTL)
+		defer cancel()
+		var wait time.Duration
+		for wctx.Err() == nil {
+			wait = parking.Next(wait)
+			time.Sleep(wait)
+			if w, err := s.store.Wake(wctx, g.Queue, g.ID); err != nil || w != asynqstore.WokenActive {
+				return
+			}
+		}
+		s.log.Info("granted task still active when its grant expired; the next waiter takes the lock", "resource", g.Resource, "id", g.ID)
+	})
 }
 
 // runChained runs a claimed task under its granted lock. It returns the

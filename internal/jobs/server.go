@@ -98,6 +98,7 @@ type Server struct {
 	store    *asynqstore.Store // asynq's tasks, for the hand-off
 	handsOff bool              // tasks park in the resource's queue and releases hand on to them
 	grants   context.CancelFunc
+	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set
 
 	// onWait, when set (tests, benchmarks), sees every task that joins a
 	// resource's waiters, with its first contention (Unix ms).
@@ -221,6 +222,7 @@ func (s *Server) stop(ctx context.Context) error {
 	}
 	n := s.releaseAll()
 	s.grants()
+	s.bg.Wait()
 	if n > 0 {
 		s.log.Warn("worker stopped with handlers still running; released their locks", "locks", n)
 	} else {
