@@ -67,8 +67,9 @@ func outcomeOf(ctx context.Context, err error) string {
 	switch {
 	case err == nil:
 		return outcomeOK // done, whatever else happened (G8)
-	case ctx.Err() != nil:
-		return "" // interrupted (shutdown, deadline): run again
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return "" // interrupted (shutdown): run again
+	// A task's own timeout or deadline is a failure, as asynq counts it.
 	case errors.Is(err, SkipRetry):
 		return outcomeSkip + err.Error()
 	}
