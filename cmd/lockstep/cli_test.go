@@ -151,7 +151,7 @@ func waiters(t *testing.T, addr string) []map[string]any {
 
 // A lock taken with lockstep.WithLock shows in `lockstep locks`, and a second
 // WithLock waiting for it (in arrival order, woken by the release) counts
-// among its waiters.
+// among its waiters and is listed by `lockstep waiters`.
 func TestLocksCountsWithLockWaiters(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -175,6 +175,16 @@ func TestLocksCountsWithLockWaiters(t *testing.T) {
 		v := lockOf(t, srv.Addr, "report:daily")
 		return v != nil && v["waiters"] == float64(1)
 	})
+	// `waiters` lists it as a caller of the resource's one queue, naming its process.
+	r := cli(t, srv.Addr, "", "waiters", "report:daily", "--json")
+	var ws []map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &ws) != nil {
+		t.Fatalf("waiters --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if host, _ := os.Hostname(); len(ws) != 1 || ws[0]["kind"] != "call" || ws[0]["state"] != "waiting" ||
+		!strings.HasPrefix(ws[0]["holder"].(string), host+":") {
+		t.Errorf("waiters of report:daily = %v, want one call waiting from this process", ws)
+	}
 	close(release)
 	for range 2 {
 		if err := <-done; err != nil {

@@ -58,8 +58,9 @@ function renderWaiters(o) {
       el("table", {},
         el("thead", {}, el("tr", {}, ...["#", "job", "type", "queue", "state", "waited"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...o.waiters[res].map((w) =>
-          el("tr", {}, el("td", {}, w.position), el("td", {}, taskLink(w.task_id)), el("td", {}, w.type || "-"),
-            el("td", {}, w.queue), el("td", {}, w.state), el("td", {}, duration(w.waited_ms))))))));
+          el("tr", {}, el("td", {}, w.position),
+            el("td", {}, w.kind === "call" ? "WithLock " + (w.holder || "?") : taskLink(w.task_id)), el("td", {}, w.type || "-"),
+            el("td", {}, w.queue || "-"), el("td", {}, w.state), el("td", {}, duration(w.waited_ms))))))));
   $("waiters").replaceChildren(...blocks);
   $("waiters-empty").hidden = blocks.length > 0;
 }
