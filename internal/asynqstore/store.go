@@ -63,9 +63,12 @@ var (
 	claimLua string
 	//go:embed lua/wake.lua
 	wakeLua string
+	//go:embed lua/recover.lua
+	recoverLua string
 
-	scriptClaim = redis.NewScript(claimLua)
-	scriptWake  = redis.NewScript(wakeLua)
+	scriptClaim   = redis.NewScript(claimLua)
+	scriptWake    = redis.NewScript(wakeLua)
+	scriptRecover = redis.NewScript(recoverLua)
 )
 
 // Store reads and writes asynq's tasks in its Redis.
@@ -159,4 +162,20 @@ func (s *Store) Claim(ctx context.Context, done *Finished, queue, id string, lea
 // ExtendClaim pushes a claimed task's lease (its retry score) to until.
 func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Time) error {
 	return s.client.ZAddXX(ctx, queuePrefix(queue)+"retry", redis.Z{Score: float64(until.Unix() + 1), Member: id}).Err()
+}
+
+// Recover brings the task id of queue back now, to the head of its queue,
+// when it is active (its worker died running it) or claimed by a chain in
+// the retry set, and returns its message; nil when it left the task alone.
+// Its retry count is left as it is: a crash is not the task's failure.
+func (s *Store) Recover(ctx context.Context, queue, id string) (*TaskMsg, error) {
+	p := queuePrefix(queue)
+	v, err := script.Run(ctx, s.client, scriptRecover, "asynq recover",
+		[]string{p + "t:" + id, p + "active", p + "lease", p + "retry", p + "pending"}, id, time.Now().UnixNano())
+	m, ok := v.(string)
+	if err != nil || !ok {
+		return nil, err
+	}
+	msg, err := DecodeTaskMsg([]byte(m))
+	return &msg, err
 }

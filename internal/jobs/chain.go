@@ -56,7 +56,8 @@ type handoff struct {
 func (s *Server) release(lease *lock.Lease, job Job, h *handoff) func(context.Context) error {
 	return func(ctx context.Context) error {
 		r, err := s.locker.HandOn(ctx, lease, lock.HandOff{Chain: true, Queue: job.Queue, ID: job.ID,
-			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: markerTTL, Drop: h.drop})
+			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: markerTTL, Drop: h.drop,
+			RecoveryTTL: s.recoveryTTL(), Holds: s.recovery.holds})
 		h.next, h.marked, h.dropped = r.Next, r.Marked, r.Dropped
 		return err
 	}
@@ -231,7 +232,8 @@ func (s *Server) keepClaim(queue, id string) (stop func()) {
 // pass hands g's lock on to the waiter after it: g's task is not there to
 // run (gone, or still active elsewhere).
 func (s *Server) pass(ctx context.Context, g *lock.TaskGrant, drop *string) *lock.TaskGrant {
-	r, err := s.locker.HandOn(context.WithoutCancel(ctx), s.locker.Adopt(g, g.TTL), lock.HandOff{Chain: true, Drop: *drop})
+	s.recovery.left(g.Resource, g.Queue, g.ID) // not run here
+	r, err := s.locker.HandOn(context.WithoutCancel(ctx), s.locker.Adopt(g, g.TTL), lock.HandOff{Chain: true, Drop: *drop, Holds: s.recovery.holds})
 	if err != nil {
 		s.log.Warn("handing the lock past a waiter failed; it expires within its TTL", "resource", g.Resource, "err", err)
 		return nil
@@ -248,6 +250,7 @@ func (s *Server) pass(ctx context.Context, g *lock.TaskGrant, drop *string) *loc
 // worker has no handler for, and one still on its way to the retry set
 // (then it is woken once there, within the grant's TTL).
 func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
+	s.recovery.left(g.Resource, g.Queue, g.ID) // not run here
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if _, err := s.locker.Grant(gctx, g); err != nil {
@@ -304,6 +307,7 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, 
 	err = s.run(rctx, spec, job, payload, lease, h)
 	stop()
 	cancel()
+	s.recovery.left(g.Resource, m.Queue, m.ID)
 	if h.dropped {
 		*drop = ""
 	}

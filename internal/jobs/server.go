@@ -98,7 +98,8 @@ type Server struct {
 	store    *asynqstore.Store // asynq's tasks, for the hand-off
 	handsOff bool              // tasks park in the resource's queue and releases hand on to them
 	grants   context.CancelFunc
-	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set
+	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set; recovery
+	recovery *recovery
 
 	// onWait, when set (tests, benchmarks), sees every task that joins a
 	// resource's waiters, with its first contention (Unix ms).
@@ -125,6 +126,7 @@ func NewServer(p Params) *Server {
 		holds:    map[*watchdog.Hold]struct{}{},
 		store:    asynqstore.New(p.Client),
 		grants:   func() {},
+		recovery: newRecovery(p.Locker),
 	}
 	s.handsOff = s.locker.HasQueue()
 	if linked, ok := linkedAsynq(); s.handsOff && !ok {
@@ -180,6 +182,7 @@ func (s *Server) Start(context.Context) error {
 				return fmt.Errorf("jobs: start: %w", err)
 			}
 			s.grants = cancel
+			s.bg.Go(func() { s.runRecovery(ctx) })
 		}
 		if err := s.srv.Start(s); err != nil {
 			s.grants()
@@ -223,6 +226,7 @@ func (s *Server) stop(ctx context.Context) error {
 	n := s.releaseAll()
 	s.grants()
 	s.bg.Wait()
+	s.leaveRecovery()
 	if n > 0 {
 		s.log.Warn("worker stopped with handlers still running; released their locks", "locks", n)
 	} else {
@@ -324,6 +328,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 	if h.next != nil {
 		s.chain(ctx, h.next)
 	}
+	s.recovery.left(job.Resource, job.Queue, job.ID) // asynq records it as this returns
 	return err
 }
 

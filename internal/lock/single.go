@@ -50,6 +50,10 @@ func newSingle(client redis.UniversalClient, s settings) *single {
 	return b
 }
 
+// oneNode reports whether every key lives on one node (not a Cluster), so
+// that one script may touch keys of different slots.
+func (b *single) oneNode() bool { return b.acquires != nil }
+
 func (*single) options() []string { return []string{optFenceTTL, optWaitReplicas} }
 
 func (b *single) acquire(ctx context.Context, s *Lease) (bool, error) {

@@ -58,7 +58,9 @@ type Taken struct {
 // is acquired, or was granted to the task, or the task already ran (its
 // done marker), or it is busy; then, with join, the task keeps or takes its
 // place in the waiter queue, which outlives its last join by queueTTL.
-func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool) (Taken, error) {
+// When holds is not "" (HoldsKey of this process), a lock taken adds the
+// task's hold record to it (HoldRecord), for a recoverer to find.
+func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string) (Taken, error) {
 	b, err := l.redis()
 	if err != nil {
 		return Taken{}, err
@@ -70,8 +72,13 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 	if join {
 		mode = "q"
 	}
-	v, err := run(ctx, b.client, scriptTake, []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id)},
-		token, ttl.Milliseconds(), b.fenceTTL.Milliseconds(), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode)
+	keys := []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id)}
+	record := HoldRecord(resource, queue, id)
+	if holds != "" && b.oneNode() {
+		keys = append(keys, holds)
+	}
+	v, err := run(ctx, b.client, scriptTake, keys,
+		token, ttl.Milliseconds(), b.fenceTTL.Milliseconds(), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record)
 	l.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
 		l.failed.Inc()
@@ -90,6 +97,12 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 			fence, _ = vals[2].(int64)
 		}
 		l.acquired.Inc()
+		if holds != "" && !b.oneNode() {
+			// On a Cluster the holds set lives in another slot than the lock.
+			if err := b.client.SAdd(ctx, holds, record).Err(); err != nil {
+				return Taken{}, fmt.Errorf("lock: record the hold of %q: %w", resource, err)
+			}
+		}
 		return Taken{Lease: l.adopt(resource, tok, fence, ttl, sent), Granted: vals[0] == int64(2)}, nil
 	case int64(3):
 		out, _ := vals[1].(string)
@@ -129,6 +142,13 @@ type HandOff struct {
 	MarkerTTL  time.Duration
 	// Drop is a done marker (DoneKey) to delete in the same call.
 	Drop string
+	// RecoveryTTL, when not 0, marks the finished task done for that long
+	// also when it is not marked above: a recoverer that finds this
+	// process dead before asynq completed the task replays the outcome.
+	RecoveryTTL time.Duration
+	// Holds (HoldsKey of this process) gets the hold record of a task
+	// handed on for the caller to run.
+	Holds string
 }
 
 // HandedOn is what HandOn did.
@@ -180,8 +200,17 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	if h.MarkAlways {
 		mark = "a"
 	}
-	v, err := run(ctx, b.client, scriptHandOn, []string{k.lock, k.fence, k.owners, k.queue, marker, drop},
-		lease.token, next, lease.ttl.Milliseconds(), b.fenceTTL.Milliseconds(), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag)
+	keys := []string{k.lock, k.fence, k.owners, k.queue, marker, drop}
+	if h.Holds != "" && b.oneNode() {
+		keys = append(keys, h.Holds)
+	}
+	recovery := ""
+	if h.RecoveryTTL > 0 {
+		recovery = strconv.FormatInt(h.RecoveryTTL.Milliseconds(), 10)
+	}
+	v, err := run(ctx, b.client, scriptHandOn, keys,
+		lease.token, next, lease.ttl.Milliseconds(), b.fenceTTL.Milliseconds(), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag,
+		recovery, lease.resource+"\n")
 	if err != nil {
 		return HandedOn{}, fmt.Errorf("lock: release %q: %w", lease.resource, err)
 	}
@@ -203,6 +232,11 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		fence, _ := vals[2].(int64)
 		g := &TaskGrant{Resource: lease.resource, Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
 		g.Queue, g.ID, _ = ParseTaskWaiter(m)
+		if h.Holds != "" && !b.oneNode() {
+			if err := b.client.SAdd(ctx, h.Holds, HoldRecord(g.Resource, g.Queue, g.ID)).Err(); err != nil {
+				return HandedOn{}, fmt.Errorf("lock: record the hold of %q: %w", lease.resource, err)
+			}
+		}
 		return HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}, nil
 	default:
 		lease.state.set(errReleased)
@@ -342,3 +376,51 @@ func (l *Locker) Waiters(ctx context.Context, resource string) ([]Waiter, error)
 
 // QueueKey returns the key of resource's waiter queue (for counting).
 func (l *Locker) QueueKey(resource string) string { return l.keysFor(resource).queue }
+
+// Recovery of a dead process's jobs. A job server records every task it
+// takes a lock for in its process's holds set (HoldsKey), and beats in the
+// processes zset (ProcessesKey) while it lives. Once a process stops
+// beating, another one reads its hold records; a record whose lock that
+// process no longer holds (HeldBy: it expired, since the process is gone,
+// or it was released) names a task to bring back now, not after asynq's own
+// lease. Recovery costs nothing per held lock: only the beats, and the
+// records' adds and removes, once per job.
+
+// HoldRecord is the member of a holds set for the task id of queue on resource.
+func HoldRecord(resource, queue, id string) string { return resource + "\n" + TaskWaiter(queue, id) }
+
+// ParseHoldRecord is HoldRecord's inverse.
+func ParseHoldRecord(m string) (resource, queue, id string, ok bool) {
+	r, w, ok := strings.Cut(m, "\n")
+	if !ok {
+		return "", "", "", false
+	}
+	queue, id, ok = ParseTaskWaiter(w)
+	return r, queue, id, ok
+}
+
+// HoldsKey is the holds set of process (host:pid).
+func (l *Locker) HoldsKey(process string) string { return l.prefix + "holds:" + process }
+
+// ProcessesKey is the zset of job server processes by the deadline of their
+// last beat (Unix ms).
+func (l *Locker) ProcessesKey() string { return l.prefix + "processes" }
+
+// Process is this process's name in lock tokens and hold records (host:pid).
+func Process() string { return ParseToken(tokenFor(context.Background(), time.Time{})).Holder }
+
+// HeldBy reports whether resource's lock is held by a token of process.
+func (l *Locker) HeldBy(ctx context.Context, resource, process string) (bool, error) {
+	b, err := l.redis()
+	if err != nil {
+		return false, err
+	}
+	v, err := b.client.Get(ctx, l.keysFor(resource).lock).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("lock: read %q: %w", resource, err)
+	}
+	return ParseToken(v).Holder == process, nil
+}

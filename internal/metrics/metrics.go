@@ -51,6 +51,7 @@ type Metrics struct {
 
 	JobsProcessed *prometheus.CounterVec // type, result
 	JobContended  *prometheus.CounterVec // type
+	JobsRecovered *prometheus.CounterVec // type
 
 	SchedulerTicks         *prometheus.CounterVec // schedule, result
 	SchedulerTickLateness  prometheus.Histogram
@@ -86,6 +87,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).", "type", "result"),
 		JobContended: c.counterVec("lockstep_job_contended_total",
 			"Jobs that found their resource lock busy, by task type.", "type"),
+		JobsRecovered: c.counterVec("lockstep_jobs_recovered_total",
+			"Locked jobs of a dead worker brought back once their lock had expired, by task type.", "type"),
 		SchedulerTicks: c.counterVec("lockstep_scheduler_ticks_total",
 			"Cron ticks seen by this replica, by schedule and result (enqueued, follower, duplicate, missed, caught_up).", "schedule", "result"),
 		SchedulerTickLateness: c.histogram("lockstep_scheduler_tick_lateness_seconds",

@@ -19,6 +19,12 @@
 -- ARGV[6]  "a": mark always; "g": mark only when the caller runs the next task
 -- ARGV[7]  ttl of the marker in milliseconds
 -- ARGV[8]  "1": drop KEYS[6]
+-- ARGV[9]  ttl in milliseconds of the finished task's marker when it is not
+--          marked above, "" for none (kept for a recoverer: the task ran,
+--          whatever asynq shows if this process dies before completing it)
+-- KEYS[7]  (optional) the holds set of the releasing process: the hold record
+--          ARGV[10] .. <task waiter> of a task handed on for the caller to run
+--          is added (see take.lua)
 --
 -- Returns
 --   {1}                  released; no one was waiting
@@ -48,6 +54,11 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 end
 if ARGV[5] ~= '' and (ARGV[6] == 'a' or type(h) == 'table') then
   redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[7])
+elseif ARGV[5] ~= '' and ARGV[9] ~= '' then
+  redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[9])
+end
+if KEYS[7] and type(h) == 'table' then
+  redis.call('SADD', KEYS[7], ARGV[10] .. h[1])
 end
 if not h then
   redis.call('DEL', KEYS[1])

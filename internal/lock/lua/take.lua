@@ -15,6 +15,9 @@
 -- ARGV[4]  the task as a waiter: "t:" .. JSON ["<queue>", "<task id>"] (keys.go)
 -- ARGV[5]  ttl of the queue in milliseconds, set when a task joins
 -- ARGV[6]  when busy: "q" join the queue, "n" do not wait
+-- KEYS[6]  (optional) the holds set of the taking process (lockstep:holds:<process>):
+--          the task's hold record, ARGV[7], is added when it gets the lock, so that
+--          a recoverer finds the task if the process dies (see tasks.go)
 --
 -- Returns
 --   {1, token, fence}   acquired afresh (same fence rule as acquire.lua)
@@ -36,6 +39,12 @@
 -- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
 local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local function held()
+  if KEYS[6] then
+    redis.call('SADD', KEYS[6], ARGV[7])
+  end
+end
 
 local function join()
   if ARGV[6] == 'n' then
@@ -63,6 +72,7 @@ if cur then
   local granted = 'g:' .. me .. ':'
   if string.sub(cur, 1, #granted) == granted then
     redis.call('SET', lock, token, 'PX', ttl)
+    held()
     return {2, token, tonumber(redis.call('GET', fencekey))}
   end
   local since, ahead = join()
@@ -77,6 +87,7 @@ if head and head ~= me then
   if h == me then
     -- Every waiter ahead was gone: the grant is this task's own.
     redis.call('SET', lock, token, 'PX', ttl)
+    held()
     return {1, token, tonumber(redis.call('GET', fencekey))}
   elseif h then
     local since, ahead = join()
@@ -91,4 +102,5 @@ local fence = nextfence(fencekey, fencettl)
 if head then
   redis.call('ZREM', q, me)
 end
+held()
 return {1, token, fence}

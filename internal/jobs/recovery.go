@@ -1,0 +1,190 @@
+package jobs
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// Recovery of a dead worker's locked jobs, driven by their locks (see
+// internal/lock/tasks.go). Every job server
+//
+//   - records each task it takes a lock for in its process's holds set (the
+//     take and the hand-off do it in the same script), and removes the
+//     record one beat after the task left its hands;
+//   - beats: its entry in the processes zset says until when it is alive
+//     (three beats ahead);
+//   - looks, every recoverPoll, for processes whose beat is overdue, and for
+//     each hold record of such a process whose lock that process no longer
+//     holds (it expired: the holder is gone; a live holder is cancelled
+//     before its lease can expire, G4), brings the task back at once to the
+//     head of its queue (asynqstore.Recover). Exactly one recoverer wins a
+//     record (SREM).
+//
+// A recovered task takes its lock like any delivery: a waiter that was
+// handed the lock meanwhile runs first, and the recovered task joins the
+// end of the queue. A task that had already run (its handler returned, but
+// asynq never heard) finds its done marker and completes unrun (G8): every
+// release leaves one for recoveryTTL. Recovery costs no Redis work per held
+// lock: one beat per process, one look per poll, and the records' adds and
+// removes, once per job.
+
+// recoverPoll is how often a job server looks for dead processes.
+const recoverPoll = 500 * time.Millisecond
+
+// beatInterval is how often a job server beats: a third of the lock TTL, at
+// most a second.
+func (s *Server) beatInterval() time.Duration { return min(s.cfg.LockTTL/3, time.Second) }
+
+// recoveryTTL is how long a finished task's done marker outlives its
+// release for a recoverer: past the beats a dead process misses before it
+// counts as dead, and two looks.
+func (s *Server) recoveryTTL() time.Duration {
+	return 4*s.beatInterval() + 2*recoverPoll + 2*time.Second
+}
+
+// recovery is a job server's part in recovery.
+type recovery struct {
+	process string // this process, host:pid
+	holds   string // its holds set
+
+	mu   sync.Mutex
+	done []any // hold records to remove at the next beat
+}
+
+func newRecovery(l *lock.Locker) *recovery {
+	p := lock.Process()
+	return &recovery{process: p, holds: l.HoldsKey(p)}
+}
+
+// left queues the hold record of a task that left this process's hands (it
+// returned to asynq, or a chain completed it) for removal at the next beat,
+// once asynq has recorded it.
+func (r *recovery) left(resource, queue, id string) {
+	r.mu.Lock()
+	r.done = append(r.done, lock.HoldRecord(resource, queue, id))
+	r.mu.Unlock()
+}
+
+// runRecovery beats and recovers until ctx ends.
+func (s *Server) runRecovery(ctx context.Context) {
+	beat := time.NewTicker(s.beatInterval())
+	defer beat.Stop()
+	look := time.NewTimer(recoverPoll)
+	defer look.Stop()
+	s.beat(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+			s.beat(ctx)
+		case <-look.C:
+			s.recoverDead(ctx)
+			look.Reset(recoverPoll/2 + rand.N(recoverPoll)) // the processes' looks spread out
+		}
+	}
+}
+
+// beat says this process is alive for three more beats, and removes the
+// hold records of the tasks that left since the last beat.
+func (s *Server) beat(ctx context.Context) {
+	r := s.recovery
+	r.mu.Lock()
+	done := r.done
+	r.done = nil
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
+	defer cancel()
+	until := time.Now().Add(3 * s.beatInterval()).UnixMilli()
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, s.locker.ProcessesKey(), redis.Z{Score: float64(until), Member: r.process})
+		if len(done) > 0 {
+			p.SRem(ctx, r.holds, done...)
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Debug("recovery beat failed", "err", err)
+		r.mu.Lock()
+		r.done = append(r.done, done...)
+		r.mu.Unlock()
+	}
+}
+
+// recoverDead brings back the locked tasks of every process whose beat is
+// overdue and whose locks have expired.
+func (s *Server) recoverDead(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	now := time.Now().UnixMilli()
+	dead, err := s.client.ZRangeByScore(ctx, s.locker.ProcessesKey(), &redis.ZRangeBy{Min: "-inf", Max: itoa(now), Count: 16}).Result()
+	if err != nil {
+		s.log.Debug("recovery: reading the processes failed", "err", err)
+		return
+	}
+	for _, p := range dead {
+		if p != s.recovery.process {
+			s.recoverProcess(ctx, p)
+		}
+	}
+}
+
+// recoverProcess recovers dead process p's tasks whose locks it no longer
+// holds, and forgets p once it has no hold record left.
+func (s *Server) recoverProcess(ctx context.Context, p string) {
+	holds := s.locker.HoldsKey(p)
+	records, err := s.client.SMembers(ctx, holds).Result()
+	if err != nil {
+		return
+	}
+	waiting := 0
+	for _, rec := range records {
+		resource, queue, id, ok := lock.ParseHoldRecord(rec)
+		if !ok {
+			s.client.SRem(ctx, holds, rec)
+			continue
+		}
+		if held, err := s.locker.HeldBy(ctx, resource, p); err != nil || held {
+			waiting++ // its lease is not over yet (a paused process is not dead before it is)
+			continue
+		}
+		if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
+			continue // another recoverer has it
+		}
+		m, err := s.store.Recover(ctx, queue, id)
+		switch {
+		case err != nil:
+			s.log.Warn("recovery: bringing back a dead worker's task failed; asynq's own lease recovery remains", "id", id, "err", err)
+		case m != nil:
+			s.metrics.JobsRecovered.WithLabelValues(m.Type).Inc()
+			s.log.Info("dead worker's task recovered: its lock expired; back at the head of its queue",
+				"id", id, "type", m.Type, "resource", resource, "worker", p)
+		}
+	}
+	if waiting == 0 {
+		// Forget p, unless it beat again meanwhile (a paused process resumed).
+		s.client.ZRemRangeByScore(ctx, s.locker.ProcessesKey(), "-inf", itoa(time.Now().UnixMilli()))
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// leaveRecovery ends this process's part at a graceful stop: every lock it
+// held is released and every task given back to asynq, so it has nothing
+// left to recover.
+func (s *Server) leaveRecovery() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, s.recovery.holds)
+		p.ZRem(ctx, s.locker.ProcessesKey(), s.recovery.process)
+		return nil
+	})
+}
