@@ -1,16 +1,13 @@
 package scheduler
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // Values of lockstep_scheduler_ticks_total{result}.
@@ -124,7 +122,7 @@ func WithMetrics(m *metrics.Metrics) Option { return func(s *Scheduler) { s.m = 
 func WithLogger(l *slog.Logger) Option { return func(s *Scheduler) { s.log = l } }
 
 // WithReplicaID names this replica in Redis and in logs (default:
-// hostname-pid-random). It must differ between replicas.
+// host:pid-random). It must differ between replicas.
 func WithReplicaID(id string) Option { return func(s *Scheduler) { s.id = id } }
 
 // hooks let tests observe ticks and kill a replica at chosen points.
@@ -201,10 +199,9 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 }
 
 func defaultReplicaID() string {
-	host, _ := os.Hostname()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return cmp.Or(host, "scheduler") + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b)
+	return procid.Self() + "-" + hex.EncodeToString(b)
 }
 
 // Start starts one goroutine per schedule and one that takes over unfinished
