@@ -319,7 +319,7 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
 			}
 		} else {
-			sleep(ctx, delay)
+			backoff.Sleep(ctx, delay)
 		}
 		if ctx.Err() != nil {
 			giveUp()

@@ -456,12 +456,8 @@ func retry(ctx context.Context, f func(context.Context) error) error {
 			return err
 		}
 		delay = backoff.RedisRetry.Next(delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, delay) {
 			return err
-		case <-t.C:
 		}
 	}
 }
