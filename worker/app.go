@@ -100,7 +100,7 @@ func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalCli
 		Metrics:     m,
 		Logger:      log,
 	}
-	if l.Backend() == "single" {
+	if l.SharesClient() {
 		// Redlock's nodes are renewed on a quorum; a notice from one node
 		// proves nothing, so Redlock relies on renewals. etcd's back end
 		// watches its keys itself (Locker.NotifyLoss).

@@ -261,7 +261,7 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
 	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
-	if s.locker.Backend() != "single" {
+	if !s.locker.SharesClient() {
 		// Redlock and etcd keep the locks away from the queue's Redis: the
 		// hand-off (one script over the lock and the queue) cannot span
 		// them, so those back ends take the lock through the Locker.

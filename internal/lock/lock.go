@@ -133,6 +133,16 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 // Backend names the Locker's back end: "single", "redlock" or "etcd".
 func (l *Locker) Backend() string { return l.kind }
 
+// SharesClient reports whether the locks live in the Redis deployment of the
+// client given to New (the single back end): then one script can take a lock
+// and move a queue's task together (the jobs hand-off), and that Redis's
+// key-change notices reach the watchdog. Redlock's nodes and etcd are other
+// stores: false.
+func (l *Locker) SharesClient() bool {
+	k, ok := l.be.(clientKeeper)
+	return ok && k.keepsOnClient()
+}
+
 // NotifyLoss registers f to be called, from the back end's own goroutine and
 // at once, when the store tells that a held lease's lock was deleted or
 // overwritten; the lease is then already marked lost, and err is its

@@ -238,10 +238,10 @@ func TestOptionsThatDoNotApplyAreRejected(t *testing.T) {
 	mustPanic("NewRedlock with WaitReplicas", "WaitReplicas does not apply to the redlock back end", func() {
 		lock.NewRedlock(nodes, lock.WaitReplicas(1, time.Second))
 	})
-	if b := lock.New(c, lock.WithPrefix("p:"), lock.WaitReplicas(1, time.Second)).Backend(); b != "single" {
-		t.Fatalf("Backend() = %q, want single", b)
+	if l := lock.New(c, lock.WithPrefix("p:"), lock.WaitReplicas(1, time.Second)); l.Backend() != "single" || !l.SharesClient() {
+		t.Fatalf("Backend() = %q, SharesClient() = %v, want single, true", l.Backend(), l.SharesClient())
 	}
-	if b := lock.NewRedlock(nodes, lock.WithNodeTimeout(time.Second)).Backend(); b != "redlock" {
-		t.Fatalf("Backend() = %q, want redlock", b)
+	if l := lock.NewRedlock(nodes, lock.WithNodeTimeout(time.Second)); l.Backend() != "redlock" || l.SharesClient() {
+		t.Fatalf("Backend() = %q, SharesClient() = %v, want redlock, false", l.Backend(), l.SharesClient())
 	}
 }
