@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // Common holds the sections shared by both binaries.
@@ -212,7 +213,7 @@ func defaultCommon(httpAddr string) Common {
 		Lock: LockConfig{
 			Backend:             BackendRedis,
 			Prefix:              "lockstep:",
-			TTL:                 30 * time.Second,
+			TTL:                 lock.DefaultTTL,
 			WaitReplicasTimeout: 100 * time.Millisecond,
 		},
 	}

@@ -19,6 +19,11 @@ import (
 const (
 	DefaultPrefix   = "lockstep:"
 	DefaultFenceTTL = 30 * 24 * time.Hour
+	// DefaultTTL is a lease's TTL when none is given: WithLock without TTL,
+	// a job type without a Lock TTL, the config's lock.ttl. The watchdog
+	// renews every TTL/3, so it bounds how long a crashed holder blocks the
+	// lock, not how long the holder may run.
+	DefaultTTL = 30 * time.Second
 )
 
 // Locker acquires leases on named resources. Its back end is chosen once, by
