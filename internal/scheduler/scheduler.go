@@ -96,7 +96,7 @@ type Scheduler struct {
 	follow   map[int64]*followView // by second
 	// followerChecks counts the follower ticks checked one by one (tests).
 	followerChecks atomic.Int64
-	crashed        atomic.Bool // test hook: died as by SIGKILL, so no clean leave
+	crashed        atomic.Bool // died as by SIGKILL (crash, tests only): no clean leave
 }
 
 // liveEntry is a schedule whose loop runs.
@@ -125,7 +125,9 @@ func WithLogger(l *slog.Logger) Option { return func(s *Scheduler) { s.log = l }
 // host:pid-random). It must differ between replicas.
 func WithReplicaID(id string) Option { return func(s *Scheduler) { s.id = id } }
 
-// hooks let tests observe ticks and kill a replica at chosen points.
+// hooks let tests observe ticks and kill a replica at chosen points; they
+// are set only by tests (withHooks, in export_test.go), like every test hook
+// in Lockstep.
 type hooks struct {
 	// afterClaim and afterEnqueue run once this replica won a tick; true
 	// makes the replica die on the spot, as a SIGKILL would: nothing more is
@@ -134,8 +136,6 @@ type hooks struct {
 	afterEnqueue func(schedule string, tick time.Time) bool
 	event        func(event)
 }
-
-func withHooks(h hooks) Option { return func(s *Scheduler) { s.hooks = h } }
 
 // event is one outcome of one tick on one replica, reported to test hooks.
 type event struct {
@@ -253,7 +253,8 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	return err
 }
 
-// crash ends the replica at once, as SIGKILL would (test hook).
+// crash ends the replica at once, as SIGKILL would (the hooks' afterClaim
+// and afterEnqueue, and tests, call it).
 func (s *Scheduler) crash() {
 	s.crashed.Store(true)
 	s.running.Store(false)
