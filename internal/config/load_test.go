@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 const minimal = "redis:\n  addr: 127.0.0.1:6379\n"
@@ -67,13 +69,23 @@ func TestLoadWorkerFileValues(t *testing.T) {
 
 func TestExampleConfigsLoad(t *testing.T) {
 	t.Parallel()
+	// The worker example shows the defaults: a copy of it serves no demo.
 	w := mustLoad(t, LoadWorker, "../../configs/worker.yaml", nil)
-	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo { // the example asks for the demo
-		t.Errorf("worker: %+v", w)
+	def := mustLoad(t, LoadWorker, "", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": w.Redis.Addr}))
+	if got, want := asYAML(t, w), asYAML(t, def); w.Redis.Addr != "127.0.0.1:6379" || w.Worker.Demo || got != want {
+		t.Errorf("worker example\n%s\nwant the defaults\n%s", got, want)
 	}
 	s := mustLoad(t, LoadScheduler, "../../configs/scheduler.yaml", nil)
 	if len(s.Schedules) == 0 || s.Schedules[0].Task != "demo:order.pay" {
 		t.Fatalf("scheduler: %+v", s)
+	}
+	// The scheduler example's settings are the defaults too; its schedules
+	// are examples (there are none by default).
+	sd := mustLoad(t, LoadScheduler, "", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": s.Redis.Addr}))
+	settings := *s
+	settings.Schedules = nil
+	if got, want := asYAML(t, &settings), asYAML(t, sd); got != want {
+		t.Errorf("scheduler example\n%s\nwant the defaults\n%s", got, want)
 	}
 	var p struct {
 		OrderID string `json:"order_id"`
@@ -273,4 +285,14 @@ func TestEveryScalarHasEnvVar(t *testing.T) {
 			t.Errorf("only %d variables: %v", len(leaves), env)
 		}
 	}
+}
+
+// asYAML is c as YAML, so that an empty list and none compare equal.
+func asYAML(t *testing.T, c any) string {
+	t.Helper()
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
