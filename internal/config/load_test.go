@@ -54,7 +54,7 @@ func TestLoadWorkerFileValues(t *testing.T) {
 			Log:  LogConfig{Format: "text", Level: "debug"},
 			Lock: LockConfig{
 				Backend: BackendRedis, Prefix: "app:", TTL: time.Minute, RenewInterval: 15 * time.Second, DriftMargin: 2 * time.Second,
-				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond,
+				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond, FenceTTL: 10 * time.Second,
 			},
 		},
 		Worker: WorkerSettings{
@@ -183,6 +183,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
 		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "true"}, func(c *WorkerConfig) bool { return c.Worker.Demo }},
 		{"duration", map[string]string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT": "45s"}, func(c *WorkerConfig) bool { return c.Worker.ShutdownTimeout == 45*time.Second }},
+		{"fence ttl", map[string]string{"LOCKSTEP_LOCK_FENCE_TTL": "1m"}, func(c *WorkerConfig) bool { return c.Lock.FenceTTL == time.Minute }},
 		{"nested", map[string]string{"LOCKSTEP_REDIS_TLS_SERVER_NAME": "r", "LOCKSTEP_REDIS_TLS_ENABLED": "true"}, func(c *WorkerConfig) bool { return c.Redis.TLS.ServerName == "r" }},
 		{"secret", map[string]string{"LOCKSTEP_REDIS_PASSWORD": "pw"}, func(c *WorkerConfig) bool { return c.Redis.Password == "pw" }},
 		{"empty string wins", map[string]string{"LOCKSTEP_LOCK_PREFIX": ""}, func(c *WorkerConfig) bool { return c.Lock.Prefix == "" }},

@@ -104,6 +104,9 @@ func (c *SchedulerConfig) check(v *validator) {
 	c.Common.check(v)
 	s, p := &c.Scheduler, root.field("scheduler")
 	atLeast(v, p.field("max_clock_skew"), s.MaxClockSkew, 0)
+	if l := c.Lock.FenceTTL; l >= DefaultMaxClockSkew && l < s.MaxClockSkew {
+		v.fail(root.field("lock").field("fence_ttl"), "must be at least scheduler.max_clock_skew (%v), got %v", s.MaxClockSkew, l)
+	}
 	positive(v, p.field("tick_lock_ttl"), s.TickLockTTL)
 	positive(v, p.field("task_retention"), s.TaskRetention)
 	positive(v, p.field("max_catch_up"), s.MaxCatchUp)
@@ -137,6 +140,10 @@ func (c *Common) check(v *validator) {
 	// The local deadline is last renewal + ttl - drift; it must come after the next renewal.
 	if renew := cmp.Or(l.RenewInterval, l.TTL/3); l.DriftMargin > 0 && l.RenewInterval < l.TTL && l.DriftMargin >= l.TTL-renew {
 		v.fail(p.field("drift_margin"), "must be less than lock.ttl minus the renew interval (%v), got %v", l.TTL-renew, l.DriftMargin)
+	}
+	if l.FenceTTL < DefaultMaxClockSkew {
+		v.fail(p.field("fence_ttl"), "must be at least %v (the default max_clock_skew, how far Redis servers' clocks may differ), got %v",
+			DefaultMaxClockSkew, l.FenceTTL)
 	}
 	atLeast(v, p.field("wait_replicas"), l.WaitReplicas, 0)
 	if l.WaitReplicas > 0 && l.WaitReplicasTimeout <= 0 { // WAIT with timeout 0 blocks forever

@@ -24,12 +24,15 @@ func (l *Locker) Adopt(resource, token string, fence int64, ttl time.Duration, s
 // and Release returns nil without calling Redis.
 func (s *Lease) MarkReleased() { s.state.set(errReleased) }
 
-// FenceTTL is how long the Locker keeps an unused fencing counter, for
-// callers' scripts that take locks in its layout.
+// FenceTTL is the fencing counter's TTL for callers' scripts that take locks
+// in its layout (the jobs hand-off) without the lease's ttl at hand:
+// DefaultTTL plus the fence TTL (WithFenceTTL). It outlives such a lock
+// until the lease's first renewal (at ttl/3), which gives the counter ttl +
+// the fence TTL, for any ttl up to three times that.
 // Zero for back ends that keep no counter in Redis.
 func (l *Locker) FenceTTL() time.Duration {
 	if b, ok := l.be.(*single); ok {
-		return b.fenceTTL
+		return DefaultTTL + b.fenceTTL
 	}
 	return 0
 }

@@ -17,8 +17,11 @@ import (
 
 // Defaults for a Locker.
 const (
-	DefaultPrefix   = "lockstep:"
-	DefaultFenceTTL = 30 * 24 * time.Hour
+	DefaultPrefix = "lockstep:"
+	// DefaultFenceTTL is how long a fencing counter outlives its lock: the
+	// default max_clock_skew, the most that G5 lets Redis servers' clocks
+	// differ (see the package documentation, Keys).
+	DefaultFenceTTL = 2 * time.Second
 	// DefaultTTL is a lease's TTL when none is given: WithLock without TTL,
 	// a job type without a Lock TTL, the config's lock.ttl. The watchdog
 	// renews every TTL/3, so it bounds how long a crashed holder blocks the
@@ -68,9 +71,11 @@ func option(name string, f func(*settings)) Option {
 // WithPrefix sets the prefix of every key (default "lockstep:").
 func WithPrefix(p string) Option { return option(optPrefix, func(s *settings) { s.prefix = p }) }
 
-// WithFenceTTL sets how long an unused fencing counter lives (default 30 days).
-// A counter that expired restarts from the server's clock, so fences still
-// increase; the TTL only keeps dead resources from leaving keys behind forever.
+// WithFenceTTL sets how long a fencing counter outlives its lock (default
+// DefaultFenceTTL): each acquire and renewal gives the counter the lock's
+// ttl plus d. A counter that expired restarts from the server's clock, so
+// fences still increase as long as no server's clock is behind another's by
+// more than d; configuration refuses a d below max_clock_skew.
 // Redis back ends only: etcd's fences are revisions, with no counter.
 func WithFenceTTL(d time.Duration) Option {
 	return option(optFenceTTL, func(s *settings) { s.fenceTTL = d })
