@@ -201,8 +201,6 @@ func TestErrors(t *testing.T) {
 		// Scheduler.
 		{name: "scheduler settings", scheduler: true, yaml: ok + "scheduler:\n  tick_lock_ttl: 0s\n  max_catch_up: 0\n",
 			want: "FILE: line 4: scheduler.tick_lock_ttl: must be greater than 0, got 0s\nFILE: line 5: scheduler.max_catch_up: must be greater than 0, got 0"},
-		{name: "fence ttl below the scheduler's skew", scheduler: true, yaml: ok + "lock:\n  fence_ttl: 3s\nscheduler:\n  max_clock_skew: 5s\n",
-			want: `FILE: line 4: lock.fence_ttl: must be at least scheduler.max_clock_skew (5s), got 3s`},
 		{name: "bad timezone", scheduler: true, yaml: ok + "schedules:\n  - name: settle-orders\n    cron: '* * * * * *'\n    task: t\n    timezone: Mars/Base\n",
 			want: `FILE: line 7: schedules[0] (settle-orders).timezone: unknown time zone "Mars/Base"`},
 		{name: "local timezone", scheduler: true, yaml: ok + "schedules:\n  - {name: a, cron: x, task: t, timezone: Local}\n",

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 const minimal = "redis:\n  addr: 127.0.0.1:6379\n"
@@ -296,4 +298,14 @@ func asYAML(t *testing.T, c any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// The fence TTL's default is derived from the clock bound, its floor.
+func TestFenceTTLDefaultIsTheClockBound(t *testing.T) {
+	t.Parallel()
+	if lock.DefaultFenceTTL != DefaultMaxClockSkew || DefaultWorker().Lock.FenceTTL != DefaultMaxClockSkew ||
+		DefaultScheduler().Scheduler.MaxClockSkew != DefaultMaxClockSkew {
+		t.Fatalf("lock.DefaultFenceTTL %v, worker lock.fence_ttl %v, scheduler max_clock_skew %v: want all %v",
+			lock.DefaultFenceTTL, DefaultWorker().Lock.FenceTTL, DefaultScheduler().Scheduler.MaxClockSkew, DefaultMaxClockSkew)
+	}
 }

@@ -104,9 +104,6 @@ func (c *SchedulerConfig) check(v *validator) {
 	c.Common.check(v)
 	s, p := &c.Scheduler, root.field("scheduler")
 	atLeast(v, p.field("max_clock_skew"), s.MaxClockSkew, 0)
-	if l := c.Lock.FenceTTL; l >= DefaultMaxClockSkew && l < s.MaxClockSkew {
-		v.fail(root.field("lock").field("fence_ttl"), "must be at least scheduler.max_clock_skew (%v), got %v", s.MaxClockSkew, l)
-	}
 	positive(v, p.field("tick_lock_ttl"), s.TickLockTTL)
 	positive(v, p.field("task_retention"), s.TaskRetention)
 	positive(v, p.field("max_catch_up"), s.MaxCatchUp)

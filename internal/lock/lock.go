@@ -75,7 +75,7 @@ func WithPrefix(p string) Option { return option(optPrefix, func(s *settings) { 
 // DefaultFenceTTL): each acquire and renewal gives the counter the lock's
 // ttl plus d. A counter that expired restarts from the server's clock, so
 // fences still increase as long as no server's clock is behind another's by
-// more than d; configuration refuses a d below max_clock_skew.
+// more than d; configuration refuses a d below the default max_clock_skew.
 // Redis back ends only: etcd's fences are revisions, with no counter.
 func WithFenceTTL(d time.Duration) Option {
 	return option(optFenceTTL, func(s *settings) { s.fenceTTL = d })
