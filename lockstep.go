@@ -164,7 +164,7 @@ type lockCall struct {
 // DefaultTTL is the lease TTL when TTL is not given. The watchdog renews the
 // lease every TTL/3, so the TTL bounds how long a crashed holder blocks the
 // key, not how long the function may run.
-const DefaultTTL = 30 * time.Second
+const DefaultTTL = lock.DefaultTTL
 
 // TTL sets the lease's time to live (default DefaultTTL).
 func TTL(d time.Duration) LockOption { return func(c *lockCall) { c.ttl = d } }

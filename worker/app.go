@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
-	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -20,6 +18,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/role"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -101,7 +100,7 @@ func newWatchdog(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalCli
 		Metrics:     m,
 		Logger:      log,
 	}
-	if l.Backend() == "single" {
+	if l.SharesClient() {
 		// Redlock's nodes are renewed on a quorum; a notice from one node
 		// proves nothing, so Redlock relies on renewals. etcd's back end
 		// watches its keys itself (Locker.NotifyLoss).
@@ -126,16 +125,7 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 }
 
 func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
-	return demo.Spec(c, cfg.Lock.Prefix, workerID())
-}
-
-// workerID names this process in the demo's records: host and pid.
-func workerID() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
-	}
-	return host + ":" + strconv.Itoa(os.Getpid())
+	return demo.Spec(c, cfg.Lock.Prefix, procid.Self())
 }
 
 type httpIn struct {

@@ -416,6 +416,8 @@ func TestBadConfigExits2(t *testing.T) {
 	}{
 		{"unknown key", "worker:\n  concurency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1"}, []string{"line 2", `unknown field "concurency" in worker`}},
 		{"bad duration", "lock:\n  ttl: 5 sec\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1"}, []string{"line 2", "lock.ttl", `"5 sec"`}},
+		{"fence ttl below its floor", "lock:\n  fence_ttl: 1s\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1"}, []string{"line 2", "lock.fence_ttl", "at least 2s", "got 1s"}},
+		{"env fence ttl below its floor", "", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_FENCE_TTL=100ms"}, []string{"LOCKSTEP_LOCK_FENCE_TTL", "at least 2s", "got 100ms"}},
 		{"missing redis address", "worker:\n  concurrency: 3\n", nil, []string{"redis.addr", "required"}},
 		{"bad env", "worker:\n  concurrency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT=soon"}, []string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT", `"soon"`}},
 	} {

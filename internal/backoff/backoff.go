@@ -1,13 +1,16 @@
 // Package backoff is Lockstep's one retry delay: decorrelated jitter between
-// a minimum and a maximum, and the defaults for each kind of wait.
+// a minimum and a maximum, the defaults for each kind of wait, and the one
+// context-aware wait (Sleep).
 //
 // Every wait in Lockstep that retries (a caller waiting for a busy lock, a
 // job requeued because its lock was busy or lost, the scheduler retrying a
-// Redis call) draws its delays from a Jitter. Only the bounds differ, because
-// what one attempt costs differs; see the defaults below.
+// Redis call, a lost tracking connection or etcd watch restarted) draws its
+// delays from a Jitter. Only the bounds differ, because what one attempt
+// costs differs; see the defaults below.
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -40,6 +43,13 @@ var (
 	// (a restart, a failover): soon enough to claim a tick within its
 	// second, capped at 500ms so a recovered Redis is used at once.
 	RedisRetry = Jitter{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+
+	// Reconnect spaces the attempts to restore a long-lived stream from a
+	// store that went away: the watchdog's tracking connection to Redis, the
+	// etcd back end's watch. Nothing waits on one attempt (renewals stay the
+	// authority), so it starts at 50ms and is capped at 2s: a store that
+	// stays down costs an attempt every second or two.
+	Reconnect = Jitter{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 )
 
 // Next returns the delay after prev (0 for the first).
@@ -59,6 +69,19 @@ func (b Jitter) Next(prev time.Duration) time.Duration {
 		return lo
 	}
 	return lo + rand.N(upper-lo+1)
+}
+
+// Sleep waits d, or less when ctx ends first; it reports whether the whole
+// d passed. It is the one context-aware wait between retries.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // Nth returns a delay for the n-th consecutive retry (n ≥ 1) when no previous

@@ -1,6 +1,7 @@
 package backoff_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -62,9 +63,30 @@ func TestDefaultsAreOrdered(t *testing.T) {
 	t.Parallel()
 	for name, b := range map[string]backoff.Jitter{
 		"LockWait": backoff.LockWait, "Requeue": backoff.Requeue, "RedisRetry": backoff.RedisRetry,
+		"Reconnect": backoff.Reconnect,
 	} {
 		if b.Min <= 0 || b.Max < b.Min {
 			t.Errorf("%s = %+v: want 0 < Min ≤ Max", name, b)
 		}
+	}
+}
+
+func TestSleepEndsWithItsContext(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	if !backoff.Sleep(context.Background(), 5*time.Millisecond) {
+		t.Fatal("Sleep(background, 5ms) = false, want true")
+	}
+	if el := time.Since(start); el < 5*time.Millisecond {
+		t.Fatalf("Sleep(5ms) returned after %v", el)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start = time.Now()
+	if backoff.Sleep(ctx, time.Hour) {
+		t.Fatal("Sleep(cancelled, 1h) = true, want false")
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("Sleep with a cancelled context took %v", el)
 	}
 }

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
@@ -121,7 +121,6 @@ type run struct {
 	rng   *rand.Rand // the fault schedule's
 	redis *redistest.Server
 	rc    *redis.Client
-	host  string
 
 	schedulers []*role
 	workers    []*role
@@ -166,8 +165,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		tb.Fatalf("chaos: %v", err)
 	}
-	host, _ := os.Hostname()
-	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b)), host: cmp.Or(host, "unknown")}
+	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b))}
 	r.current.Store("")
 
 	schedBin, workerBin := build(tb, tb.TempDir())
@@ -465,7 +463,7 @@ func (r *run) begin(kind string, p *role, detail string) Fault {
 	f := Fault{Kind: kind, Target: p.name, Start: time.Now(), Detail: detail}
 	if f.PID = p.Pid(); f.PID != 0 {
 		if strings.HasPrefix(p.name, "worker") {
-			f.Worker = fmt.Sprintf("%s:%d", r.host, f.PID)
+			f.Worker = procid.Of(f.PID)
 		}
 	}
 	return f

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // Common holds the sections shared by both binaries.
@@ -78,7 +79,8 @@ type LockConfig struct {
 	DriftMargin         time.Duration `yaml:"drift_margin"`   // 0 = watchdog default
 	WaitReplicas        int           `yaml:"wait_replicas"`
 	WaitReplicasTimeout time.Duration `yaml:"wait_replicas_timeout"`
-	Etcd                EtcdConfig    `yaml:"etcd"` // etcd: the cluster that holds the locks
+	FenceTTL            time.Duration `yaml:"fence_ttl"` // how long a fencing counter outlives its lock; at least DefaultMaxClockSkew
+	Etcd                EtcdConfig    `yaml:"etcd"`      // etcd: the cluster that holds the locks
 }
 
 // EtcdConfig says how to reach the etcd cluster of lock.backend etcd. Only
@@ -170,6 +172,13 @@ const (
 	CatchUpAll  CatchUp = "all"  // enqueue every missed tick, up to MaxCatchUp
 )
 
+// DefaultMaxClockSkew is scheduler.max_clock_skew's default: the most that
+// the clocks of the machines Lockstep runs on (replicas, Redis servers) may
+// differ. It is also the floor of lock.fence_ttl, and lock.DefaultFenceTTL,
+// in every binary: a fencing counter must outlive its lock by as much as a
+// Redis server's clock may be behind the one that handed out the last fence.
+const DefaultMaxClockSkew = 2 * time.Second
+
 // DefaultWorker returns the worker configuration used for keys that neither
 // the file nor the environment sets.
 func DefaultWorker() *WorkerConfig {
@@ -191,7 +200,7 @@ func DefaultScheduler() *SchedulerConfig {
 	return &SchedulerConfig{
 		Common: defaultCommon(":9091"),
 		Scheduler: SchedulerSettings{
-			MaxClockSkew:  2 * time.Second,
+			MaxClockSkew:  DefaultMaxClockSkew,
 			TickLockTTL:   5 * time.Second,
 			TaskRetention: 24 * time.Hour,
 			MaxCatchUp:    100,
@@ -212,8 +221,9 @@ func defaultCommon(httpAddr string) Common {
 		Lock: LockConfig{
 			Backend:             BackendRedis,
 			Prefix:              "lockstep:",
-			TTL:                 30 * time.Second,
+			TTL:                 lock.DefaultTTL,
 			WaitReplicasTimeout: 100 * time.Millisecond,
+			FenceTTL:            lock.DefaultFenceTTL,
 		},
 	}
 }

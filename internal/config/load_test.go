@@ -8,6 +8,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 const minimal = "redis:\n  addr: 127.0.0.1:6379\n"
@@ -52,7 +56,7 @@ func TestLoadWorkerFileValues(t *testing.T) {
 			Log:  LogConfig{Format: "text", Level: "debug"},
 			Lock: LockConfig{
 				Backend: BackendRedis, Prefix: "app:", TTL: time.Minute, RenewInterval: 15 * time.Second, DriftMargin: 2 * time.Second,
-				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond,
+				WaitReplicas: 1, WaitReplicasTimeout: 250 * time.Millisecond, FenceTTL: 10 * time.Second,
 			},
 		},
 		Worker: WorkerSettings{
@@ -67,13 +71,23 @@ func TestLoadWorkerFileValues(t *testing.T) {
 
 func TestExampleConfigsLoad(t *testing.T) {
 	t.Parallel()
+	// The worker example shows the defaults: a copy of it serves no demo.
 	w := mustLoad(t, LoadWorker, "../../configs/worker.yaml", nil)
-	if w.Redis.Addr != "127.0.0.1:6379" || !w.Worker.Demo { // the example asks for the demo
-		t.Errorf("worker: %+v", w)
+	def := mustLoad(t, LoadWorker, "", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": w.Redis.Addr}))
+	if got, want := asYAML(t, w), asYAML(t, def); w.Redis.Addr != "127.0.0.1:6379" || w.Worker.Demo || got != want {
+		t.Errorf("worker example\n%s\nwant the defaults\n%s", got, want)
 	}
 	s := mustLoad(t, LoadScheduler, "../../configs/scheduler.yaml", nil)
 	if len(s.Schedules) == 0 || s.Schedules[0].Task != "demo:order.pay" {
 		t.Fatalf("scheduler: %+v", s)
+	}
+	// The scheduler example's settings are the defaults too; its schedules
+	// are examples (there are none by default).
+	sd := mustLoad(t, LoadScheduler, "", envMap(map[string]string{"LOCKSTEP_REDIS_ADDR": s.Redis.Addr}))
+	settings := *s
+	settings.Schedules = nil
+	if got, want := asYAML(t, &settings), asYAML(t, sd); got != want {
+		t.Errorf("scheduler example\n%s\nwant the defaults\n%s", got, want)
 	}
 	var p struct {
 		OrderID string `json:"order_id"`
@@ -171,6 +185,7 @@ func TestEnvOverrides(t *testing.T) {
 		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
 		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "true"}, func(c *WorkerConfig) bool { return c.Worker.Demo }},
 		{"duration", map[string]string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT": "45s"}, func(c *WorkerConfig) bool { return c.Worker.ShutdownTimeout == 45*time.Second }},
+		{"fence ttl", map[string]string{"LOCKSTEP_LOCK_FENCE_TTL": "1m"}, func(c *WorkerConfig) bool { return c.Lock.FenceTTL == time.Minute }},
 		{"nested", map[string]string{"LOCKSTEP_REDIS_TLS_SERVER_NAME": "r", "LOCKSTEP_REDIS_TLS_ENABLED": "true"}, func(c *WorkerConfig) bool { return c.Redis.TLS.ServerName == "r" }},
 		{"secret", map[string]string{"LOCKSTEP_REDIS_PASSWORD": "pw"}, func(c *WorkerConfig) bool { return c.Redis.Password == "pw" }},
 		{"empty string wins", map[string]string{"LOCKSTEP_LOCK_PREFIX": ""}, func(c *WorkerConfig) bool { return c.Lock.Prefix == "" }},
@@ -272,5 +287,25 @@ func TestEveryScalarHasEnvVar(t *testing.T) {
 		if len(leaves) < 25 {
 			t.Errorf("only %d variables: %v", len(leaves), env)
 		}
+	}
+}
+
+// asYAML is c as YAML, so that an empty list and none compare equal.
+func asYAML(t *testing.T, c any) string {
+	t.Helper()
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// The fence TTL's default is derived from the clock bound, its floor.
+func TestFenceTTLDefaultIsTheClockBound(t *testing.T) {
+	t.Parallel()
+	if lock.DefaultFenceTTL != DefaultMaxClockSkew || DefaultWorker().Lock.FenceTTL != DefaultMaxClockSkew ||
+		DefaultScheduler().Scheduler.MaxClockSkew != DefaultMaxClockSkew {
+		t.Fatalf("lock.DefaultFenceTTL %v, worker lock.fence_ttl %v, scheduler max_clock_skew %v: want all %v",
+			lock.DefaultFenceTTL, DefaultWorker().Lock.FenceTTL, DefaultScheduler().Scheduler.MaxClockSkew, DefaultMaxClockSkew)
 	}
 }

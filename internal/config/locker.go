@@ -26,7 +26,8 @@ const DefaultEtcdDialTimeout = 5 * time.Second
 // closes those clients. With etcd it is lock.NewEtcd over a new etcd client
 // for lock.etcd, and close stops the Locker's watch and closes the client.
 // Either way the Locker has lock.prefix, and lock.wait_replicas or
-// lock.node_timeout when set; opts (e.g. lock.WithMetrics) come last.
+// lock.node_timeout when set, and lock.fence_ttl on the Redis back ends;
+// opts (e.g. lock.WithMetrics) come last.
 func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l *lock.Locker, close func() error, err error) {
 	base := []lock.Option{lock.WithPrefix(c.Lock.Prefix)}
 	if c.Lock.WaitReplicas > 0 {
@@ -34,6 +35,9 @@ func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l
 	}
 	if c.Lock.NodeTimeout > 0 {
 		base = append(base, lock.WithNodeTimeout(c.Lock.NodeTimeout))
+	}
+	if c.Lock.Backend != BackendEtcd && c.Lock.FenceTTL > 0 { // etcd's fences are revisions: no counter
+		base = append(base, lock.WithFenceTTL(c.Lock.FenceTTL))
 	}
 	opts = append(base, opts...)
 	switch c.Lock.Backend {

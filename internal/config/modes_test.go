@@ -138,10 +138,15 @@ func TestModesReachRealDeployments(t *testing.T) {
 	t.Run("single", func(t *testing.T) {
 		t.Parallel()
 		s := redistest.Start(t)
-		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  prefix: 'single:'\n", s.Addr), "*redis.Client",
+		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  prefix: 'single:'\n  fence_ttl: 7s\n", s.Addr), "*redis.Client",
 			func(l *lock.Locker, _ *lock.Lease) {
 				if l.Quorum() != 1 {
 					t.Errorf("quorum %d", l.Quorum())
+				}
+				// lock.fence_ttl reaches the Locker: the counter outlives the
+				// one-minute lock by 7s.
+				if pttl := s.Client().PTTL(ctx, l.FenceKey("probe")).Val(); pttl <= time.Minute+6*time.Second || pttl > time.Minute+7*time.Second {
+					t.Errorf("fencing counter PTTL %v, want just under 1m7s", pttl)
 				}
 			})
 	})

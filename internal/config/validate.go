@@ -138,6 +138,10 @@ func (c *Common) check(v *validator) {
 	if renew := cmp.Or(l.RenewInterval, l.TTL/3); l.DriftMargin > 0 && l.RenewInterval < l.TTL && l.DriftMargin >= l.TTL-renew {
 		v.fail(p.field("drift_margin"), "must be less than lock.ttl minus the renew interval (%v), got %v", l.TTL-renew, l.DriftMargin)
 	}
+	if l.FenceTTL < DefaultMaxClockSkew {
+		v.fail(p.field("fence_ttl"), "must be at least %v (the default max_clock_skew, how far Redis servers' clocks may differ), got %v",
+			DefaultMaxClockSkew, l.FenceTTL)
+	}
 	atLeast(v, p.field("wait_replicas"), l.WaitReplicas, 0)
 	if l.WaitReplicas > 0 && l.WaitReplicasTimeout <= 0 { // WAIT with timeout 0 blocks forever
 		v.fail(p.field("wait_replicas_timeout"), "must be greater than 0 when lock.wait_replicas is set, got %v", l.WaitReplicasTimeout)

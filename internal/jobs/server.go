@@ -32,11 +32,8 @@ const (
 	ResultSkipped  = "skipped"   // the lock was busy and the contention policy is Skip
 )
 
-// Defaults of Config.
-const (
-	DefaultConcurrency = 10
-	DefaultLockTTL     = 30 * time.Second
-)
+// DefaultConcurrency is Config.Concurrency's default.
+const DefaultConcurrency = 10
 
 // Config configures a Server. Zero values take the defaults.
 type Config struct {
@@ -44,7 +41,7 @@ type Config struct {
 	StrictPriority  bool
 	Concurrency     int           // handlers running at once; default 10
 	ShutdownTimeout time.Duration // all of Stop: handlers finish, leases are released; 0: no grace
-	LockTTL         time.Duration // for specs without a TTL; default 30s
+	LockTTL         time.Duration // for specs without a TTL; default lock.DefaultTTL
 	// Backoff is the fallback delay of a task whose lock was busy, should
 	// no hand-off reach it first (added to the lock's remaining TTL, more
 	// for the waiters behind the first), and the retry delay after a lost
@@ -64,7 +61,7 @@ func (c Config) withDefaults() Config {
 		c.Queues = map[string]int{"default": 1}
 	}
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
-	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	c.LockTTL = cmp.Or(c.LockTTL, lock.DefaultTTL)
 	if c.Backoff.Min <= 0 {
 		c.Backoff = backoff.Requeue
 	}

@@ -36,6 +36,16 @@ type backend interface {
 	options() []string
 }
 
+// clientKeeper is implemented by the back end whose locks live in the Redis
+// deployment of the client given to New (single), the only one where a
+// script may touch a lock together with other keys of that Redis and where
+// that Redis's own notices (CLIENT TRACKING) speak for the lock.
+type clientKeeper interface {
+	keepsOnClient() bool
+}
+
+func (b *single) keepsOnClient() bool { return true }
+
 // LossNotifier is implemented by back ends that hear from their store the
 // moment a held lock is deleted or overwritten (etcd's watch). See
 // Locker.NotifyLoss.

@@ -104,7 +104,8 @@ func BenchmarkRenew10k(b *testing.B) {
 			cmds := make([]*redis.Cmd, n)
 			_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i, s := range leases {
-					cmds[i] = lock.RenewScript().EvalSha(ctx, p, []string{s.RedisKey(), s.RedisKey() + ":owners"}, s.Token(), s.TTL().Milliseconds(), "")
+					cmds[i] = lock.RenewScript().EvalSha(ctx, p, []string{s.RedisKey(), s.RedisKey() + ":owners", s.RedisKey() + ":fence"},
+						s.Token(), s.TTL().Milliseconds(), "", (s.TTL() + lock.DefaultFenceTTL).Milliseconds())
 				}
 				return nil
 			})

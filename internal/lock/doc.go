@@ -55,9 +55,9 @@
 //     watchdog package cancels them).
 //   - Fences strictly increase per resource across expiry, Locker instances
 //     and processes (G5). Each acquire sets the counter to max(counter + 1,
-//     the Redis server's TIME in microseconds), refreshing its long TTL, so a
-//     counter that expired, or whose last writes a failover lost, still never
-//     hands out a smaller fence, unless the server's clock moved back by more
+//     the Redis server's TIME in microseconds), so a counter that expired, or
+//     whose last writes a failover lost, still never hands out a smaller
+//     fence, unless the server's clock moved back by more
 //     than the time since the last acquire (or the new master's clock is that
 //     far behind the old one's).
 //   - Tokens are 128 random bits from crypto/rand.
@@ -140,4 +140,16 @@
 // zset of waiter ids by arrival), each waiter's hash P{R}:queue:W (its token,
 // TTL and owner) and wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
 // Redlock uses the same lock, counter and owners keys on every node.
+//
+// The counter's lifetime: every acquire, hand-off, fence raise and renewal
+// gives it the lock's ttl plus the fence TTL (WithFenceTTL), so it lives
+// while its lock does and for at least the fence TTL after the lock's end
+// (a release or an expiry). A fence is the server's TIME in microseconds
+// unless the counter is ahead of that clock, and it can be ahead only by as
+// much as a clock went back (a stepped clock, a new master's or another
+// Redlock node's clock behind the one that issued it); so with clocks within
+// max_clock_skew of each other, a counter older than that past its lock's
+// end is never needed, and the default fence TTL is the default
+// max_clock_skew, 2s. A re-entry and `lockstep locks` read the counter as the
+// holder's fence, which is why it lives as long as its lock.
 package lock

@@ -14,6 +14,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
 // etcdBackend is the back end of NewEtcd: locks are etcd keys bound to etcd
@@ -460,6 +462,7 @@ func (b *etcdBackend) notifyLoss(f func(*Lease, error)) {
 // or from now when that history is gone; renewal covers what it missed.
 func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 	defer close(b.stopped)
+	var delay time.Duration
 	for ctx.Err() == nil {
 		wch := b.cl.Watch(clientv3.WithRequireLeader(ctx), b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
 		for resp := range wch {
@@ -469,15 +472,14 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 			if resp.Err() != nil {
 				break
 			}
+			delay = 0 // the watch worked: after it ends, restart it soon
 			for _, ev := range resp.Events {
 				b.changed(ev)
 			}
 			rev = max(rev, resp.Header.Revision+1)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond): // a lost leader or cluster: do not spin
-		}
+		delay = backoff.Reconnect.Next(delay) // a lost leader or cluster: do not spin
+		backoff.Sleep(ctx, delay)
 	}
 }
 

@@ -150,8 +150,8 @@ func TestEtcdLockIsKeyBoundToLeaseWithRevisionFence(t *testing.T) {
 	if resp, _ := admin.Get(ctx, "p:{r}"); len(resp.Kvs) != 0 {
 		t.Fatal("Release left the key")
 	}
-	if l.Backend() != "etcd" || l.Quorum() != 0 || l.Nodes() != nil {
-		t.Fatalf("Backend %q Quorum %d Nodes %v", l.Backend(), l.Quorum(), l.Nodes())
+	if l.Backend() != "etcd" || l.Quorum() != 0 || l.Nodes() != nil || l.SharesClient() {
+		t.Fatalf("Backend %q Quorum %d Nodes %v SharesClient %v", l.Backend(), l.Quorum(), l.Nodes(), l.SharesClient())
 	}
 	for _, o := range []lock.Option{lock.WaitReplicas(1, time.Second), lock.WithFenceTTL(time.Hour), lock.WithNodeTimeout(time.Second)} {
 		func() {

@@ -287,7 +287,8 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 	l1 := d.locker(lock.WithFenceTTL(100 * time.Millisecond))
 	var last int64
 	for i := range 3 {
-		lease := mustAcquire(t, ctx, l1, "fence-expiry", time.Minute)
+		// the counter lives the lock's ttl + the fence TTL: 300ms
+		lease := mustAcquire(t, ctx, l1, "fence-expiry", 200*time.Millisecond)
 		if lease.Fence() <= last {
 			t.Fatalf("acquire %d: fence %d <= %d", i, lease.Fence(), last)
 		}

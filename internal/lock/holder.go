@@ -3,10 +3,11 @@ package lock
 import (
 	"context"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // A lock's stored value is its token: 128 random bits in hex, then, after
@@ -31,13 +32,7 @@ func WithJob(ctx context.Context, taskID, taskType string) context.Context {
 }
 
 // processID names this process in the tokens it writes (query-escaped once).
-var processID = func() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
-	}
-	return url.QueryEscape(host + ":" + strconv.Itoa(os.Getpid()))
-}()
+var processID = url.QueryEscape(procid.Self())
 
 // NewToken returns a fresh lock token for a hold acquired at now, carrying
 // the holder information of ctx (WithJob) that ParseToken reads. Scripts

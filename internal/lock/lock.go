@@ -17,8 +17,16 @@ import (
 
 // Defaults for a Locker.
 const (
-	DefaultPrefix   = "lockstep:"
-	DefaultFenceTTL = 30 * 24 * time.Hour
+	DefaultPrefix = "lockstep:"
+	// DefaultFenceTTL is how long a fencing counter outlives its lock: the
+	// default max_clock_skew, the most that G5 lets Redis servers' clocks
+	// differ (see the package documentation, Keys).
+	DefaultFenceTTL = 2 * time.Second
+	// DefaultTTL is a lease's TTL when none is given: WithLock without TTL,
+	// a job type without a Lock TTL, the config's lock.ttl. The watchdog
+	// renews every TTL/3, so it bounds how long a crashed holder blocks the
+	// lock, not how long the holder may run.
+	DefaultTTL = 30 * time.Second
 )
 
 // Locker acquires leases on named resources. Its back end is chosen once, by
@@ -63,9 +71,11 @@ func option(name string, f func(*settings)) Option {
 // WithPrefix sets the prefix of every key (default "lockstep:").
 func WithPrefix(p string) Option { return option(optPrefix, func(s *settings) { s.prefix = p }) }
 
-// WithFenceTTL sets how long an unused fencing counter lives (default 30 days).
-// A counter that expired restarts from the server's clock, so fences still
-// increase; the TTL only keeps dead resources from leaving keys behind forever.
+// WithFenceTTL sets how long a fencing counter outlives its lock (default
+// DefaultFenceTTL): each acquire and renewal gives the counter the lock's
+// ttl plus d. A counter that expired restarts from the server's clock, so
+// fences still increase as long as no server's clock is behind another's by
+// more than d; configuration refuses a d below the default max_clock_skew.
 // Redis back ends only: etcd's fences are revisions, with no counter.
 func WithFenceTTL(d time.Duration) Option {
 	return option(optFenceTTL, func(s *settings) { s.fenceTTL = d })
@@ -132,6 +142,15 @@ func New(client redis.UniversalClient, opts ...Option) *Locker {
 
 // Backend names the Locker's back end: "single", "redlock" or "etcd".
 func (l *Locker) Backend() string { return l.kind }
+
+// SharesClient reports whether the locks live in the Redis deployment of the
+// client given to New (the single back end): then that Redis's key-change
+// notices reach the watchdog. Redlock's nodes and etcd are other stores:
+// false. (Whether tasks can wait in a resource's queue is HasQueue.)
+func (l *Locker) SharesClient() bool {
+	k, ok := l.be.(clientKeeper)
+	return ok && k.keepsOnClient()
+}
 
 // NotifyLoss registers f to be called, from the back end's own goroutine and
 // at once, when the store tells that a held lease's lock was deleted or
@@ -319,7 +338,7 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
 			}
 		} else {
-			sleep(ctx, delay)
+			backoff.Sleep(ctx, delay)
 		}
 		if ctx.Err() != nil {
 			giveUp()

@@ -11,9 +11,6 @@ func WithOwner(ctx context.Context, owner string) context.Context {
 	return context.WithValue(ctx, ownerKey{}, owner)
 }
 
-// NewOwner returns a context with a fresh random owner id.
-func NewOwner(ctx context.Context) context.Context { return WithOwner(ctx, newToken()) }
-
 // OwnerFrom returns the owner id carried by ctx, or "".
 func OwnerFrom(ctx context.Context) string {
 	o, _ := ctx.Value(ownerKey{}).(string)

@@ -25,9 +25,14 @@ type grant struct {
 	err    error
 }
 
-func acquireArgs(s *Lease, fenceTTL int64) ([]string, []any) {
+// counterTTL is the TTL, in milliseconds, that every script taking or
+// renewing a lock of ttl gives its fencing counter: the lock lives at most ttl
+// after that, so the counter outlives it by at least fenceTTL (WithFenceTTL).
+func counterTTL(ttl, fenceTTL time.Duration) int64 { return (ttl + fenceTTL).Milliseconds() }
+
+func acquireArgs(s *Lease, fenceTTL time.Duration) ([]string, []any) {
 	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
-		[]any{s.token, s.ttl.Milliseconds(), fenceTTL, s.owner, s.waiterID()}
+		[]any{s.token, s.ttl.Milliseconds(), counterTTL(s.ttl, fenceTTL), s.owner, s.waiterID()}
 }
 
 // parseGrant reads acquire.lua's reply for one lock, taken with token.
@@ -77,8 +82,10 @@ func parseHandoff(g *grant, v string) bool {
 	return true
 }
 
-func releaseArgs(k keys, token, owner string, fenceTTL int64, ttl time.Duration) ([]string, []any) {
-	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, fenceTTL, ttl.Milliseconds()}
+// releaseArgs: counter is the counter's TTL (counterTTL) should the release
+// hand the lock to a waiter; ttl is the lock ttl of a grant to a parked task.
+func releaseArgs(k keys, token, owner string, counter int64, ttl time.Duration) ([]string, []any) {
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds()}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
@@ -95,34 +102,35 @@ func releaseStatus(reply any, err error) (int64, error) {
 }
 
 // releaseOn runs release.lua for token and owner on c (see releaseStatus).
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, fenceTTL int64, ttl time.Duration) (int64, error) {
-	keys, args := releaseArgs(k, token, owner, fenceTTL, ttl)
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, counter int64, ttl time.Duration) (int64, error) {
+	keys, args := releaseArgs(k, token, owner, counter, ttl)
 	return releaseStatus(run(ctx, c, scriptRelease, keys, args...))
 }
 
 // raiseFenceOn lifts c's fencing counter of s to fence while c holds s's
 // token (fence_raise.lua): true when it did, false when the token is gone.
-func raiseFenceOn(ctx context.Context, c redis.Scripter, s *Lease, fence, fenceTTL int64) (bool, error) {
-	v, err := run(ctx, c, scriptFenceRaise, []string{s.keys.lock, s.keys.fence}, s.token, fence, fenceTTL)
+func raiseFenceOn(ctx context.Context, c redis.Scripter, s *Lease, fence int64, fenceTTL time.Duration) (bool, error) {
+	v, err := run(ctx, c, scriptFenceRaise, []string{s.keys.lock, s.keys.fence}, s.token, fence, counterTTL(s.ttl, fenceTTL))
 	return v == int64(1), err
 }
 
 // renewBatchOn renews leases on one node with renew_batch.lua, BatchSize
-// leases per call, every call in one pipeline. It returns each lease's status
-// (1 renewed, 0 expired, -1 another token) or its error.
-func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease) ([]int64, []error) {
+// leases per call, every call in one pipeline; each renewed lock's fencing
+// counter gets counterTTL again. It returns each lease's status (1 renewed,
+// 0 expired, -1 another token) or its error.
+func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTTL time.Duration) ([]int64, []error) {
 	statuses, errs := make([]int64, len(leases)), make([]error, len(leases))
 	var calls []scriptCall
 	for from := 0; from < len(leases); from += BatchSize {
 		to := min(from+BatchSize, len(leases))
-		keys := make([]string, 0, to-from)
-		args := make([]any, 0, 3*(to-from))
+		keys := make([]string, 0, 2*(to-from))
+		args := make([]any, 0, 4*(to-from))
 		for _, s := range leases[from:to] {
-			keys = append(keys, s.keys.lock)
+			keys = append(keys, s.keys.lock, s.keys.fence)
 			if s.owner != "" {
 				keys = append(keys, s.keys.owners)
 			}
-			args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag())
+			args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL))
 		}
 		calls = append(calls, scriptCall{keys, args})
 	}
@@ -151,11 +159,12 @@ func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease) ([]int6
 // renewEachOn renews leases on one node with one renew.lua call each, all in
 // one pipeline: for a Cluster master, whose leases' keys live in different
 // slots. It returns what renewBatchOn does.
-func renewEachOn(ctx context.Context, c redis.Cmdable, leases []*Lease) ([]int64, []error) {
+func renewEachOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTTL time.Duration) ([]int64, []error) {
 	statuses, errs := make([]int64, len(leases)), make([]error, len(leases))
 	calls := make([]scriptCall, len(leases))
 	for i, s := range leases {
-		calls[i] = scriptCall{[]string{s.keys.lock, s.keys.owners}, []any{s.token, s.ttl.Milliseconds(), s.reentrantFlag()}}
+		calls[i] = scriptCall{[]string{s.keys.lock, s.keys.owners, s.keys.fence},
+			[]any{s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL)}}
 	}
 	cmds, err := runPipelined(ctx, c, scriptRenew, calls, nil)
 	for i := range leases {

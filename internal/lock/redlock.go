@@ -130,7 +130,7 @@ func (r *redlock) driftFor(ttl time.Duration) time.Duration {
 func (r *redlock) acquire(ctx context.Context, s *Lease) (bool, error) {
 	n, q := len(r.nodes), r.quorum
 	timeout := r.timeout(s.ttl)
-	keys, args := acquireArgs(s, r.fenceTTL.Milliseconds())
+	keys, args := acquireArgs(s, r.fenceTTL)
 	replies := make(chan grant, n)
 	var wg sync.WaitGroup
 	for i, c := range r.nodes {
@@ -258,7 +258,7 @@ func (r *redlock) fence(ctx context.Context, s *Lease, granted []grant) error {
 		go func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(s.ttl))
 			defer cancel()
-			ok, err := raiseFenceOn(nctx, r.nodes[g.node], s, s.fence, r.fenceTTL.Milliseconds())
+			ok, err := raiseFenceOn(nctx, r.nodes[g.node], s, s.fence, r.fenceTTL)
 			if err == nil && !ok {
 				err = fmt.Errorf("node %d no longer holds the token", g.node)
 			}
@@ -307,7 +307,7 @@ func (r *redlock) releaseOn(ctx context.Context, gs []grant, token, owner string
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(ttl))
 			defer cancel()
-			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner, r.fenceTTL.Milliseconds(), ttl)
+			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner, counterTTL(ttl, r.fenceTTL), ttl)
 			if err != nil {
 				errs[i] = fmt.Errorf("node %d: %w", g.node, err)
 			}
@@ -375,7 +375,7 @@ func (r *redlock) renew(ctx context.Context, leases []*Lease, results []error) {
 	var pending sync.WaitGroup
 	for _, c := range r.nodes {
 		pending.Go(func() {
-			st, errs := renewBatchOn(bg, c, leases)
+			st, errs := renewBatchOn(bg, c, leases, r.fenceTTL)
 			answers <- answer{st, errs}
 		})
 	}

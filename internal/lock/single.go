@@ -57,7 +57,7 @@ func (b *single) oneNode() bool { return b.acquires != nil }
 func (*single) options() []string { return []string{optFenceTTL, optWaitReplicas} }
 
 func (b *single) acquire(ctx context.Context, s *Lease) (bool, error) {
-	keys, args := acquireArgs(s, b.fenceTTL.Milliseconds())
+	keys, args := acquireArgs(s, b.fenceTTL)
 	var g grant
 	if b.replicas > 0 {
 		g = b.acquireAndWait(ctx, s, keys, args)
@@ -105,7 +105,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	}
 	if err != nil {
 		// Leave nothing behind: the lock we took is not safe to use.
-		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, b.fenceTTL.Milliseconds(), s.ttl)
+		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
 		return grant{err: errors.Join(err, relErr)}
 	}
 	return g
@@ -118,7 +118,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 func (b *single) renew(ctx context.Context, leases []*Lease, results []error) {
 	cc, ok := b.client.(*redis.ClusterClient)
 	if !ok {
-		statuses, errs := renewBatchOn(ctx, b.client, leases)
+		statuses, errs := renewBatchOn(ctx, b.client, leases, b.fenceTTL)
 		settleRenewals(leases, statuses, errs, results)
 		return
 	}
@@ -149,7 +149,7 @@ func (b *single) renew(ctx context.Context, leases []*Lease, results []error) {
 			for n, i := range idx {
 				mine[n] = leases[i]
 			}
-			statuses, errs := renewEachOn(ctx, node, mine)
+			statuses, errs := renewEachOn(ctx, node, mine, b.fenceTTL)
 			out := make([]error, len(idx))
 			settleRenewals(mine, statuses, errs, out)
 			for n, i := range idx {
@@ -180,7 +180,7 @@ func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, ke
 }
 
 func (b *single) release(ctx context.Context, s *Lease) error {
-	keys, args := releaseArgs(s.keys, s.token, s.owner, b.fenceTTL.Milliseconds(), s.ttl)
+	keys, args := releaseArgs(s.keys, s.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
 	status, err := releaseStatus(b.call(ctx, b.releases, scriptRelease, keys, args))
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", s.resource, err)

@@ -28,8 +28,8 @@ var ErrNoQueue = errors.New("lock: this back end has no waiter queue for tasks")
 // tasks join and releases hand on from (the single back end without
 // WaitReplicas: a hand-off is not followed by WAIT).
 func (l *Locker) HasQueue() bool {
-	b, ok := l.be.(*single)
-	return ok && b.fairWaiting()
+	_, err := l.redis()
+	return err == nil
 }
 
 func (l *Locker) redis() (*single, error) {
@@ -78,7 +78,7 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		keys = append(keys, holds)
 	}
 	v, err := run(ctx, b.client, scriptTake, keys,
-		token, ttl.Milliseconds(), b.fenceTTL.Milliseconds(), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record)
+		token, ttl.Milliseconds(), counterTTL(ttl, b.fenceTTL), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record)
 	l.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
 		l.failed.Inc()
@@ -209,7 +209,7 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		recovery = strconv.FormatInt(h.RecoveryTTL.Milliseconds(), 10)
 	}
 	v, err := run(ctx, b.client, scriptHandOn, keys,
-		lease.token, next, lease.ttl.Milliseconds(), b.fenceTTL.Milliseconds(), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag,
+		lease.token, next, lease.ttl.Milliseconds(), counterTTL(lease.ttl, b.fenceTTL), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag,
 		recovery, lease.resource+"\n")
 	if err != nil {
 		return HandedOn{}, fmt.Errorf("lock: release %q: %w", lease.resource, err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
 // Fair waiting (the single back end). An Acquire that finds the lock busy
@@ -79,7 +81,7 @@ func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool,
 	select {
 	case b.waits <- struct{}{}:
 	default: // every blocking slot taken: plain backoff, then try again
-		sleep(ctx, d)
+		backoff.Sleep(ctx, d)
 		return false, nil
 	}
 	defer func() { <-b.waits }()
@@ -147,15 +149,5 @@ func (b *single) releaseHandoff(ctx context.Context, s *Lease, handoff string) {
 	if parseHandoff(&g, handoff) {
 		given := &Lease{keys: s.keys, resource: s.resource, token: g.token, owner: s.owner, ttl: s.ttl}
 		_ = b.release(ctx, given)
-	}
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

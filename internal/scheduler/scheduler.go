@@ -1,16 +1,13 @@
 package scheduler
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // Values of lockstep_scheduler_ticks_total{result}.
@@ -98,7 +96,7 @@ type Scheduler struct {
 	follow   map[int64]*followView // by second
 	// followerChecks counts the follower ticks checked one by one (tests).
 	followerChecks atomic.Int64
-	crashed        atomic.Bool // test hook: died as by SIGKILL, so no clean leave
+	crashed        atomic.Bool // died as by SIGKILL (crash, tests only): no clean leave
 }
 
 // liveEntry is a schedule whose loop runs.
@@ -124,10 +122,12 @@ func WithMetrics(m *metrics.Metrics) Option { return func(s *Scheduler) { s.m = 
 func WithLogger(l *slog.Logger) Option { return func(s *Scheduler) { s.log = l } }
 
 // WithReplicaID names this replica in Redis and in logs (default:
-// hostname-pid-random). It must differ between replicas.
+// host:pid-random). It must differ between replicas.
 func WithReplicaID(id string) Option { return func(s *Scheduler) { s.id = id } }
 
-// hooks let tests observe ticks and kill a replica at chosen points.
+// hooks let tests observe ticks and kill a replica at chosen points; they
+// are set only by tests (withHooks, in export_test.go), like every test hook
+// in Lockstep.
 type hooks struct {
 	// afterClaim and afterEnqueue run once this replica won a tick; true
 	// makes the replica die on the spot, as a SIGKILL would: nothing more is
@@ -136,8 +136,6 @@ type hooks struct {
 	afterEnqueue func(schedule string, tick time.Time) bool
 	event        func(event)
 }
-
-func withHooks(h hooks) Option { return func(s *Scheduler) { s.hooks = h } }
 
 // event is one outcome of one tick on one replica, reported to test hooks.
 type event struct {
@@ -201,10 +199,9 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 }
 
 func defaultReplicaID() string {
-	host, _ := os.Hostname()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return cmp.Or(host, "scheduler") + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b)
+	return procid.Self() + "-" + hex.EncodeToString(b)
 }
 
 // Start starts one goroutine per schedule and one that takes over unfinished
@@ -256,7 +253,8 @@ func (s *Scheduler) stop(ctx context.Context) error {
 	return err
 }
 
-// crash ends the replica at once, as SIGKILL would (test hook).
+// crash ends the replica at once, as SIGKILL would (the hooks' afterClaim
+// and afterEnqueue, and tests, call it).
 func (s *Scheduler) crash() {
 	s.crashed.Store(true)
 	s.running.Store(false)
@@ -459,12 +457,8 @@ func retry(ctx context.Context, f func(context.Context) error) error {
 			return err
 		}
 		delay = backoff.RedisRetry.Next(delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, delay) {
 			return err
-		case <-t.C:
 		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // SetTestHookRenew installs a function run for each lease as a round is built.
-func SetTestHookRenew(w *Watchdog, f func(*lock.Lease)) { w.testHookRenew = f }
+func SetTestHookRenew(w *Watchdog, f func(*lock.Lease)) { w.hooks.renew = f }
 
 // SetDeadline moves a hold's local deadline, as if its last renewal had been
 // sent long ago (a process resumed after a pause), without touching timers.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
 // A Notifier tells the watchdog, as soon as the server knows, that held keys
@@ -131,7 +133,7 @@ func (t *tracking) node(ctx context.Context, base *redis.Options, notify func([]
 
 	// Probe once: a server that refuses tracking would make the subscription
 	// retry for ever. Transport errors are retried: Redis may be down now.
-	for attempt := 0; ; attempt++ {
+	for delay := time.Duration(0); ; {
 		cn := c.Conn()
 		err := cn.Ping(ctx).Err()
 		_ = cn.Close()
@@ -143,10 +145,9 @@ func (t *tracking) node(ctx context.Context, base *redis.Options, notify func([]
 				"addr", opts.Addr, "error", err)
 			return
 		}
-		select {
-		case <-ctx.Done():
+		delay = backoff.Reconnect.Next(delay)
+		if !backoff.Sleep(ctx, delay) {
 			return
-		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, 2*time.Second)):
 		}
 	}
 

@@ -67,12 +67,6 @@ func LogWith(attrs ...any) HoldOption {
 	return func(c *holdConfig) { c.logAttrs = append(c.logAttrs, attrs...) }
 }
 
-// Interval sets the renewal interval of one hold.
-func Interval(d time.Duration) HoldOption { return func(c *holdConfig) { c.interval = d } }
-
-// DriftMargin sets the drift margin of one hold.
-func DriftMargin(d time.Duration) HoldOption { return func(c *holdConfig) { c.drift = d } }
-
 // MaxHold bounds how long one hold is renewed.
 func MaxHold(d time.Duration) HoldOption { return func(c *holdConfig) { c.maxHold = d } }
 
@@ -99,9 +93,15 @@ type Watchdog struct {
 	done chan struct{}
 	life lifecycle.Machine
 
-	// testHookRenew, when set, runs for each lease while a round is built;
-	// tests use it to inject a panic into one renewal.
-	testHookRenew func(*lock.Lease)
+	hooks hooks // nil outside tests
+}
+
+// hooks let tests reach into the loop; they are set only by tests
+// (export_test.go), like every test hook in Lockstep.
+type hooks struct {
+	// renew runs for each lease while a round is built; tests use it to
+	// inject a panic into one renewal.
+	renew func(*lock.Lease)
 }
 
 // New returns a watchdog. Its loop starts with the first Hold (or Start).
@@ -351,8 +351,8 @@ func (w *Watchdog) round() {
 	byLocker := map[*lock.Locker][]*Hold{}
 	for _, h := range due {
 		if w.guard(h, func() {
-			if w.testHookRenew != nil {
-				w.testHookRenew(h.lease)
+			if w.hooks.renew != nil {
+				w.hooks.renew(h.lease)
 			}
 		}) {
 			byLocker[h.lease.Locker()] = append(byLocker[h.lease.Locker()], h)

@@ -2,9 +2,11 @@
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  reentrancy hash (ignored when ARGV[3] is "")
+-- KEYS[3]  fencing counter (its TTL renewed too: it outlives the lock)
 -- ARGV[1]  token
 -- ARGV[2]  new ttl in milliseconds
 -- ARGV[3]  "1" when the lease is reentrant (the hash expires with the lock)
+-- ARGV[4]  the fencing counter's new ttl in milliseconds (ttl + fence ttl)
 --
 -- Returns
 --   1   renewed
@@ -18,6 +20,7 @@ if cur ~= ARGV[1] then
   return -1
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 if ARGV[3] ~= '' then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end

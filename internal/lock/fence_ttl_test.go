@@ -1,0 +1,119 @@
+package lock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// The fencing counter's lifetime (lock.fence_ttl): every acquire and renewal
+// gives it the lock's ttl + the fence TTL, so it lives while its lock does
+// and is gone the fence TTL after the lock's end.
+
+// TestReleasedResourceKeysAreGoneAfterTheFenceTTL: after a reentrant hold,
+// a waiter and a release, the only key left is the counter, with the lock's
+// ttl + the fence TTL to live; it is gone after that, and so is every key.
+func TestReleasedResourceKeysAreGoneAfterTheFenceTTL(t *testing.T) {
+	t.Parallel()
+	const ttl, fenceTTL = 200 * time.Millisecond, 300 * time.Millisecond
+	l, c, _ := newLocker(t, lock.WithFenceTTL(fenceTTL))
+	ctx := lock.WithOwner(context.Background(), "owner-a")
+	outer := mustAcquire(t, ctx, l, "gone", ttl)
+	inner := mustAcquire(t, ctx, l, "gone", ttl) // the reentrancy hash
+	// A waiter that gives up leaves its queue entry behind it until it leaves.
+	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	if _, err := l.Acquire(wctx, "gone", ttl, lock.MaxWait(30*time.Millisecond)); err == nil {
+		t.Fatal("a waiter got a held lock")
+	}
+	cancel()
+	for _, s := range []*lock.Lease{inner, outer} {
+		if err := s.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	released := time.Now()
+	keys := c.Keys(context.Background(), "*").Val()
+	if len(keys) != 1 || keys[0] != l.FenceKey("gone") {
+		t.Fatalf("keys after the release: %v, want only the fencing counter", keys)
+	}
+	pttl := c.PTTL(context.Background(), l.FenceKey("gone")).Val()
+	if pttl <= 0 || pttl > ttl+fenceTTL {
+		t.Fatalf("fencing counter PTTL %v, want within (0, %v]", pttl, ttl+fenceTTL)
+	}
+	eventually(t, pttl+time.Second, "the fencing counter to expire", func() bool {
+		return c.DBSize(context.Background()).Val() == 0
+	})
+	if late := time.Since(released); late < pttl-50*time.Millisecond {
+		t.Fatalf("the counter was gone %v after the release, before its PTTL %v", late, pttl)
+	}
+	// A fresh counter starts at the server's clock: still a greater fence.
+	next := mustAcquire(t, context.Background(), l, "gone", ttl)
+	if next.Fence() <= outer.Fence() {
+		t.Fatalf("fence after the counter expired: %d <= %d", next.Fence(), outer.Fence())
+	}
+}
+
+// TestRenewalKeepsTheCounterWhileHeld: a hold renewed past its first ttl +
+// fence TTL keeps its counter, renewed with the lock, on one server and on
+// every Redlock node, and a re-entry then still gets the hold's fence (it
+// reads the counter).
+func TestRenewalKeepsTheCounterWhileHeld(t *testing.T) {
+	t.Parallel()
+	const ttl, fenceTTL = 150 * time.Millisecond, 100 * time.Millisecond
+	l1, c, _ := newLocker(t, lock.WithFenceTTL(fenceTTL))
+	_, nodes := redlockNodes(t, 3)
+	for name, d := range map[string]struct {
+		l     *lock.Locker
+		nodes []redis.UniversalClient
+	}{
+		"single":  {l1, []redis.UniversalClient{c}},
+		"redlock": {lock.NewRedlock(nodes, lock.WithFenceTTL(fenceTTL)), nodes},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := lock.WithOwner(context.Background(), "owner-a")
+			outer := mustAcquire(t, ctx, d.l, "kept", ttl)
+			// Shorten every counter's life, then renew: the renewal gives it
+			// ttl + fence TTL again.
+			for _, n := range d.nodes {
+				n.PExpire(ctx, d.l.FenceKey("kept"), 20*time.Millisecond)
+			}
+			if err := outer.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Redlock's Renew returns once a quorum renewed: the other
+			// nodes' renewals may still be on their way.
+			eventually(t, fenceTTL/2, "every counter renewed to ttl + fence TTL", func() bool {
+				for _, n := range d.nodes {
+					if pttl := n.PTTL(ctx, d.l.FenceKey("kept")).Val(); pttl <= ttl || pttl > ttl+fenceTTL {
+						return false
+					}
+				}
+				return true
+			})
+			// Held for twice its first ttl + fence TTL, renewed every ttl/3.
+			for end := time.Now().Add(2 * (ttl + fenceTTL)); time.Now().Before(end); {
+				time.Sleep(ttl / 3)
+				if err := outer.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			inner, err := d.l.TryAcquire(ctx, "kept", ttl)
+			if err != nil {
+				t.Fatalf("re-entry of a long hold: %v", err)
+			}
+			if inner.Fence() != outer.Fence() || inner.Token() != outer.Token() {
+				t.Fatalf("re-entry got fence %d token %q, want the hold's %d %q", inner.Fence(), inner.Token(), outer.Fence(), outer.Token())
+			}
+			for _, s := range []*lock.Lease{inner, outer} {
+				if err := s.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
