@@ -511,11 +511,15 @@ func (h *Hold) lose(reason lock.Reason) {
 	// hold may end (its work returned) while this runs, and the loss still
 	// counts once.
 	counted := h.lost.CompareAndSwap(nil, lost)
+	if counted {
+		// Counted before the holder's context ends, so that whoever sees
+		// the loss there sees it counted too.
+		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
+	}
 	ended := h.end(cause)
 	if !counted {
 		return
 	}
-	h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
 	msg := "watchdog: lock lost; handler context cancelled"
 	if !ended {
 		msg = "watchdog: lock lost as its work returned"
