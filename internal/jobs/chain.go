@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // The hand-off chain. A worker that releases a lock someone waits for grants
@@ -49,7 +51,8 @@ type grant struct {
 	fence     int64
 	ttl       time.Duration
 	sent      time.Time
-	inWorker  bool // the waiter waits in its worker (the Wait policy), not in the retry set
+	inWorker  bool              // the waiter waits in its worker (the Wait policy), not in the retry set
+	from      trace.SpanContext // tracing: the hold that handed the lock on
 }
 
 // handoff is what the release at the end of one run does, and what it found.
@@ -390,9 +393,14 @@ func (s *Server) runChained(ctx context.Context, g *grant, msg []byte, drop *str
 	}
 	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := taskContext(ctx, m)
+	rctx, span := s.trace.StartJob(rctx, tracing.JobRun{ID: job.ID, Type: job.Type, Queue: job.Queue, Attempt: job.Attempt,
+		Headers: m.Headers, HandedOnBy: g.from}) // tracing
+	rctx, wait := s.trace.StartWait(rctx, g.resource) // tracing
+	wait.Granted()
 	stop := s.keepClaim(m.Queue, m.ID)
 	h := &handoff{mark: 'a', drop: *drop}
 	err = s.run(rctx, spec, job, payload, lease, h)
+	span.End(jobOutcome(span, err), failed(err)) // tracing
 	stop()
 	cancel()
 	if h.dropped {

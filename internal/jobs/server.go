@@ -12,12 +12,14 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -81,6 +83,8 @@ type Params struct {
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
 	Config   Config
+	// Tracing traces every run (tracing.go); nil or no-op: off.
+	Tracing trace.TracerProvider `optional:"true"`
 }
 
 // Server runs registered handlers for tasks from asynq, each under its
@@ -92,6 +96,7 @@ type Server struct {
 	registry *Registry
 	metrics  *metrics.Metrics
 	log      *slog.Logger
+	trace    *tracing.Tracer // nil: off
 	cfg      Config
 	srv      *asynq.Server
 
@@ -116,6 +121,7 @@ func NewServer(p Params) *Server {
 		registry: p.Registry,
 		metrics:  metrics.OrNop(p.Metrics),
 		log:      cmp.Or(p.Logger, slog.New(slog.DiscardHandler)),
+		trace:    tracing.New(p.Tracing),
 		cfg:      c,
 		holds:    map[*watchdog.Hold]struct{}{},
 	}
@@ -156,7 +162,7 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 // Start after Stop fails.
 func (s *Server) Start(context.Context) error {
 	return s.life.Start(func() error {
-		if err := s.srv.Start(s); err != nil {
+		if err := s.srv.Start(s.handler()); err != nil {
 			return fmt.Errorf("jobs: start: %w", err)
 		}
 		s.log.Info("worker started", "queues", s.cfg.Queues, "concurrency", s.cfg.Concurrency, "types", s.registry.Len())
@@ -260,7 +266,8 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
-	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
+	ctx = lock.WithJob(ctx, job.ID, job.Type)     // the lock's value names the job, for `lockstep locks`
+	ctx, _ = s.trace.StartWait(ctx, job.Resource) // tracing: ended by the hold, or by the job's end
 	if s.locker.Backend() != "single" {
 		// Redlock and etcd keep the locks away from the queue's Redis: the
 		// hand-off (one script over the lock and the queue) cannot span
@@ -273,11 +280,15 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
 	case r.done:
 		return s.replay(job, r.outcome)
+	case r.granted:
+		s.trace.WaitGranted(ctx) // tracing
 	case r.lease == nil:
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		s.trace.WaitBusy(ctx, r.ahead) // tracing
 		if r.lease, err = s.contended(ctx, t, spec, job, ttl, r); r.lease == nil {
 			return err
 		}
+		s.trace.WaitGranted(ctx) // tracing: a waiter's lock comes from the release before it
 	}
 	return s.serve(ctx, spec, job, payload, r.lease)
 }
@@ -388,8 +399,11 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease, h *handoff) error {
 	hctx := ctx
 	var hold *watchdog.Hold
+	var span *tracing.Hold
 	if lease != nil {
+		ctx, span = s.trace.StartHold(ctx, job.Resource, lease.Fence()) // tracing
 		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
+		span.Watch(hctx) // tracing: a loss is an event at once
 		s.track(hold)
 		defer s.untrack(hold)
 		job.Fence = lease.Fence()
@@ -413,6 +427,10 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		if lost, relErr = hold.Finish(ctx, opts...); relErr != nil {
 			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
 		}
+		if h != nil && h.next != nil {
+			h.next.from = span.SpanContext() // tracing: the next run links to this hold
+		}
+		span.End(lost, h != nil && h.next != nil) // tracing
 	}
 
 	if lost != nil {
