@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/script"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // Errors of the Store.
@@ -198,7 +199,9 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 	if s.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(s.Timeout))
 	}
-	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTask(s.Task, s.Payload), opts...); err != nil {
+	// The caller's trace context, if any, goes with the task (tracing).
+	task := asynq.NewTaskWithHeaders(s.Task, s.Payload, tracing.Inject(ctx))
+	if _, err := st.enq.EnqueueContext(ctx, task, opts...); err != nil {
 		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
 	}
 	st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickDone, TaskID: id, Leader: "trigger"})
