@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -27,8 +28,9 @@ type Provider struct {
 }
 
 // FromEnv builds the provider the standard OTEL_* variables ask for, read
-// through lookup; service is the service.name unless OTEL_SERVICE_NAME sets
-// it. With none of them set it is a no-op provider: tracing off.
+// through lookup (nil: the process's own); service is the service.name
+// unless OTEL_SERVICE_NAME sets it. With none of them set it is a no-op
+// provider: tracing off.
 //
 //   - OTEL_SDK_DISABLED=true, or OTEL_TRACES_EXPORTER=none: off.
 //   - OTEL_TRACES_EXPORTER: otlp, console (to stderr), or both
@@ -43,6 +45,9 @@ type Provider struct {
 //
 // Spans are exported in batches (OTEL_BSP_* tune the batcher).
 func FromEnv(ctx context.Context, lookup func(string) (string, bool), service string, stderr io.Writer) (*Provider, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
 	get := func(k string) string {
 		v, _ := lookup(k)
 		return strings.TrimSpace(v)

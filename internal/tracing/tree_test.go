@@ -391,3 +391,30 @@ func TestLossIsAnEventOnTheHold(t *testing.T) {
 		t.Errorf("job status %q, want the loss", job.Status.Description)
 	}
 }
+
+// A trigger, traced, is a tick of its own (replica "trigger") whose enqueue
+// the job's span is a child of, through the task's headers.
+func TestTriggerIsATickOfItsOwn(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	cli, work := newRecorder(t), newRecorder(t)
+	startWorker(t, srv, work, 1, orderSpec(func(context.Context, jobs.Job) error { return nil }))
+	file := []config.Schedule{{
+		Name: "settle", Cron: "0 2 * * *", Timezone: "UTC", Task: "test:order", Payload: json.RawMessage(`{"order_id":"5"}`),
+		Queue: "default", MaxRetry: 3, CatchUp: config.CatchUpSkip,
+	}}
+	id, err := scheduler.NewStore(srv.Client(), "").Traced(cli.tp).Trigger(t.Context(), "settle", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := work.waitSpan(t, tracing.SpanJob, with(tracing.AttrTaskID, id))
+	tick := cli.waitSpan(t, tracing.SpanTick, nil)
+	enqueue := cli.waitSpan(t, tracing.SpanEnqueue, childOf(tick))
+	wantAttrs(t, tick, map[attribute.Key]string{
+		tracing.AttrSchedule: "settle", tracing.AttrReplica: "trigger", tracing.AttrOutcome: tracing.TickEnqueued,
+	})
+	if job.Parent.SpanID() != enqueue.SpanContext.SpanID() || job.SpanContext.TraceID() != tick.SpanContext.TraceID() {
+		t.Errorf("triggered job's parent %v in trace %v, want the enqueue %v in the trigger's trace %v",
+			job.Parent.SpanID(), job.SpanContext.TraceID(), enqueue.SpanContext.SpanID(), tick.SpanContext.TraceID())
+	}
+}
