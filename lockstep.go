@@ -28,9 +28,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -95,6 +97,7 @@ func WithOwner(ctx context.Context, owner string) context.Context {
 type Locker struct {
 	locker   *lock.Locker
 	watchdog *watchdog.Watchdog
+	trace    *tracing.Tracer // nil: off
 }
 
 // Option configures a Locker.
@@ -104,6 +107,17 @@ type lockerConfig struct {
 	lock      []lock.Option
 	watchdog  watchdog.Options
 	noNotices bool
+	tracing   trace.TracerProvider
+}
+
+// WithTracerProvider traces every WithLock call with tp, in the caller's
+// trace (the span in WithLock's context): a lockstep.lock.wait span for
+// taking the lock and a lockstep.lock.hold span for running fn under it, fn's
+// context being the hold's. A lost lock is an event on the hold span. The
+// span and attribute names are listed in the README. Without this option
+// (or with a nil or no-op tp) WithLock traces nothing.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *lockerConfig) { c.tracing = tp }
 }
 
 // WithoutNotices turns off the server notices (Redis client tracking) that
@@ -144,7 +158,7 @@ func NewLocker(client redis.UniversalClient, opts ...Option) *Locker {
 	if !c.noNotices {
 		c.watchdog.Notifier = watchdog.Tracking(client, locker.KeyPrefix(), nil)
 	}
-	return &Locker{locker: locker, watchdog: watchdog.New(c.watchdog)}
+	return &Locker{locker: locker, watchdog: watchdog.New(c.watchdog), trace: tracing.New(c.tracing)}
 }
 
 // Close stops renewing; functions still running under WithLock see their
@@ -214,22 +228,35 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 		o(&c)
 	}
 	var lease *lock.Lease
+	ctx, wait := l.trace.StartWait(ctx, key) // tracing: ended by StartHold, or below
 	if c.wait > 0 {
-		lease, err = l.locker.Acquire(ctx, key, c.ttl, lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff))
+		opts := []lock.AcquireOption{lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff)}
+		var attempts int
+		if wait != nil {
+			opts = append(opts, lock.CountAttempts(&attempts))
+		}
+		lease, err = l.locker.Acquire(ctx, key, c.ttl, opts...)
+		if attempts > 1 {
+			wait.Granted() // it waited: the lock came from the holder before it
+		}
 	} else {
 		lease, err = l.locker.TryAcquire(ctx, key, c.ttl)
 	}
 	if err != nil {
+		wait.Fail(err)
 		return err
 	}
 	var holdOpts []watchdog.HoldOption
 	if c.maxHold > 0 {
 		holdOpts = append(holdOpts, watchdog.MaxHold(c.maxHold))
 	}
+	ctx, span := l.trace.StartHold(ctx, key, lease.Fence()) // tracing
 	hctx, hold := l.watchdog.Hold(ctx, lease, holdOpts...)
+	span.Watch(hctx)
 
 	defer func() {
 		lost, _ := hold.Finish(ctx)
+		span.End(lost, false)
 		if r := recover(); r != nil {
 			panic(r) // released above; the panic is the caller's to see
 		}

@@ -101,7 +101,8 @@ func (c *Client) Resume(ctx context.Context, name string) (bool, error) {
 }
 
 // Trigger enqueues one task of the schedule now and returns its task id,
-// "<schedule>:trigger:<unix ms>-<random hex>".
+// "<schedule>:trigger:<unix ms>-<random hex>". The trace context of ctx, if
+// any, goes in the task's headers: the worker's job span joins that trace.
 func (c *Client) Trigger(ctx context.Context, name string) (string, error) {
 	return c.st.Trigger(ctx, name, nil)
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 )
 
@@ -139,6 +141,22 @@ type validator interface{ Validate() error }
 // a worker of your own registers it only with DemoJob or with worker.demo:
 // true in its configuration.
 func DemoJob() Handler { return demoJob{} }
+
+// WithTracerProvider makes the worker trace with tp instead of the provider
+// the standard OTEL_* variables configure: every run of a task is a
+// lockstep.job span (a child of the trace context its enqueue put in the
+// task's headers), with lockstep.lock.wait and lockstep.lock.hold spans for
+// its lock; a handler's context carries the hold's span (or the job's, for a
+// task without a lock). The program keeps tp and shuts it down. It is passed
+// among the handlers of Main or Run.
+func WithTracerProvider(tp trace.TracerProvider) Handler { return tracerProvider{tp} }
+
+// tracerProvider is WithTracerProvider's marker.
+type tracerProvider struct{ tp trace.TracerProvider }
+
+func (tracerProvider) spec() (jobs.Spec, error) {
+	return jobs.Spec{}, errors.New("worker: a tracer provider is not a handler")
+}
 
 // demoJob is DemoJob's marker: the demo's spec needs the worker's Redis
 // client and id, so the app builds it.

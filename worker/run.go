@@ -5,12 +5,14 @@ import (
 	"io"
 	"log/slog"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/role"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // DefaultConfigPath is where Run looks for the configuration when --config is
@@ -84,8 +86,13 @@ func (e Env) Run(ctx context.Context, handlers ...Handler) error {
 	if err != nil {
 		return err
 	}
+	tp, endTracing, err := tracing.ForRole(ownTracerProvider(handlers), env.Lookup(), "lockstep-worker", env.Errors())
+	if err != nil {
+		return role.ConfigError(err)
+	}
+	defer endTracing() // after the app stopped: the last spans are flushed
 	log := config.NewLogger(cfg.Log, env.Errors())
-	app := fx.New(appOptions(cfg, hs, log))
+	app := fx.New(appOptions(cfg, hs, log), fx.Provide(func() trace.TracerProvider { return tp }))
 	return role.Run(ctx, app, log, "lockstep worker running", "redis", cfg.Redis, "http", cfg.HTTP.Addr)
 }
 
@@ -111,6 +118,9 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	for _, h := range handlers {
 		if _, ok := h.(demoJob); ok {
 			cfg.Worker.Demo = true
+			continue
+		}
+		if _, ok := h.(tracerProvider); ok {
 			continue
 		}
 		own = append(own, h)
@@ -143,4 +153,15 @@ func loadConfig(env role.Env) (*config.WorkerConfig, error) {
 		cfg.HTTP.Addr = f.HTTPAddr
 	}
 	return cfg, nil
+}
+
+// ownTracerProvider is the provider passed among handlers
+// (WithTracerProvider), or nil.
+func ownTracerProvider(handlers []Handler) trace.TracerProvider {
+	for _, h := range handlers {
+		if t, ok := h.(tracerProvider); ok && t.tp != nil {
+			return t.tp
+		}
+	}
+	return nil
 }

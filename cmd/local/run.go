@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -284,6 +285,11 @@ func (l *localRun) header(scfg *config.SchedulerConfig, addr string, embedded bo
 		fmt.Fprintf(l.out, "  %-12s %s\n", w.name, w.metricsURL())
 	}
 	fmt.Fprintf(l.out, "  %-12s redis-cli -h %s -p %s XRANGE %s - +\n", "executions", host, port, l.execs.stream)
+	if endpoint := cmp.Or(l.lookup("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), l.lookup("OTEL_EXPORTER_OTLP_ENDPOINT")); endpoint != "" {
+		services := cmp.Or(l.lookup("OTEL_SERVICE_NAME"), "lockstep-scheduler and lockstep-worker")
+		fmt.Fprintf(l.out, "  %-12s sent by OTLP to %s: in its UI (Jaeger's: http://localhost:16686) find service %s, operation lockstep.tick\n",
+			"traces", endpoint, services)
+	}
 	until := "Ctrl-C stops"
 	if l.opts.duration > 0 {
 		until = fmt.Sprintf("stops after %v", l.opts.duration)
@@ -423,4 +429,10 @@ func configError(err error) error {
 			"--scheduler-config and --worker-config)", errConfig, err)
 	}
 	return fmt.Errorf("%w: %w", errConfig, err)
+}
+
+// lookup is the run's variable k, "" when unset.
+func (l *localRun) lookup(k string) string {
+	v, _ := l.env(k)
+	return v
 }

@@ -23,6 +23,7 @@ type app struct {
 	client         redis.UniversalClient // from the config's redis section
 	prefix         string                // key prefix, default "lockstep:"
 	config         *config.OperatorConfig
+	env            func(string) (string, bool) // the process's variables (OTEL_* for tracing)
 }
 
 // subcommand runs one subcommand; it returns the exit code: 0 done, 1 not

@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	default:
 		defer a.client.Close()
 	}
-	a.stdin, a.stdout, a.stderr = stdin, stdout, stderr
+	a.stdin, a.stdout, a.stderr, a.env = stdin, stdout, stderr, env
 	return cmd(ctx, a, rest[1:])
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 const (
@@ -173,8 +174,14 @@ func schedulesByName(ctx context.Context, a *app, verb string, args []string) in
 			fmt.Fprintf(a.stdout, "schedule %s removed\n", name)
 		}
 	case "trigger":
+		tp, endTracing, terr := tracing.ForRole(nil, a.env, "lockstep", a.stderr) // OTEL_*: the triggered run's trace
+		if terr != nil {
+			fmt.Fprintln(a.stderr, "lockstep schedules trigger:", terr)
+			return 2
+		}
+		defer endTracing()
 		var id string
-		if id, err = st.Trigger(ctx, name, file); err == nil {
+		if id, err = st.Traced(tp).Trigger(ctx, name, file); err == nil {
 			fmt.Fprintf(a.stdout, "schedule %s triggered: task %s\n", name, id)
 		}
 	}

@@ -420,6 +420,7 @@ func TestBadConfigExits2(t *testing.T) {
 		{"env fence ttl below its floor", "", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_FENCE_TTL=100ms"}, []string{"LOCKSTEP_LOCK_FENCE_TTL", "at least 2s", "got 100ms"}},
 		{"missing redis address", "worker:\n  concurrency: 3\n", nil, []string{"redis.addr", "required"}},
 		{"bad env", "worker:\n  concurrency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT=soon"}, []string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT", `"soon"`}},
+		{"bad tracing env", "worker:\n  concurrency: 3\n", []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "OTEL_TRACES_EXPORTER=zipkin"}, []string{"OTEL_TRACES_EXPORTER", `"zipkin"`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -437,7 +438,7 @@ func TestBadConfigExits2(t *testing.T) {
 			if strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "\n") {
 				t.Fatalf("stderr is not one line: %q", out)
 			}
-			if c.env == nil || !strings.Contains(c.want[0], "LOCKSTEP") {
+			if c.env == nil || !strings.Contains(c.want[0], "LOCKSTEP") && !strings.HasPrefix(c.want[0], "OTEL_") {
 				c.want = append(c.want, path)
 			}
 			for _, w := range c.want {

@@ -20,7 +20,8 @@ type TaskMsg struct {
 	Deadline  int64 // Unix seconds, 0 none
 	UniqueKey string
 	GroupKey  string
-	Retention int64 // seconds
+	Retention int64             // seconds
+	Headers   map[string]string // the trace context, when its enqueue was traced
 }
 
 // DecodeTaskMsg reads the fields above, skipping the rest. It collects the
@@ -30,6 +31,7 @@ func DecodeTaskMsg(b []byte) (TaskMsg, error) {
 	const fields = 15 // the highest field number read, and one
 	var vs [fields]uint64
 	var bs [fields][]byte
+	var headers map[string]string
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -51,6 +53,15 @@ func DecodeTaskMsg(b []byte) (TaskMsg, error) {
 		}
 		b = b[n:]
 		switch {
+		case num == headersField && typ == protowire.BytesType:
+			k, v, err := decodeHeader(s)
+			if err != nil {
+				return TaskMsg{}, err
+			}
+			if headers == nil {
+				headers = map[string]string{}
+			}
+			headers[k] = v
 		case num >= fields:
 		case typ == protowire.VarintType:
 			vs[num] = v
@@ -63,9 +74,41 @@ func DecodeTaskMsg(b []byte) (TaskMsg, error) {
 		UniqueKey: string(bs[10]), GroupKey: string(bs[14]),
 		Retry: int(int32(vs[5])), Retried: int(int32(vs[6])),
 		Timeout: int64(vs[8]), Deadline: int64(vs[9]), Retention: int64(vs[12]),
+		Headers: headers,
 	}
 	if m.ID == "" || m.Type == "" {
 		return m, fmt.Errorf("asynq task message without id or type")
 	}
 	return m, nil
+}
+
+// headersField is the field number of TaskMessage's map<string, string>
+// headers: each entry is a message of key (1) and value (2).
+const headersField = 15
+
+func decodeHeader(b []byte) (k, v string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", "", fmt.Errorf("asynq task message: header: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		} else {
+			var s []byte
+			s, n = protowire.ConsumeBytes(b)
+			switch num {
+			case 1:
+				k = string(s)
+			case 2:
+				v = string(s)
+			}
+		}
+		if n < 0 {
+			return "", "", fmt.Errorf("asynq task message: header: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+	}
+	return k, v, nil
 }

@@ -5,7 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hibiken/asynq"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // DecodeTaskMsg reads asynq's fields by number and wire type, skips the
@@ -62,5 +65,29 @@ func TestDecodeTaskMsg(t *testing.T) {
 		if _, err := DecodeTaskMsg(c.msg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
 		}
+	}
+}
+
+// The headers of a task (its trace context) are read from the message as
+// asynq v0.26 stores it, so that a handed-on run joins its task's trace.
+func TestDecodeTaskMsgHeadersAsAsynqStoresThem(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	enq := asynq.NewClientFromRedisClient(srv.Client())
+	t.Cleanup(func() { _ = enq.Close() })
+	want := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "k=v"}
+	if _, err := enq.Enqueue(asynq.NewTaskWithHeaders("t:h", []byte("p"), want), asynq.TaskID("h1")); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := srv.Client().HGet(t.Context(), queuePrefix("default")+"t:h1", "msg").Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := DecodeTaskMsg(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(m.Headers, want) || m.ID != "h1" || m.Type != "t:h" {
+		t.Errorf("decoded id %q type %q headers %v, want h1, t:h and %v", m.ID, m.Type, m.Headers, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
@@ -59,6 +60,9 @@ type benchRig struct {
 	// always older than NoticeAfter (a long job in another slot); by
 	// default they run only while one is.
 	noticesOn bool
+	// traced has serveLocked trace every job (tracing_bench_test.go).
+	traced bool
+	spans  *sdktrace.TracerProvider // the traced rig's provider
 }
 
 func newBenchRig(b *testing.B) *benchRig {
@@ -104,6 +108,7 @@ func (r *benchRig) serveLocked(b *testing.B, cfg Config, specs ...Spec) (stop fu
 	srv := NewServer(Params{
 		Client: r.client, Locker: locker, Watchdog: wd,
 		Registry: reg, Metrics: r.metrics, Config: cfg,
+		Tracing: r.tracerProvider(b),
 	})
 	r.srv = srv
 	if err := srv.Start(context.Background()); err != nil {
@@ -204,10 +209,12 @@ func (r *benchRig) info(b *testing.B, section, field string) float64 {
 // fourth mode is the floor of any lock that costs a round trip to take and
 // one to release: plain asynq whose handler sends SET NX PX and DEL (no
 // fence, no watchdog, no hand-off, no notices), so that the middleware's
-// figure can be read against what its two round trips cost alone.
+// figure can be read against what its two round trips cost alone. A fifth,
+// "locked-traced", is "locked" with tracing on: a span per job, wait and
+// hold, exported in batches by OTLP/HTTP to a local collector stub.
 func BenchmarkThroughput(b *testing.B) {
 	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
-	modes := []string{"asynq", "asynq-setnx-del", "locked", "locked-notices-on"}
+	modes := []string{"asynq", "asynq-setnx-del", "locked", "locked-notices-on", "locked-traced"}
 	// The modes take turns, in rounds of b.N/rounds jobs each (the order
 	// rotating), on a Redis of their own: a noisy machine slows them alike,
 	// and each round gives a ratio to the asynq run beside it.
@@ -217,6 +224,7 @@ func BenchmarkThroughput(b *testing.B) {
 	for i, mode := range modes {
 		rigs[i] = newBenchRig(b)
 		rigs[i].noticesOn = mode == "locked-notices-on"
+		rigs[i].traced = mode == "locked-traced"
 	}
 	totals := make([]throughputRun, len(modes))
 	ratios := make([][]float64, len(modes))
@@ -306,7 +314,9 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 		})
 	}
 	waitDone(b, c.done, 5*time.Minute)
-	run := throughputRun{jobs: n, elapsed: time.Since(began), client: r.counter.n.Load(), goCPU: proctest.SelfCPU(b) - cpu0}
+	elapsed := time.Since(began)
+	r.flushSpans(b) // exported on this mode's CPU, not the next one's
+	run := throughputRun{jobs: n, elapsed: elapsed, client: r.counter.n.Load(), goCPU: proctest.SelfCPU(b) - cpu0}
 	st := r.stats(b)
 	run.server, run.redisCPU = st.commands, st.cpu
 	stop()

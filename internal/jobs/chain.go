@@ -8,11 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // The hand-off chain. A worker that releases a lock someone waits for grants
@@ -46,9 +49,10 @@ type handoff struct {
 	drop    string // done marker to drop in the same call (its task is complete), "" none
 	outcome string // the finished run's outcome, set by run before the release; "" none (interrupted)
 
-	next    *lock.TaskGrant // the lock was handed on to this waiting task
-	marked  bool            // the finished task was marked done
-	dropped bool            // drop was dropped
+	next    *lock.TaskGrant   // the lock was handed on to this waiting task
+	from    trace.SpanContext // tracing: the hold that handed it on
+	marked  bool              // the finished task was marked done
+	dropped bool              // drop was dropped
 }
 
 // release returns the release function for Finish: it releases lease and,
@@ -97,7 +101,7 @@ func (s *Server) chaining(ctx context.Context) bool {
 // slot. The done marker of the task asynq delivered is left to expire: asynq
 // completes that task only after the chain returns, and a worker killed in
 // between leaves it to be delivered again, which must read the marker.
-func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
+func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext) {
 	var done *finished
 	drop := ""
 	for g != nil {
@@ -126,7 +130,7 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant) {
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
-		g, done = s.runChained(ctx, g, msg, &drop)
+		g, from, done = s.runChained(ctx, g, from, msg, &drop)
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
@@ -277,7 +281,7 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 
 // runChained runs a claimed task under its granted lock. It returns the
 // next grant, and the task when asynq still has to complete it.
-func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, drop *string) (*lock.TaskGrant, *finished) {
+func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, msg []byte, drop *string) (*lock.TaskGrant, trace.SpanContext, *finished) {
 	m, err := asynqstore.DecodeTaskMsg(msg)
 	var spec *Spec
 	if err == nil {
@@ -295,16 +299,21 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, 
 	if err != nil {
 		s.log.Info("handed-on task not run here; left to asynq", "resource", g.Resource, "id", g.ID, "err", err)
 		s.deliver(ctx, g)
-		return nil, nil
+		return nil, trace.SpanContext{}, nil
 	}
 	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.Resource}
 	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL)
 	lease := s.locker.Adopt(g, ttl)
 	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := taskContext(ctx, m)
+	rctx, span := s.trace.StartJob(rctx, tracing.JobRun{ID: job.ID, Type: job.Type, Queue: job.Queue, Attempt: job.Attempt,
+		Headers: m.Headers, HandedOnBy: from}) // tracing
+	rctx, wait := s.trace.StartWait(rctx, g.Resource) // tracing
+	wait.Granted()
 	stop := s.keepClaim(m.Queue, m.ID)
 	h := &handoff{chained: true, drop: *drop}
 	err = s.run(rctx, spec, job, payload, lease, h)
+	span.End(jobOutcome(span, err), failed(err)) // tracing
 	stop()
 	cancel()
 	s.recovery.left(g.Resource, m.Queue, m.ID)
@@ -316,7 +325,7 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, 
 		marker = s.locker.DoneKey(g.Resource, m.Queue, m.ID)
 	}
 	if err == nil && (m.Retention == 0 || marker == "") {
-		return h.next, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker}
+		return h.next, h.from, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker}
 	}
 	// asynq does the rest: a failure's retry or archive (the marker
 	// replays the outcome), a completion kept for its retention, or a run
@@ -326,7 +335,7 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, msg []byte, 
 		s.log.Warn("returning a handed-on task to asynq failed; it comes back when its lease passes", "id", m.ID, "err", werr)
 	}
 	wcancel()
-	return h.next, nil
+	return h.next, h.from, nil
 }
 
 // taskContext bounds a chained run by its task's own timeout and deadline,

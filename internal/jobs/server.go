@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
@@ -19,6 +20,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -79,6 +81,8 @@ type Params struct {
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
 	Config   Config
+	// Tracing traces every run (tracing.go); nil or no-op: off.
+	Tracing trace.TracerProvider `optional:"true"`
 }
 
 // Server runs registered handlers for tasks from asynq, each under its
@@ -90,6 +94,7 @@ type Server struct {
 	registry *Registry
 	metrics  *metrics.Metrics
 	log      *slog.Logger
+	trace    *tracing.Tracer // nil: off
 	cfg      Config
 	srv      *asynq.Server
 	store    *asynqstore.Store // asynq's tasks, for the hand-off
@@ -119,6 +124,7 @@ func NewServer(p Params) *Server {
 		registry: p.Registry,
 		metrics:  metrics.OrNop(p.Metrics),
 		log:      cmp.Or(p.Logger, slog.New(slog.DiscardHandler)),
+		trace:    tracing.New(p.Tracing),
 		cfg:      c,
 		holds:    map[*watchdog.Hold]struct{}{},
 		store:    asynqstore.New(p.Client),
@@ -181,7 +187,7 @@ func (s *Server) Start(context.Context) error {
 			s.grants = cancel
 			s.bg.Go(func() { s.runRecovery(ctx) })
 		}
-		if err := s.srv.Start(s); err != nil {
+		if err := s.srv.Start(s.handler()); err != nil {
 			s.grants()
 			return fmt.Errorf("jobs: start: %w", err)
 		}
@@ -290,7 +296,8 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
-	ctx = lock.WithJob(ctx, job.ID, job.Type) // the lock's value names the job, for `lockstep locks`
+	ctx = lock.WithJob(ctx, job.ID, job.Type)     // the lock's value names the job, for `lockstep locks`
+	ctx, _ = s.trace.StartWait(ctx, job.Resource) // tracing: ended by the hold, or by the job's end
 	if !s.handsOff {
 		// Redlock and etcd keep the locks away from the queue's Redis: the
 		// hand-off (one script over the lock and the queue) cannot span
@@ -308,11 +315,15 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
 	case r.Done:
 		return s.replay(job, r.Outcome)
+	case r.Granted:
+		s.trace.WaitGranted(ctx) // tracing
 	case r.Lease == nil:
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
+		s.trace.WaitBusy(ctx, r.Ahead) // tracing
 		if r.Lease, err = s.contended(ctx, t, spec, job, ttl, r); r.Lease == nil {
 			return err
 		}
+		s.trace.WaitGranted(ctx) // tracing: a waiter's lock comes from the release before it
 	}
 	return s.serve(ctx, spec, job, payload, r.Lease)
 }
@@ -323,7 +334,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 	h := &handoff{}
 	err := s.run(ctx, spec, job, payload, lease, h)
 	if h.next != nil {
-		s.chain(ctx, h.next)
+		s.chain(ctx, h.next, h.from)
 	}
 	s.recovery.left(job.Resource, job.Queue, job.ID) // asynq records it as this returns
 	return err
@@ -428,8 +439,11 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease, h *handoff) error {
 	hctx := ctx
 	var hold *watchdog.Hold
+	var span *tracing.Hold
 	if lease != nil {
+		ctx, span = s.trace.StartHold(ctx, job.Resource, lease.Fence()) // tracing
 		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
+		span.Watch(hctx) // tracing: a loss is an event at once
 		s.track(hold)
 		defer s.untrack(hold)
 		job.Fence = lease.Fence()
@@ -453,6 +467,10 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		if lost, relErr = hold.Finish(ctx, opts...); relErr != nil {
 			s.log.Warn("release failed; the lock expires within its TTL", "resource", job.Resource, "err", relErr)
 		}
+		if h != nil && h.next != nil {
+			h.from = span.SpanContext() // tracing: the next run links to this hold
+		}
+		span.End(lost, h != nil && h.next != nil) // tracing
 	}
 
 	if lost != nil {

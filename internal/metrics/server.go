@@ -65,6 +65,9 @@ func NewServer(addr string, g prometheus.Gatherer, checks map[string]func(contex
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorLog:      errLog,
 		ErrorHandling: promhttp.ContinueOnError,
+		// OpenMetrics when the scraper asks for it (Accept): the format that
+		// carries the histograms' exemplars (trace ids).
+		EnableOpenMetrics: true,
 	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

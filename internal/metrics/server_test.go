@@ -75,6 +75,37 @@ func TestServerEndpoints(t *testing.T) {
 	}
 }
 
+// /metrics answers in OpenMetrics, with the histograms' exemplars (trace
+// ids), to a scraper that asks for it, and in the Prometheus text format
+// otherwise.
+func TestServerMetricsOpenMetricsWithExemplars(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.LockHeld.(prometheus.ExemplarObserver).ObserveWithExemplar(0.2, prometheus.Labels{"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"})
+	s := startServer(t, reg, nil)
+	req, err := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/openmetrics-text") {
+		t.Errorf("Content-Type %q, want OpenMetrics", ct)
+	}
+	if !strings.Contains(string(body), `# {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 0.2`) {
+		t.Errorf("OpenMetrics body has no exemplar:\n%s", body)
+	}
+	if _, plain := get(t, s, "/metrics"); strings.Contains(plain, "trace_id") || !strings.Contains(plain, "lockstep_lock_held_seconds_count 1") {
+		t.Errorf("plain /metrics: %q", plain)
+	}
+}
+
 func TestServerReadiness(t *testing.T) {
 	t.Parallel()
 	ok := func(context.Context) error { return nil }

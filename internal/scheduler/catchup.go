@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // scanBudget bounds how many ticks one enumeration walks before it starts
@@ -81,15 +82,19 @@ func (s *Scheduler) watermark(ctx context.Context, e *entry) (time.Time, bool, e
 
 // skip moves the watermark over the ticks up to last, which the policy
 // drops, and counts those this call moved it over as missed.
-func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) error {
+func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) (err error) {
+	ctx, span := s.trace.StartTick(ctx, e.name, last, s.id) // tracing: the last tick skipped
+	defer func() { span.Fail(err); span.End() }()
 	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, last.Unix(), s.stateTTL.Milliseconds(), historyLen)
 	if err != nil {
 		return err
 	}
 	a, _ := res.([]any)
 	if len(a) != 2 || a[0] != int64(1) {
+		span.Outcome(tracing.TickFollower)
 		return nil // another replica moved it
 	}
+	span.Outcome(tracing.TickSkipped)
 	prev, _ := a[1].(string)
 	if u, err := strconv.ParseInt(prev, 10, 64); err == nil {
 		_, n, _ := between(e.spec, time.Unix(u, 0), last, 0)

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
@@ -12,7 +13,8 @@ import (
 
 // Module provides the *Scheduler of the app's *config.SchedulerConfig over
 // its redis.UniversalClient, and runs it from the app's start to its stop.
-// *metrics.Metrics, *slog.Logger and a Clock are used when provided.
+// *metrics.Metrics, *slog.Logger, a Clock and a trace.TracerProvider are
+// used when provided.
 var Module = fx.Module("scheduler", fx.Provide(newFromFx))
 
 // Params are the Module's dependencies.
@@ -21,13 +23,14 @@ type Params struct {
 	Lifecycle fx.Lifecycle
 	Client    redis.UniversalClient
 	Config    *config.SchedulerConfig
-	Metrics   *metrics.Metrics `optional:"true"`
-	Logger    *slog.Logger     `optional:"true"`
-	Clock     Clock            `optional:"true"`
+	Metrics   *metrics.Metrics     `optional:"true"`
+	Logger    *slog.Logger         `optional:"true"`
+	Clock     Clock                `optional:"true"`
+	Tracing   trace.TracerProvider `optional:"true"`
 }
 
 func newFromFx(p Params) (*Scheduler, error) {
-	s, err := New(p.Client, p.Config, WithMetrics(p.Metrics), WithLogger(p.Logger), WithClock(p.Clock))
+	s, err := New(p.Client, p.Config, WithMetrics(p.Metrics), WithLogger(p.Logger), WithClock(p.Clock), WithTracerProvider(p.Tracing))
 	if err != nil {
 		return nil, err
 	}

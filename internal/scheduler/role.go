@@ -9,11 +9,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/role"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // DefaultConfigPath is the configuration file Run reads when --config is not
@@ -31,6 +33,9 @@ const stopTimeout = 30 * time.Second
 // and /readyz (Redis answers PING and the scheduler runs). extra options join
 // the app (cmd/local names each replica's logs and reads its registry).
 //
+// The standard OTEL_* variables configure its tracing (internal/tracing
+// FromEnv); with none set it traces nothing.
+//
 // A bad flag or configuration is an error matching role.ErrConfig, found
 // before anything starts; --help returns role.ErrHelp.
 func Run(ctx context.Context, env role.Env, extra ...fx.Option) error {
@@ -42,8 +47,13 @@ func Run(ctx context.Context, env role.Env, extra ...fx.Option) error {
 	if err != nil {
 		return role.ConfigError(err)
 	}
+	tp, endTracing, err := tracing.ForRole(nil, env.Lookup(), "lockstep-scheduler", env.Errors())
+	if err != nil {
+		return role.ConfigError(err)
+	}
+	defer endTracing() // after the app stopped: the last spans are flushed
 	log := config.NewLogger(cfg.Log, env.Errors())
-	app := fx.New(AppOptions(cfg, log), fx.Options(extra...))
+	app := fx.New(AppOptions(cfg, log), fx.Provide(func() trace.TracerProvider { return tp }), fx.Options(extra...))
 	return role.Run(ctx, app, log, "lockstep scheduler running",
 		"redis", cfg.Redis, "http", cfg.HTTP.Addr, "schedules", len(cfg.Schedules))
 }

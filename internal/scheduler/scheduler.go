@@ -14,12 +14,14 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/procid"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // Values of lockstep_scheduler_ticks_total{result}.
@@ -67,6 +69,7 @@ type Scheduler struct {
 	clock Clock
 	log   *slog.Logger
 	m     *metrics.Metrics
+	trace *tracing.Tracer // nil: tracing off
 	id    string
 	seq   atomic.Uint64
 	hooks hooks
@@ -117,6 +120,13 @@ func WithClock(c Clock) Option { return func(s *Scheduler) { s.clock = c } }
 
 // WithMetrics records tick results, lateness and leader changes in m.
 func WithMetrics(m *metrics.Metrics) Option { return func(s *Scheduler) { s.m = m } }
+
+// WithTracerProvider traces every tick (lockstep.tick) and its enqueue with
+// tp; the enqueue's trace context goes in the task's headers. A nil or no-op
+// tp is tracing off.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(s *Scheduler) { s.trace = tracing.New(tp) }
+}
 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(s *Scheduler) { s.log = l } }

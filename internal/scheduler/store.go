@@ -14,9 +14,11 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/script"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // Errors of the Store.
@@ -36,6 +38,7 @@ type Store struct {
 	prefix string
 	k      storeKeys
 	enq    *asynq.Client
+	trace  *tracing.Tracer // nil: Trigger makes no spans of its own
 }
 
 // NewStore returns the store of run-time schedules under prefix (""
@@ -45,6 +48,14 @@ func NewStore(client redis.UniversalClient, prefix string) *Store {
 		prefix = "lockstep:"
 	}
 	return &Store{client: client, prefix: prefix, k: storeKeysFor(prefix), enq: asynq.NewClientFromRedisClient(client)}
+}
+
+// Traced makes Trigger trace with tp: a lockstep.tick span (replica
+// "trigger") and its enqueue, whose context goes in the task's headers. It
+// returns st.
+func (st *Store) Traced(tp trace.TracerProvider) *Store {
+	st.trace = tracing.New(tp)
+	return st
 }
 
 // storedDef is a schedule as stored in Redis.
@@ -193,14 +204,26 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 	if err != nil {
 		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
 	}
-	id := TriggerTaskID(name, time.Now())
+	now := time.Now()
+	id := TriggerTaskID(name, now)
 	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(s.Queue), asynq.MaxRetry(s.MaxRetry)}
 	if s.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(s.Timeout))
 	}
-	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTask(s.Task, s.Payload), opts...); err != nil {
+	// tracing: a tick of its own when traced, else the caller's context
+	ctx, tick := st.trace.StartTick(ctx, name, now, "trigger")
+	defer tick.End()
+	ctx, span, headers := st.trace.StartEnqueue(ctx, s.Queue, id)
+	defer span.End()
+	if headers == nil {
+		headers = tracing.Inject(ctx)
+	}
+	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(s.Task, s.Payload, headers), opts...); err != nil {
+		span.Fail(err)
+		tick.Fail(err)
 		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
 	}
+	tick.Outcome(tracing.TickEnqueued)
 	st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickDone, TaskID: id, Leader: "trigger"})
 	return id, nil
 }

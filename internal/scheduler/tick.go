@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // kind is why a replica fires a tick.
@@ -86,10 +88,12 @@ func (s *Scheduler) claim(ctx context.Context, e *entry, tick int64, token, role
 // marks it done. It returns an error only when the claim could not be made
 // (Redis unreachable); a failure after the claim leaves the tick pending for
 // a takeover.
-func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) error {
+func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) (err error) {
 	tick := t.Unix()
+	ctx, span := s.trace.StartTick(ctx, e.name, t, s.id) // tracing: the outcome is set where it is decided
+	defer func() { span.Fail(err); span.End() }()
 	if k == takeover && s.clock.Now().Sub(t) > s.horizon {
-		return s.drop(ctx, e, t)
+		return s.drop(ctx, e, t, span)
 	}
 	finished := false
 	defer func() {
@@ -116,6 +120,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			return nil
 		}
 		if s.claimedByFirst(ctx, e, t) {
+			span.Outcome(tracing.TickFollower)
 			s.count(e, t, ResultFollower, 1)
 			return nil
 		}
@@ -133,7 +138,6 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		r, err = s.claim(ctx, e, tick, token, role)
 		return err
 	}
-	var err error
 	if k == takeover {
 		err = claimOnce(cctx)
 	} else {
@@ -146,6 +150,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	switch r.code {
 	case claimDone, claimHeld:
 		finished = r.code == claimDone && !follower // a follower's "done" may be pending
+		span.Outcome(tracing.TickFollower)
 		if k != takeover {
 			s.count(e, t, ResultFollower, 1)
 		}
@@ -155,6 +160,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			s.log.Error("clock ahead of Redis by more than max_clock_skew + 1s; not claiming (logged once a minute)",
 				"schedule", e.name, "tick", t, "redis_time", time.UnixMilli(r.n).UTC(), "max_clock_skew", s.skew)
 		}
+		span.Outcome(tracing.TickEarly)
 		s.emit(e, t, "early", 0, 0)
 		return nil
 	case claimFresh:
@@ -189,6 +195,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 		return nil
 	}
 	s.log.Debug("tick enqueued", "schedule", e.name, "tick", tick, "kind", k.String(), "result", result)
+	span.Outcome(tickOutcome(result, k))
 	if h := s.hooks.afterEnqueue; h != nil && h(e.name, t) {
 		s.crash()
 		return nil
@@ -197,6 +204,19 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 	s.m.SchedulerTicks.WithLabelValues(e.label, result).Inc()
 	s.emit(e, t, result, 1, late)
 	return nil
+}
+
+// tickOutcome is the tick span's lockstep.outcome of an enqueue's result.
+func tickOutcome(result string, k kind) string {
+	switch {
+	case result == ResultEnqueued && k == takeover:
+		return tracing.TickTakenOver
+	case result == ResultCaughtUp:
+		return tracing.TickCaughtUp
+	case result == ResultDuplicate:
+		return tracing.TickDuplicate
+	}
+	return tracing.TickEnqueued
 }
 
 // TaskID returns the asynq task id of schedule's tick at t: "<name>:<unix>".
@@ -208,9 +228,12 @@ func TaskID(schedule string, t time.Time) string {
 // sent would end. The task id makes a second enqueue of the tick fail, for as
 // long as the task is retained.
 func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, sent time.Time) (result string, late time.Duration, ok bool) {
-	task := asynq.NewTask(e.task, e.payload)
+	id := TaskID(e.name, t)
+	ctx, span, headers := s.trace.StartEnqueue(ctx, e.queue, id) // tracing: the context travels in the headers
+	defer span.End()
+	task := asynq.NewTaskWithHeaders(e.task, e.payload, headers)
 	opts := []asynq.Option{
-		asynq.TaskID(TaskID(e.name, t)),
+		asynq.TaskID(id),
 		asynq.Queue(e.queue),
 		asynq.MaxRetry(e.maxRetry),
 		asynq.Retention(s.retention),
@@ -233,6 +256,7 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 		return err
 	})
 	if err != nil {
+		span.Fail(err)
 		if ctx.Err() == nil {
 			s.log.Error("enqueue failed; the tick stays pending for a takeover", "schedule", e.name, "tick", t, "err", err)
 		}
@@ -240,7 +264,7 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 	}
 	late = s.clock.Now().Sub(t)
 	if result == ResultEnqueued {
-		s.m.SchedulerTickLateness.Observe(late.Seconds())
+		tracing.Observe(ctx, s.m.SchedulerTickLateness, late.Seconds()) // the trace id as exemplar
 	}
 	if result == ResultDuplicate {
 		s.log.Warn("tick was enqueued already", "schedule", e.name, "tick", t, "kind", k.String())
@@ -266,7 +290,7 @@ func (s *Scheduler) done(ctx context.Context, e *entry, tick int64, rec tickReco
 
 // drop removes a pending tick too old to take over safely: its task id may
 // have expired from asynq, so enqueuing it again could duplicate it.
-func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
+func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time, span *tracing.Span) error {
 	tick := t.Unix()
 	res, err := s.scripts.runBatched(ctx, "drop", e.name, scriptDone,
 		s.doneItem(e, tick, tickRecord{Tick: tick, State: TickMissed, TaskID: TaskID(e.name, t)}))
@@ -276,6 +300,7 @@ func (s *Scheduler) drop(ctx context.Context, e *entry, t time.Time) error {
 	if res != int64(1) {
 		return nil // another replica dropped it
 	}
+	span.Outcome(tracing.TickMissed)
 	s.log.Error("dropped unfinished tick older than the takeover horizon", "schedule", e.name, "tick", t, "horizon", s.horizon)
 	s.count(e, t, ResultMissed, 1)
 	return nil

@@ -11,9 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
 // ErrStopped is the cause given to holds still open when the watchdog stops.
@@ -192,6 +195,7 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 			maxHold:  w.opts.MaxHold,
 		},
 		heldFrom: time.Now(),
+		span:     trace.SpanContextFromContext(ctx),
 	}
 	c := &h.cfg // the options apply in place: nothing more to allocate
 	for _, o := range opts {
@@ -419,6 +423,7 @@ type Hold struct {
 	cfg      holdConfig
 	cancel   context.CancelCauseFunc
 	heldFrom time.Time
+	span     trace.SpanContext // the holder's span: lockstep_lock_held_seconds's exemplar
 
 	deadlineNs atomic.Int64                   // deadline as nanoseconds since epoch (monotonic), for checks at use
 	lost       atomic.Pointer[lock.LostError] // the loss, found by the watchdog or at release: set once, the gate for counting it
@@ -511,11 +516,15 @@ func (h *Hold) lose(reason lock.Reason) {
 	// hold may end (its work returned) while this runs, and the loss still
 	// counts once.
 	counted := h.lost.CompareAndSwap(nil, lost)
+	if counted {
+		// Counted before the holder's context ends, so that whoever sees
+		// the loss there sees it counted too.
+		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
+	}
 	ended := h.end(cause)
 	if !counted {
 		return
 	}
-	h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
 	msg := "watchdog: lock lost; handler context cancelled"
 	if !ended {
 		msg = "watchdog: lock lost as its work returned"
@@ -561,7 +570,7 @@ func (h *Hold) end(cause error) bool {
 	h.cancel(cause)
 	if held {
 		h.w.metrics.LocksHeld.Dec()
-		h.w.metrics.LockHeld.Observe(time.Since(h.heldFrom).Seconds())
+		tracing.ObserveIn(h.span, h.w.metrics.LockHeld, time.Since(h.heldFrom).Seconds())
 	}
 	return true
 }
