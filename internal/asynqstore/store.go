@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/lockstep-dev/lockstep/internal/script"
 )
@@ -108,6 +109,10 @@ func (s *Store) Wake(ctx context.Context, queue, id string) (Woken, error) {
 type Finished struct {
 	Queue, ID string
 	Unique    string // its unique key, "" when it has none
+	// Retention, when not 0, keeps it completed that long (asynq.Retention):
+	// Msg is then its encoded message, which gets its completion time.
+	Retention time.Duration
+	Msg       []byte
 }
 
 // Claimed is what Claim found of the next task.
@@ -132,12 +137,15 @@ func (s *Store) Claim(ctx context.Context, done *Finished, queue, id string, lea
 	}
 	p := queuePrefix(queue)
 	now := time.Now()
-	keys := []string{p + "retry", p + "t:", p + "processed:" + now.UTC().Format("2006-01-02"), p + "processed", p + "unique:", p + "t:"}
-	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), "", "", lease.Unix() + 1}
+	keys := []string{p + "retry", p + "t:", p + "processed:" + now.UTC().Format("2006-01-02"), p + "processed", p + "unique:", p + "t:", p + "completed"}
+	args := []any{"", now.Add(90 * 24 * time.Hour).Unix(), "", "", lease.Unix() + 1, "", ""}
 	if done != nil {
 		keys[1], args[0] = p+"t:"+done.ID, done.ID
 		if done.Unique != "" {
 			keys[4], args[2] = done.Unique, "1"
+		}
+		if done.Retention > 0 {
+			args[5], args[6] = now.Add(done.Retention).Unix(), completedAt(done.Msg, now)
 		}
 	}
 	if id != "" {
@@ -178,4 +186,15 @@ func (s *Store) Recover(ctx context.Context, queue, id string) (*TaskMsg, error)
 	}
 	msg, err := DecodeTaskMsg([]byte(m))
 	return &msg, err
+}
+
+// completedAtField is TaskMessage's completed_at (asynq's internal/proto).
+const completedAtField = 13
+
+// completedAt returns msg with its completion time set to now, as asynq's
+// MarkAsComplete writes it: a scalar field appended to a protobuf message
+// overrides any earlier value of it.
+func completedAt(msg []byte, now time.Time) []byte {
+	out := protowire.AppendTag(append([]byte(nil), msg...), completedAtField, protowire.VarintType)
+	return protowire.AppendVarint(out, uint64(now.Unix()))
 }

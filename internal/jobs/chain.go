@@ -37,15 +37,17 @@ import (
 // ends a task's run marks it done (with its outcome) in the same step. A
 // delivery of a marked task (the chain's worker crashed or stopped first, or
 // asynq completes the task itself: a retention, a failure) returns the
-// outcome instead of running it (take.lua). A chained task's marker is
-// dropped once claim.lua has completed the task in asynq, when no delivery
-// of it is left; every other "ok" marker stays until markerTTL, because the
-// delivery that read it can be lost too (its worker killed before asynq's
-// completion), and the next one must read it again.
+// outcome instead of running it (take.lua). A chained task that succeeded is
+// completed by the chain itself (claim.lua: deleted, or kept completed for
+// its retention) and its marker dropped with it; the delivered task's marker
+// is kept alive while the chain runs and dropped one beat after asynq got
+// its result; any other marker lives markerTTL, as long as asynq can still
+// deliver its task.
 
 // handoff is what the release at the end of one run does, and what it found.
 type handoff struct {
 	chained bool   // the finished task was itself handed on (mark it done always: asynq completes it later)
+	keep    string // the delivered task's done marker, kept alive while the chain runs
 	drop    string // done marker to drop in the same call (its task is complete), "" none
 	outcome string // the finished run's outcome, set by run before the release; "" none (interrupted)
 
@@ -60,7 +62,7 @@ type handoff struct {
 func (s *Server) release(lease *lock.Lease, job Job, h *handoff) func(context.Context) error {
 	return func(ctx context.Context) error {
 		r, err := s.locker.HandOn(ctx, lease, lock.HandOff{Chain: true, Queue: job.Queue, ID: job.ID,
-			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: markerTTL, Drop: h.drop,
+			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: s.markerTTL(), Drop: h.drop, Keep: h.keep,
 			RecoveryTTL: s.recoveryTTL(), Holds: s.recovery.holds})
 		h.next, h.marked, h.dropped = r.Next, r.Marked, r.Dropped
 		return err
@@ -85,6 +87,8 @@ func outcomeOf(ctx context.Context, err error) string {
 type finished struct {
 	queue, id, unique string
 	marker            string // its done marker, "" when none was set
+	retention         time.Duration
+	msg               []byte // its encoded message, for a completion kept for its retention
 }
 
 // chaining reports whether this slot may run another handed-on task: not
@@ -101,7 +105,7 @@ func (s *Server) chaining(ctx context.Context) bool {
 // slot. The done marker of the task asynq delivered is left to expire: asynq
 // completes that task only after the chain returns, and a worker killed in
 // between leaves it to be delivered again, which must read the marker.
-func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext) {
+func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string) {
 	var done *finished
 	drop := ""
 	for g != nil {
@@ -130,7 +134,7 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanCo
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
-		g, from, done = s.runChained(ctx, g, from, msg, &drop)
+		g, from, done = s.runChained(ctx, g, from, keep, msg, &drop)
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
@@ -159,7 +163,7 @@ func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, d
 	}
 	var fin *asynqstore.Finished
 	if done != nil {
-		fin = &asynqstore.Finished{Queue: done.queue, ID: done.id, Unique: done.unique}
+		fin = &asynqstore.Finished{Queue: done.queue, ID: done.id, Unique: done.unique, Retention: done.retention, Msg: done.msg}
 	}
 	queue, id := "", ""
 	if g != nil {
@@ -209,8 +213,9 @@ func (s *Server) chainLease() time.Duration { return s.cfg.LockTTL + max(s.cfg.L
 
 func (s *Server) leaseUntil(now time.Time) time.Time { return now.Add(s.chainLease()) }
 
-// keepClaim renews a claimed task's lease until stop is called.
-func (s *Server) keepClaim(queue, id string) (stop func()) {
+// keepClaim renews a claimed task's lease, and the delivered task's done
+// marker keep (if any), until stop is called.
+func (s *Server) keepClaim(queue, id, keep string) (stop func()) {
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -223,6 +228,9 @@ func (s *Server) keepClaim(queue, id string) (stop func()) {
 			case now := <-t.C:
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				err := s.store.ExtendClaim(ctx, queue, id, s.leaseUntil(now))
+				if keep != "" && err == nil {
+					err = s.client.PExpire(ctx, keep, s.markerTTL()).Err()
+				}
 				cancel()
 				if err != nil {
 					s.log.Warn("renewing a handed-on task's lease failed", "id", id, "err", err)
@@ -281,7 +289,7 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 
 // runChained runs a claimed task under its granted lock. It returns the
 // next grant, and the task when asynq still has to complete it.
-func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, msg []byte, drop *string) (*lock.TaskGrant, trace.SpanContext, *finished) {
+func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string, msg []byte, drop *string) (*lock.TaskGrant, trace.SpanContext, *finished) {
 	m, err := asynqstore.DecodeTaskMsg(msg)
 	var spec *Spec
 	if err == nil {
@@ -310,8 +318,8 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 		Headers: m.Headers, HandedOnBy: from}) // tracing
 	rctx, wait := s.trace.StartWait(rctx, g.Resource) // tracing
 	wait.Granted()
-	stop := s.keepClaim(m.Queue, m.ID)
-	h := &handoff{chained: true, drop: *drop}
+	stop := s.keepClaim(m.Queue, m.ID, keep)
+	h := &handoff{chained: true, drop: *drop, keep: keep}
 	err = s.run(rctx, spec, job, payload, lease, h)
 	span.End(jobOutcome(span, err), failed(err)) // tracing
 	stop()
@@ -324,12 +332,13 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 	if h.marked {
 		marker = s.locker.DoneKey(g.Resource, m.Queue, m.ID)
 	}
-	if err == nil && (m.Retention == 0 || marker == "") {
-		return h.next, h.from, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker}
+	if err == nil {
+		return h.next, h.from, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker,
+			retention: time.Duration(m.Retention) * time.Second, msg: msg}
 	}
 	// asynq does the rest: a failure's retry or archive (the marker
-	// replays the outcome), a completion kept for its retention, or a run
-	// that was interrupted (no marker: it runs again).
+	// replays the outcome), or a run that was interrupted (no marker: it
+	// runs again).
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	if _, werr := s.store.Wake(wctx, m.Queue, m.ID); werr != nil {
 		s.log.Warn("returning a handed-on task to asynq failed; it comes back when its lease passes", "id", m.ID, "err", werr)

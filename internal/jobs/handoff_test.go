@@ -80,8 +80,8 @@ func TestHandoffRunsWaitersInOrder(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, k := range e.admin.Keys(ctx, "lockstep:{hot}:done:*").Val() {
-		if v, ttl := e.admin.Get(ctx, k).Val(), e.admin.PTTL(ctx, k).Val(); v != outcomeOK || ttl <= 0 || ttl > markerTTL {
-			t.Errorf("done marker %s = %q, ttl %v; want %q expiring within %v", k, v, ttl, outcomeOK, markerTTL)
+		if v, ttl := e.admin.Get(ctx, k).Val(), e.admin.PTTL(ctx, k).Val(); v != outcomeOK || ttl <= 0 || ttl > e.srv.markerTTL() {
+			t.Errorf("done marker %s = %q, ttl %v; want %q expiring within %v", k, v, ttl, outcomeOK, e.srv.markerTTL())
 		}
 	}
 	if c := e.admin.ZCard(ctx, "lockstep:{hot}:queue").Val(); c != 0 {
@@ -283,4 +283,60 @@ func TestHandoffCompletesTasksAsAsynqDoes(t *testing.T) {
 			t.Fatalf("uniqueness locks left: %v", k)
 		}
 	}
+}
+
+// A done marker lives only as long as its task can be delivered: once the
+// chain (or asynq) completed a task, the same task id enqueued again runs
+// normally, whether it was the delivered holder or a handed-on waiter, kept
+// for a retention or not.
+func TestTaskEnqueuedAgainAfterHandOffRuns(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		mu.Lock()
+		runs[job.ID]++
+		first := job.ID == "holder" && runs[job.ID] == 1
+		mu.Unlock()
+		if first {
+			<-release
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	enqueue := func(id string, opts ...asynq.Option) {
+		t.Helper()
+		if _, err := e.enq.Enqueue(asynq.NewTask("t:hot", []byte(id)), append([]asynq.Option{asynq.TaskID(id)}, opts...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue("holder")
+	waitFor(t, 10*time.Second, "holder running", func() bool { mu.Lock(); defer mu.Unlock(); return runs["holder"] == 1 })
+	enqueue("plain")
+	e.waitState("plain", asynq.TaskStateRetry, 10*time.Second)
+	enqueue("kept", asynq.Retention(time.Second))
+	e.waitState("kept", asynq.TaskStateRetry, 10*time.Second)
+	close(release)
+	waitFor(t, 20*time.Second, "every task done", func() bool {
+		q, err := e.insp.GetQueueInfo("default")
+		return err == nil && q.Pending+q.Active+q.Retry+q.Scheduled == 0 && q.Processed == 3
+	})
+	// Once asynq lets the ids be used again (kept: after its 1 s retention),
+	// no marker is left to make a new task with the same id complete unrun.
+	waitFor(t, 10*time.Second, "no done marker left", func() bool {
+		return len(e.admin.Keys(ctx, "lockstep:{hot}:done:*").Val()) == 0
+	})
+	for _, id := range []string{"holder", "plain"} {
+		enqueue(id)
+	}
+	waitFor(t, 15*time.Second, "kept's retention over", func() bool {
+		_, err := e.enq.Enqueue(asynq.NewTask("t:hot", []byte("kept")), asynq.TaskID("kept"))
+		return err == nil
+	})
+	waitFor(t, 20*time.Second, "every id run again", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return runs["holder"] == 2 && runs["plain"] == 2 && runs["kept"] == 2
+	})
 }

@@ -54,8 +54,9 @@ type recovery struct {
 	process string // this process, host:pid
 	holds   string // its holds set
 
-	mu   sync.Mutex
-	done []any // hold records to remove at the next beat
+	mu      sync.Mutex
+	done    []any // hold records to remove at the next beat
+	markers []string // done markers to delete at the next beat
 }
 
 func newRecovery(l *lock.Locker) *recovery {
@@ -69,6 +70,14 @@ func newRecovery(l *lock.Locker) *recovery {
 func (r *recovery) left(resource, queue, id string) {
 	r.mu.Lock()
 	r.done = append(r.done, lock.HoldRecord(resource, queue, id))
+	r.mu.Unlock()
+}
+
+// forget queues a done marker for deletion at the next beat: its task left
+// this process's hands, and asynq has recorded it by then.
+func (r *recovery) forget(marker string) {
+	r.mu.Lock()
+	r.markers = append(r.markers, marker)
 	r.mu.Unlock()
 }
 
@@ -97,8 +106,8 @@ func (s *Server) runRecovery(ctx context.Context) {
 func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
 	r.mu.Lock()
-	done := r.done
-	r.done = nil
+	done, markers := r.done, r.markers
+	r.done, r.markers = nil, nil
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
@@ -108,12 +117,16 @@ func (s *Server) beat(ctx context.Context) {
 		if len(done) > 0 {
 			p.SRem(ctx, r.holds, done...)
 		}
+		if len(markers) > 0 {
+			p.Del(ctx, markers...)
+		}
 		return nil
 	})
 	if err != nil {
 		s.log.Debug("recovery beat failed", "err", err)
 		r.mu.Lock()
 		r.done = append(r.done, done...)
+		r.markers = append(r.markers, markers...)
 		r.mu.Unlock()
 	}
 }

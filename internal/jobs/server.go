@@ -333,10 +333,17 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
 	h := &handoff{}
 	err := s.run(ctx, spec, job, payload, lease, h)
+	keep := ""
+	if h.marked {
+		keep = s.locker.DoneKey(job.Resource, job.Queue, job.ID)
+	}
 	if h.next != nil {
-		s.chain(ctx, h.next, h.from)
+		s.chain(ctx, h.next, h.from, keep)
 	}
 	s.recovery.left(job.Resource, job.Queue, job.ID) // asynq records it as this returns
+	if keep != "" {
+		s.recovery.forget(keep) // and then no delivery of it is left to read its marker
+	}
 	return err
 }
 

@@ -140,8 +140,9 @@ type HandOff struct {
 	Outcome    string
 	MarkAlways bool
 	MarkerTTL  time.Duration
-	// Drop is a done marker (DoneKey) to delete in the same call.
-	Drop string
+	// Drop is a done marker (DoneKey) to delete in the same call; Keep one
+	// whose life to extend to MarkerTTL (the delivered task of a chain).
+	Drop, Keep string
 	// RecoveryTTL, when not 0, marks the finished task done for that long
 	// also when it is not marked above: a recoverer that finds this
 	// process dead before asynq completed the task replays the outcome.
@@ -191,6 +192,10 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	if h.Drop != "" {
 		drop, dropFlag = h.Drop, "1"
 	}
+	keep := ""
+	if strings.HasPrefix(h.Keep, k.lock) { // one of this resource's markers: its slot
+		keep = h.Keep
+	}
 	sent := time.Now()
 	next := ""
 	if h.Chain {
@@ -210,7 +215,7 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	}
 	v, err := run(ctx, b.client, scriptHandOn, keys,
 		lease.token, next, lease.ttl.Milliseconds(), counterTTL(lease.ttl, b.fenceTTL), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag,
-		recovery, lease.resource+"\n")
+		recovery, lease.resource+"\n", keep)
 	if err != nil {
 		return HandedOn{}, fmt.Errorf("lock: release %q: %w", lease.resource, err)
 	}

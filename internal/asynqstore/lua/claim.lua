@@ -11,21 +11,31 @@
 -- KEYS[4]  processed total         asynq:{<queue>}:processed
 -- KEYS[5]  unique key of the finished task (or any key of the queue's tag)
 -- KEYS[6]  next task's hash        asynq:{<queue>}:t:<id>
+-- KEYS[7]  completed zset          asynq:{<queue>}:completed
 -- ARGV[1]  finished task id, or "" for none
 -- ARGV[2]  expiry of the daily counter (Unix s)
 -- ARGV[3]  "1": the finished task has a unique key (KEYS[5])
 -- ARGV[4]  next task id, or "" for none
 -- ARGV[5]  lease of the next task: its new retry score (Unix s)
+-- ARGV[6]  the finished task's retention ends (Unix s), or "" for none
+-- ARGV[7]  the finished task's message with its completion time, when it
+--          has a retention (asynq keeps it completed until then)
 --
 -- Returns {done, claimed, msg}:
---   done     1 the finished task was completed as asynq's Done does; 0 it
+--   done     1 the finished task was completed as asynq's Done does
+--            (deleted, or kept completed for its retention); 0 it
 --            was no longer ours (its lease had passed and asynq took it back)
 --   claimed   1 claimed, msg is its encoded message
 --            -1 still active: on its way to the retry set
 --             0 gone, done, grouped or pending: not ours to run
 local done = 0
 if ARGV[1] ~= '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[2])
+  if ARGV[6] ~= '' then
+    redis.call('ZADD', KEYS[7], ARGV[6], ARGV[1])
+    redis.call('HSET', KEYS[2], 'msg', ARGV[7], 'state', 'completed')
+  else
+    redis.call('DEL', KEYS[2])
+  end
   if redis.call('INCR', KEYS[3]) == 1 then
     redis.call('EXPIREAT', KEYS[3], ARGV[2])
   end

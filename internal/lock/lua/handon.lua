@@ -22,6 +22,8 @@
 -- ARGV[9]  ttl in milliseconds of the finished task's marker when it is not
 --          marked above, "" for none (kept for a recoverer: the task ran,
 --          whatever asynq shows if this process dies before completing it)
+-- ARGV[11] a done marker (of this resource) to keep alive for ARGV[7] ms:
+--          the chain's delivered task, still held by asynq; "" none
 -- KEYS[7]  (optional) the holds set of the releasing process: the hold record
 --          ARGV[10] .. <task waiter> of a task handed on for the caller to run
 --          is added (see take.lua)
@@ -47,6 +49,9 @@ if cur ~= ARGV[1] then
 end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[6])
+end
+if ARGV[11] ~= '' then
+  redis.call('PEXPIRE', ARGV[11], ARGV[7])
 end
 local h = false
 if redis.call('EXISTS', KEYS[4]) == 1 then
