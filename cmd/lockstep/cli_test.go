@@ -210,6 +210,11 @@ func TestUsageAndConfigErrors(t *testing.T) {
 			t.Errorf("lockstep %v: exit %d, stderr %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
+	short := []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_BACKEND=etcd", "LOCKSTEP_LOCK_ETCD_ENDPOINTS=127.0.0.1:1",
+		"LOCKSTEP_LOCK_TTL=2s"}
+	if r := cliEnv(t, short, "", "locks"); r.code != 2 || !strings.Contains(r.stderr, "env LOCKSTEP_LOCK_TTL: must be at least 3s with lock.backend etcd") {
+		t.Errorf("lock.ttl 2s with etcd: exit %d, stderr %q; want 2 naming lock.ttl and its bound", r.code, r.stderr)
+	}
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		args []string
