@@ -93,7 +93,12 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     outlives the key.
 //   - Each call to etcd is bounded by the lock's ttl (at least 1s) when ctx
 //     has no earlier deadline: a cluster without quorum answers with an
-//     error, not a hang.
+//     error, not a hang. A renewal's keep-alives and key reads are hedged:
+//     while a copy goes unanswered, another goes to the next member, so a
+//     paused or cut-off member (the old leader, say) slows a round by a
+//     fraction of it instead of failing it.
+//   - A leader paused past the TTL may revoke the leases on resuming (etcd
+//     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
@@ -271,13 +276,19 @@ const checkBatch = 128
 // A member that does not answer (paused, cut off) leaves its calls hanging
 // rather than failing them, so each round gets a quarter of the time left
 // before ctx's deadline (the round's earliest local deadline): the watchdog
-// retries in time, and its next calls go to other members.
+// retries in time. Within a round each call is hedged (see hedged): a copy
+// that a hanging member holds is overtaken by one that the client's
+// round-robin balancer sends to the next member, so the keep-alives reach
+// the new leader in the round that finds the old one paused.
 func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []error) {
+	timeout := time.Second
 	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d) / 4
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Until(d)/4)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	copies, delay := len(b.cl.Endpoints()), timeout/4
 	sent := time.Now()
 	ids := map[clientv3.LeaseID]error{} // keep-alive result per etcd lease
 	var distinct []clientv3.LeaseID
@@ -292,7 +303,9 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 	var wg sync.WaitGroup
 	for _, id := range distinct {
 		wg.Go(func() {
-			_, err := b.cl.KeepAliveOnce(ctx, id)
+			_, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+				return b.cl.KeepAliveOnce(ctx, id)
+			})
 			mu.Lock()
 			ids[id] = err
 			mu.Unlock()
@@ -305,7 +318,9 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 			for _, s := range leases[from:to] {
 				ops = append(ops, clientv3.OpGet(s.keys.lock))
 			}
-			resp, err := b.cl.Txn(ctx).Then(ops...).Commit()
+			resp, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+				return b.cl.Txn(ctx).Then(ops...).Commit()
+			})
 			for k := from; k < to; k++ {
 				if err != nil {
 					checkErrs[k] = err
@@ -333,6 +348,52 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 			results[i] = fmt.Errorf("lock: renew %q: etcd: %w", s.resource, checkErrs[i])
 		default:
 			results[i] = keyStatus(s, kvs[i])
+		}
+	}
+}
+
+// hedged runs call, an idempotent one (a keep-alive, a read), and starts
+// another copy every delay while none has answered, up to n copies (one per
+// member): each copy is a new pick of the client's round-robin balancer, so
+// a member that hangs holds one copy, not the answer. It returns the first
+// success or lease-not-found answer; else, once every copy failed, the last
+// error. Copies still running are cancelled on return.
+func hedged[T any](ctx context.Context, n int, delay time.Duration, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		v   T
+		err error
+	}
+	answers := make(chan answer, max(n, 1))
+	started, pending := 0, 0
+	start := func() {
+		started++
+		pending++
+		go func() {
+			v, err := call(ctx)
+			answers <- answer{v, err}
+		}()
+	}
+	start()
+	next := time.NewTimer(delay)
+	defer next.Stop()
+	for {
+		select {
+		case a := <-answers:
+			pending--
+			if a.err == nil || errors.Is(a.err, rpctypes.ErrLeaseNotFound) || pending == 0 && (started >= n || ctx.Err() != nil) {
+				return a.v, a.err
+			}
+			if pending == 0 { // every copy failed quickly: try the next member now
+				start()
+				next.Reset(delay)
+			}
+		case <-next.C:
+			if started < n {
+				start()
+				next.Reset(delay)
+			}
 		}
 	}
 }
