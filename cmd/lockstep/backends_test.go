@@ -83,6 +83,11 @@ func TestLocksWaitersAndUnlockOnEtcd(t *testing.T) {
 	if r := cliEnv(t, env, "", "locks"); r.code != 0 || !containsAll(r.stdout, "lock:order:7", "task-7", "t:strict") {
 		t.Fatalf("locks on etcd: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	var page []lockView
+	getJSON(t, startUIEnv(t, env)+"/api/locks", 200, &page)
+	if len(page) != 2 || page[0].Backend != "etcd" || page[0].Fence != lease.Fence() {
+		t.Fatalf("the page's locks on etcd: %+v, want lock:order:7 first with fence %d", page, lease.Fence())
+	}
 	if r := cliEnv(t, env, "", "waiters", "lock:order:7"); r.code != 1 || !strings.Contains(r.stderr, "no task waits") {
 		t.Fatalf("waiters on etcd: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -126,6 +131,11 @@ func TestLocksAndUnlockOnRedlock(t *testing.T) {
 	if len(ls) != 1 || ls[0].Backend != "redlock" || ls[0].Fence != lease.Fence() || ls[0].TaskID != "task-1" ||
 		!slices.Equal(ls[0].Nodes, addrs) || ls[0].TTLMs <= 0 || ls[0].TTLMs > 2000 {
 		t.Fatalf("locks on redlock: %+v, want lock:order:1 on %v with fence %d", ls, addrs, lease.Fence())
+	}
+	var page []lockView
+	getJSON(t, startUIEnv(t, env)+"/api/locks", 200, &page)
+	if len(page) != 1 || page[0].Backend != "redlock" || !slices.Equal(page[0].Nodes, addrs) {
+		t.Fatalf("the page's locks on redlock: %+v, want lock:order:1 on %v", page, addrs)
 	}
 	// A lock shows while a majority holds its token, with the nodes that agree.
 	other, err := lock.NewRedlock(nodes).TryAcquire(bg, "lock:order:2", time.Minute)
