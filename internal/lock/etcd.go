@@ -8,12 +8,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // etcdBackend is the back end of NewEtcd: locks are etcd keys bound to etcd
@@ -85,7 +87,10 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     local deadline still uses the lock's ttl, so it stops early, never late.
 //   - Loss is noticed at once through a watch on the lock keys (key deleted:
 //     expired; key overwritten: stolen); see Locker.NotifyLoss. Renewal (a
-//     keep-alive of the lease and a read of the key) stays the authority.
+//     keep-alive of the lease and a read of the key) stays the authority. The
+//     watch asks its member for a progress notice every 250ms and moves to
+//     another member when one goes unanswered (a paused or cut-off member
+//     fails no call by itself).
 //   - The locks of one TTL share one etcd lease per Locker, as the locks of a
 //     concurrency.Session do. A lease is joined only while its last
 //     keep-alive is recent (within half the ttl); the new lock's AcquiredAt
@@ -515,30 +520,93 @@ func (b *etcdBackend) notifyLoss(f func(*Lease, error)) {
 	b.notify = append(b.notify, f)
 }
 
+// watchCheck is how often the watch asks its member for a progress notice.
+// A check that finds nothing heard since the last one (no events, no
+// notice) means the member hangs, a paused process or a cut-off link, which
+// fails no call: the watch starts again on a new stream, which the client's
+// balancer gives to the next member.
+const watchCheck = 250 * time.Millisecond
+
 // watch follows every change under the lock prefix from revision rev on and
 // turns a change to a held lock's key into a loss, at once. When the watch
-// ends (compaction, a cancelled stream) it starts again from where it was,
-// or from now when that history is gone; renewal covers what it missed.
+// ends (compaction, a cancelled stream, a member that hangs) it starts again
+// from where it was, or from now when that history is gone; renewal covers
+// what it missed.
 func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 	defer close(b.stopped)
-	for ctx.Err() == nil {
-		wch := b.cl.Watch(clientv3.WithRequireLeader(ctx), b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
-		for resp := range wch {
-			if resp.CompactRevision > 0 {
-				rev = resp.CompactRevision
+	for stream := 0; ctx.Err() == nil; stream++ {
+		// The client shares one gRPC stream among the watches of equal
+		// metadata: a new value is a new stream, and a new pick of member.
+		sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "lockstep-watch", strconv.Itoa(stream)))
+		sctx = clientv3.WithRequireLeader(sctx)
+		var heard atomic.Bool
+		checked, stalled := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(checked)
+			if b.checkWatch(sctx, &heard) {
+				close(stalled)
+				cancel() // Watch itself waits for the member to confirm the watch
 			}
-			if resp.Err() != nil {
-				break
+		}()
+		wch := b.cl.Watch(sctx, b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	read:
+		for {
+			select {
+			case <-stalled:
+				break read
+			case resp, ok := <-wch:
+				if !ok {
+					break read
+				}
+				heard.Store(true)
+				if resp.CompactRevision > 0 {
+					rev = resp.CompactRevision
+				}
+				if resp.Err() != nil {
+					break read
+				}
+				for _, ev := range resp.Events {
+					b.changed(ev)
+				}
+				rev = max(rev, resp.Header.Revision+1)
 			}
-			for _, ev := range resp.Events {
-				b.changed(ev)
-			}
-			rev = max(rev, resp.Header.Revision+1)
 		}
+		cancel()
+		<-checked
+		// The client ends a stream stuck on a hanging member in its own time
+		// (at the latest when its keep-alive ping goes unanswered); the next
+		// stream does not wait for that.
+		go func() {
+			for range wch {
+			}
+		}()
 		select {
 		case <-ctx.Done():
 		case <-time.After(50 * time.Millisecond): // a lost leader or cluster: do not spin
 		}
+	}
+}
+
+// checkWatch asks for a progress notice on the watch stream of ctx every
+// watchCheck, and reports true when nothing was heard on it since the last
+// ask; false when ctx ends.
+func (b *etcdBackend) checkWatch(ctx context.Context, heard *atomic.Bool) bool {
+	t := time.NewTicker(watchCheck)
+	defer t.Stop()
+	for asked := false; ; asked = true { // the first tick lets the stream start
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if asked && !heard.Load() {
+			return true
+		}
+		heard.Store(false)
+		// Its stream may be stuck on the member too: the ask is bounded.
+		rctx, rcancel := context.WithTimeout(ctx, watchCheck)
+		_ = b.cl.RequestProgress(rctx) // no answer is what the next tick looks for
+		rcancel()
 	}
 }
 

@@ -258,3 +258,40 @@ func TestEtcdClusterLeaderPausedPastTheTTLCancelsEveryLostHolder(t *testing.T) {
 	eventually(t, 10*time.Second, "the contender to take every lost lock", func() bool { return len(taken) >= lost })
 	t.Logf("%d of %d locks lost after the resume", lost, etcdHeld)
 }
+
+// A member that hangs keeps no watch: with renewals far apart, so that only
+// the watch can tell, a lock key deleted while one member is paused cancels
+// its holder within a second, whichever member the watch was on (each
+// member is paused in turn).
+func TestEtcdClusterWatchLeavesAPausedMember(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.StartCluster(t, 3)
+	l := lock.NewEtcd(cluster.Client())
+	t.Cleanup(func() { _ = l.Close() })
+	wd := watchdog.New(watchdog.Options{Interval: 10 * time.Second})
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	admin := cluster.Client()
+	for i, m := range cluster.Members {
+		lease := mustAcquire(t, context.Background(), l, fmt.Sprintf("watched-%d", i), 30*time.Second)
+		ctx, hold := wd.Hold(context.Background(), lease)
+		t.Cleanup(hold.Stop)
+		m.Pause()
+		for { // a call that the balancer gives the paused member hangs: try again
+			dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := admin.Delete(dctx, lease.RedisKey())
+			cancel()
+			if err == nil {
+				break
+			}
+		}
+		deleted := time.Now()
+		at, reason := lostWithin(t, ctx, 5*time.Second)
+		if reason != lock.ReasonExpired || at.Sub(deleted) > time.Second {
+			t.Fatalf("%s paused: holder cancelled %v after the delete (%s), want expired within 1s",
+				m.Name, at.Sub(deleted).Round(time.Millisecond), reason)
+		}
+		t.Logf("%s paused: holder cancelled %v after the delete", m.Name, at.Sub(deleted).Round(time.Millisecond))
+		m.Resume()
+		m.WaitHealthy()
+	}
+}
