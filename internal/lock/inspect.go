@@ -115,8 +115,9 @@ func scanLocks(ctx context.Context, l *Locker, node redis.UniversalClient, fn fu
 
 // readRedis reads the locks on resources from one Redis node in one
 // pipeline: value, TTL, fencing counter and queue length. A key that is gone
-// or not a string is left out.
-func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []string) ([]Held, error) {
+// is left out, or with free kept with an empty token (its fencing counter is
+// what Redlock's view needs); one that is not a string is left out.
+func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []string, free bool) ([]Held, error) {
 	type cmds struct {
 		val, fence *redis.StringCmd
 		ttl        *redis.DurationCmd
@@ -134,6 +135,7 @@ func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []s
 	for i, r := range resources {
 		c := cs[i]
 		switch err := c.val.Err(); {
+		case errors.Is(err, redis.Nil) && free:
 		case errors.Is(err, redis.Nil), err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
 			continue // gone since the scan, or not a lock
 		case err != nil:
@@ -153,7 +155,7 @@ func (b *single) locks(ctx context.Context, l *Locker) ([]Held, error) {
 	var mu sync.Mutex
 	var out []Held
 	err := scanLocks(ctx, l, b.client, func(ctx context.Context, n redis.Cmdable, rs []string) error {
-		hs, err := readRedis(ctx, l, n, rs)
+		hs, err := readRedis(ctx, l, n, rs, false)
 		mu.Lock()
 		out = append(out, hs...)
 		mu.Unlock()
@@ -163,7 +165,7 @@ func (b *single) locks(ctx context.Context, l *Locker) ([]Held, error) {
 }
 
 func (b *single) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
-	hs, err := readRedis(ctx, l, b.client, []string{resource})
+	hs, err := readRedis(ctx, l, b.client, []string{resource}, false)
 	if err != nil || len(hs) == 0 {
 		return nil, err
 	}
@@ -252,33 +254,41 @@ func (r *redlock) readAll(ctx context.Context, fn func(context.Context, int, red
 	return reads, nil
 }
 
-// agreed is the lock on resource where a quorum of nodes holds one token:
-// its fence is the counter a quorum of those nodes has (the acquire set it
-// so; a node whose grant came late may have counted further), else the
-// highest; its TTL is the time until fewer than a quorum hold it. nil when no
-// token has a quorum.
+// agreed is the lock on resource where a quorum of nodes holds one token
+// (reads has every node that answered, a free key with an empty token). Its
+// fence is the counter that a quorum of nodes has, those the acquire set
+// (a node whose grant came late, or that took the lock since, may have
+// counted further), else the highest among the nodes that agree; its TTL is
+// the time until fewer than a quorum hold it. nil when no token has a quorum.
 func (r *redlock) agreed(resource string, reads []redlockRead) *Held {
 	byToken := map[string][]int{}
+	counters := map[int64]int{}
 	for i, rd := range reads {
 		if h, ok := rd[resource]; ok {
-			byToken[h.Token] = append(byToken[h.Token], i)
+			counters[h.Fence]++
+			if h.Token != "" {
+				byToken[h.Token] = append(byToken[h.Token], i)
+			}
 		}
 	}
 	for token, nodes := range byToken {
 		if len(nodes) < r.quorum {
 			continue
 		}
-		h := Held{Resource: resource, Token: token}
+		h := Held{Resource: resource, Token: token, Fence: -1}
 		var ttls []time.Duration
-		fences := map[int64]int{}
+		highest := int64(0)
 		for _, i := range nodes {
 			n := reads[i][resource]
-			fences[n.Fence]++
-			if fences[n.Fence] >= r.quorum || fences[h.Fence] < r.quorum && n.Fence > h.Fence {
-				h.Fence = n.Fence
+			highest = max(highest, n.Fence)
+			if counters[n.Fence] >= r.quorum {
+				h.Fence = max(h.Fence, n.Fence)
 			}
 			h.Nodes = append(h.Nodes, nodeName(i, r.nodes[i]))
 			ttls = append(ttls, n.TTL)
+		}
+		if h.Fence < 0 {
+			h.Fence = highest
 		}
 		slices.Sort(ttls)
 		h.TTL = ttls[len(ttls)-r.quorum] // the quorum-th longest
@@ -288,30 +298,38 @@ func (r *redlock) agreed(resource string, reads []redlockRead) *Held {
 }
 
 func (r *redlock) locks(ctx context.Context, l *Locker) ([]Held, error) {
-	reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
-		var out []Held
-		err := scanLocks(ctx, l, n, func(ctx context.Context, c redis.Cmdable, rs []string) error {
-			hs, err := readRedis(ctx, l, c, rs)
-			out = append(out, hs...)
-			return err
+	// The resources with a lock key on some node, then each of them read on
+	// every node (fencing counters included where the key is gone).
+	var mu sync.Mutex
+	var resources []string
+	_, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
+		return nil, scanLocks(ctx, l, n, func(_ context.Context, _ redis.Cmdable, rs []string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, res := range rs {
+				if !slices.Contains(resources, res) {
+					resources = append(resources, res)
+				}
+			}
+			return nil
 		})
-		return out, err
 	})
-	if err != nil {
+	if err != nil || len(resources) == 0 {
 		return nil, err
 	}
-	var resources []string
-	for _, rd := range reads {
-		for res := range rd {
-			if !slices.Contains(resources, res) {
-				resources = append(resources, res)
-			}
-		}
-	}
 	var out []Held
-	for _, res := range resources {
-		if h := r.agreed(res, reads); h != nil {
-			out = append(out, *h)
+	for from := 0; from < len(resources); from += scanBatch {
+		batch := resources[from:min(from+scanBatch, len(resources))]
+		reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
+			return readRedis(ctx, l, n, batch, true)
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, res := range batch {
+			if h := r.agreed(res, reads); h != nil {
+				out = append(out, *h)
+			}
 		}
 	}
 	return out, nil
@@ -319,7 +337,7 @@ func (r *redlock) locks(ctx context.Context, l *Locker) ([]Held, error) {
 
 func (r *redlock) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
 	reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
-		return readRedis(ctx, l, n, []string{resource})
+		return readRedis(ctx, l, n, []string{resource}, true)
 	})
 	if err != nil {
 		return nil, err
