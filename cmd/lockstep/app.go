@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // app is what every subcommand gets: where to write, where to read answers
@@ -24,6 +25,10 @@ type app struct {
 	prefix         string                // key prefix, default "lockstep:"
 	config         *config.OperatorConfig
 	env            func(string) (string, bool) // the process's variables (OTEL_* for tracing)
+	// locker is the lock back end the config's lock section names, with
+	// prefix: every view of a lock reads it through its Locks, Held and Break.
+	locker      *lock.Locker
+	closeLocker func() error
 }
 
 // subcommand runs one subcommand; it returns the exit code: 0 done, 1 not
@@ -38,7 +43,8 @@ const (
 )
 
 // newApp loads the configuration and builds the one Redis client, with
-// go-redis options from the redis section (all three modes).
+// go-redis options from the redis section (all three modes), and the
+// Locker of the lock section (the same as the worker's and the scheduler's).
 func newApp(configPath, prefix string, env func(string) (string, bool)) (*app, error) {
 	cfg, err := config.LoadOperator(configPath, env)
 	if err != nil {
@@ -54,7 +60,19 @@ func newApp(configPath, prefix string, env func(string) (string, bool)) (*app, e
 	if err != nil {
 		return nil, err
 	}
-	return &app{configPath: configPath, client: client, prefix: prefix, config: cfg}, nil
+	cfg.Lock.Prefix = prefix
+	locker, closeLocker, err := cfg.NewLocker(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &app{configPath: configPath, client: client, prefix: prefix, config: cfg, locker: locker, closeLocker: closeLocker}, nil
+}
+
+// close closes what newApp opened.
+func (a *app) close() {
+	_ = a.closeLocker()
+	_ = a.client.Close()
 }
 
 // flags returns a flag set for a subcommand whose usage is usage (the line

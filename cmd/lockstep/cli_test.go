@@ -49,10 +49,10 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 			}
 		}
 	})
-	if want := []string{"fence", "held_ms", "holder", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
+	if want := []string{"backend", "fence", "held_ms", "holder", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
 		t.Fatalf("lock fields %v, want exactly %v", fields, want)
 	}
-	if held["task_id"] != "hold-42" || held["type"] != "demo:order.pay" ||
+	if held["task_id"] != "hold-42" || held["type"] != "demo:order.pay" || held["backend"] != "redis" ||
 		!strings.HasPrefix(held["holder"].(string), host+":") || held["fence"].(float64) <= 0 ||
 		held["ttl_ms"].(float64) <= 0 || held["ttl_ms"].(float64) > 2000 || held["held_ms"].(float64) < 0 {
 		t.Fatalf("lock = %v", held)
@@ -220,12 +220,10 @@ func TestUsageAndConfigErrors(t *testing.T) {
 			t.Errorf("lockstep %v: exit %d, stderr %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
-	redlock := []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_BACKEND=redlock",
-		"LOCKSTEP_LOCK_NODES=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"}
-	for _, args := range [][]string{{"locks"}, {"unlock", "r", "--force", "--yes"}} {
-		if r := cliEnv(t, redlock, "", args...); r.code != 2 || !strings.Contains(r.stderr, "redlock") {
-			t.Errorf("lockstep %v with lock.backend redlock: exit %d, stderr %q; want 2 naming redlock", args, r.code, r.stderr)
-		}
+	short := []string{"LOCKSTEP_REDIS_ADDR=127.0.0.1:1", "LOCKSTEP_LOCK_BACKEND=etcd", "LOCKSTEP_LOCK_ETCD_ENDPOINTS=127.0.0.1:1",
+		"LOCKSTEP_LOCK_TTL=2s"}
+	if r := cliEnv(t, short, "", "locks"); r.code != 2 || !strings.Contains(r.stderr, "env LOCKSTEP_LOCK_TTL: must be at least 3s with lock.backend etcd") {
+		t.Errorf("lock.ttl 2s with etcd: exit %d, stderr %q; want 2 naming lock.ttl and its bound", r.code, r.stderr)
 	}
 	srv := redistest.Start(t)
 	for _, tc := range []struct {

@@ -10,8 +10,12 @@ const locksAbout = `Lists every held lock, longest held first: the resource, the
 the job's task id and type when a job holds it, the fence, the TTL left, how long it
 has been held and how many tasks wait for it. Exit 1 when no lock is held.
 
+Reads the locks where lock.backend keeps them: Redis, every Redlock node (a lock shows
+where a majority holds one token) or etcd.
+
 JSON: an array of objects with resource, holder, task_id, type, fence, ttl_ms,
-held_ms (null when the lock's value does not say) and waiters.`
+held_ms (null when the lock's value does not say), waiters, backend (redis,
+redlock or etcd) and, on redlock, nodes (those that hold it).`
 
 func cmdLocks(ctx context.Context, a *app, args []string) int {
 	fs := a.flags("locks", "locks [--prefix P] [--json]", locksAbout)

@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "lockstep: configuration:", err)
 		return exitUsage
 	default:
-		defer a.client.Close()
+		defer a.close()
 	}
 	a.stdin, a.stdout, a.stderr, a.env = stdin, stdout, stderr, env
 	return cmd(ctx, a, rest[1:])

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -23,7 +24,7 @@ import (
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	os.Exit(proctest.Main(m, bins, []string{".", "../worker", "../scheduler"}, redistest.LeakOptions()...))
+	os.Exit(proctest.Main(m, bins, []string{".", "../worker", "../scheduler"}, etcdtest.LeakOptions()...))
 }
 
 // result is what one run of the CLI did.

@@ -3,11 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -17,74 +15,56 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
-// This file reads Lockstep's state from Redis for the CLI and the page; the
-// layouts it reads are internal/lock's (through its key builder and its
-// Waiters) and asynq's (through its Inspector).
+// This file reads Lockstep's state for the CLI and the page: the locks
+// through the lock back end's own reader (lock.Locker's Locks, Held and
+// Break), on every back end; a resource's waiters through Locker.Waiters
+// (the single back end's one queue); tasks through asynq's Inspector.
 
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
-	Resource string `json:"resource"`
-	Holder   string `json:"holder"`  // host:pid of the holding process
-	TaskID   string `json:"task_id"` // "" unless a job holds it
-	Type     string `json:"type"`    // "" unless a job holds it
-	Fence    int64  `json:"fence"`
-	TTLMs    int64  `json:"ttl_ms"`  // time left until it expires unless renewed
-	HeldMs   *int64 `json:"held_ms"` // since the acquire; null when the value does not say
-	Waiters  int64  `json:"waiters"`
+	Resource string   `json:"resource"`
+	Holder   string   `json:"holder"`  // host:pid of the holding process
+	TaskID   string   `json:"task_id"` // "" unless a job holds it
+	Type     string   `json:"type"`    // "" unless a job holds it
+	Fence    int64    `json:"fence"`
+	TTLMs    int64    `json:"ttl_ms"`  // time left until it expires unless renewed
+	HeldMs   *int64   `json:"held_ms"` // since the acquire; null when the value does not say
+	Waiters  int64    `json:"waiters"`
+	Backend  string   `json:"backend"`         // lock.backend: redis, redlock or etcd
+	Nodes    []string `json:"nodes,omitempty"` // redlock: the nodes that hold it, a majority
 }
 
-// keys builds the Redis keys: the lock package's key builder, with the prefix.
-func (a *app) keys() *lock.Locker { return lock.New(a.client, lock.WithPrefix(a.prefix)) }
-
-// scanBatch is how many keys one SCAN step returns and one pipeline reads.
-const scanBatch = 500
-
-// errRedlock: with lock.backend redlock the locks live on lock.nodes, which
-// these views do not read yet.
-var errRedlock = errors.New("lock.backend is redlock: its locks live on lock.nodes, which lockstep does not read yet")
-
-func redlock(a *app) bool { return a.config != nil && a.config.Lock.Backend == config.BackendRedlock }
+// backendName is lock.backend as the config says it (redis, redlock, etcd).
+func (a *app) backendName() string {
+	if a.config == nil || a.config.Lock.Backend == "" {
+		return string(config.BackendRedis)
+	}
+	return string(a.config.Lock.Backend)
+}
 
 // listLocks returns every held lock, longest held first.
 func listLocks(ctx context.Context, a *app) ([]lockView, error) {
-	if redlock(a) {
-		return nil, errRedlock
-	}
 	now, err := serverTime(ctx, a.client)
 	if err != nil {
 		return nil, err
 	}
-	var mu sync.Mutex
-	var out []lockView
-	err = forEachMaster(ctx, a.client, func(ctx context.Context, node redis.Cmdable) error {
-		pattern := a.keys().ScanPattern()
-		iter := node.Scan(ctx, 0, pattern, scanBatch).Iterator()
-		var batch []string
-		flush := func() error {
-			views, err := readLocks(ctx, a, batch, now)
-			mu.Lock()
-			out = append(out, views...)
-			mu.Unlock()
-			batch = batch[:0]
-			return err
-		}
-		for iter.Next(ctx) {
-			if r, ok := resourceOf(a.prefix, iter.Val()); ok {
-				batch = append(batch, r)
-			}
-			if len(batch) == scanBatch {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		return flush()
-	})
+	held, err := a.locker.Locks(ctx)
 	if err != nil {
 		return nil, err
+	}
+	out := make([]lockView, 0, len(held))
+	for _, h := range held {
+		info := lock.ParseToken(h.Token)
+		v := lockView{Resource: h.Resource, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
+			TTLMs: -1, Waiters: h.Queued, Backend: a.backendName(), Nodes: h.Nodes}
+		if h.TTL >= 0 {
+			v.TTLMs = h.TTL.Milliseconds() // -1: no expiry, not written by Lockstep
+		}
+		if !info.Acquired.IsZero() {
+			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
+			v.HeldMs = &held
+		}
+		out = append(out, v)
 	}
 	slices.SortFunc(out, func(x, y lockView) int {
 		hx, hy := int64(-1), int64(-1)
@@ -96,76 +76,8 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 		}
 		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource))
 	})
-	if out == nil {
-		out = []lockView{}
-	}
 	return out, nil
 }
-
-// resourceOf returns R for a lock key prefix{R}; the other keys of a
-// resource (fence counter, waiters, ...) end after the brace.
-func resourceOf(prefix, key string) (string, bool) {
-	r, ok := strings.CutPrefix(key, prefix+"{")
-	if !ok {
-		return "", false
-	}
-	r, ok = strings.CutSuffix(r, "}")
-	return r, ok && r != "" && !strings.ContainsAny(r, "{}")
-}
-
-// readLocks reads the locks on resources in one pipeline: value, TTL, fence
-// counter and waiter count. A key that is gone or not a lock is left out.
-func readLocks(ctx context.Context, a *app, resources []string, now time.Time) ([]lockView, error) {
-	if len(resources) == 0 {
-		return nil, nil
-	}
-	k := a.keys()
-	type cmds struct {
-		val     *redis.StringCmd
-		ttl     *redis.DurationCmd
-		fence   *redis.StringCmd
-		waiters *redis.IntCmd // the resource's one queue: parked tasks and WithLock / Acquire callers
-	}
-	cs := make([]cmds, len(resources))
-	_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, r := range resources {
-			cs[i] = cmds{
-				val:     p.Get(ctx, k.Key(r)),
-				ttl:     p.PTTL(ctx, k.Key(r)),
-				fence:   p.Get(ctx, k.FenceKey(r)),
-				waiters: p.ZCard(ctx, k.QueueKey(r)),
-			}
-		}
-		return nil
-	})
-	var out []lockView
-	for i, r := range resources {
-		c := cs[i]
-		switch err := c.val.Err(); {
-		case errors.Is(err, redis.Nil), isWrongType(err): // gone since the scan, or not a lock
-			continue
-		case err != nil:
-			return nil, fmt.Errorf("redis: %w", err)
-		}
-		info := lock.ParseToken(c.val.Val())
-		v := lockView{Resource: r, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type}
-		v.Fence, _ = c.fence.Int64()
-		if d := c.ttl.Val(); d > 0 {
-			v.TTLMs = d.Milliseconds()
-		} else {
-			v.TTLMs = -1 // no expiry: not written by Lockstep
-		}
-		if !info.Acquired.IsZero() {
-			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
-			v.HeldMs = &held
-		}
-		v.Waiters = c.waiters.Val()
-		out = append(out, v)
-	}
-	return out, nil
-}
-
-func isWrongType(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") }
 
 // serverTime is Redis's clock: held_ms is measured against it, not against
 // the operator's machine.
@@ -175,14 +87,6 @@ func serverTime(ctx context.Context, c redis.UniversalClient) (time.Time, error)
 		return time.Time{}, fmt.Errorf("redis: %w", err)
 	}
 	return t, nil
-}
-
-// forEachMaster runs fn on every master of a Cluster, or once on the client.
-func forEachMaster(ctx context.Context, c redis.UniversalClient, fn func(context.Context, redis.Cmdable) error) error {
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
-	}
-	return fn(ctx, c)
 }
 
 // waiterView is one waiter of a lock, as `lockstep waiters --json` prints
@@ -202,7 +106,7 @@ type waiterView struct {
 // waitQueue reads the resource's waiters in the order they will be served,
 // through the lock package (Locker.Waiters).
 func waitQueue(ctx context.Context, a *app, resource string) ([]waiterView, error) {
-	ws, err := a.keys().Waiters(ctx, resource)
+	ws, err := a.locker.Waiters(ctx, resource)
 	if err != nil {
 		return nil, err
 	}

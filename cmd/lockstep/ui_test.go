@@ -22,12 +22,18 @@ import (
 // returns its base URL once it answers.
 func startUI(t *testing.T, addr string, args ...string) string {
 	t.Helper()
+	return startUIEnv(t, []string{"LOCKSTEP_REDIS_ADDR=" + addr}, args...)
+}
+
+// startUIEnv is startUI with the environment env.
+func startUIEnv(t *testing.T, env []string, args ...string) string {
+	t.Helper()
 	port, err := proctest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	hostPort := "127.0.0.1:" + strconv.Itoa(port)
-	startProc(t, "lockstep", []string{"LOCKSTEP_REDIS_ADDR=" + addr}, append([]string{"ui", "--http-addr", hostPort}, args...)...)
+	startProc(t, "lockstep", env, append([]string{"ui", "--http-addr", hostPort}, args...)...)
 	base := "http://" + hostPort
 	waitFor(t, 10*time.Second, "lockstep ui answering", func() bool {
 		resp, err := http.Get(base + "/")

@@ -3,19 +3,18 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/term"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
-const unlockAbout = `Breaks the lock on RESOURCE by deleting its key. The holder's watchdog notices at once
-and cancels its handler (reason expired); the next holder gets a higher fence, so a
+const unlockAbout = `Breaks the lock on RESOURCE by deleting its key (on every Redlock node that holds it; on
+etcd, the key and its lease's hold count). The holder's watchdog notices (at once on Redis
+and etcd, at its next renewal on Redlock) and cancels its handler; the next holder gets a higher fence, so a
 store that checks fences refuses the old holder's late writes. Asks for confirmation
 on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.`
 
@@ -30,23 +29,17 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 	if !*force {
 		return usageError(a, fs, "refusing to break a lock without --force")
 	}
-	if redlock(a) {
-		fmt.Fprintln(a.stderr, "lockstep unlock:", errRedlock)
-		return exitUsage
-	}
 	resource := pos[0]
-	key := a.keys().Key(resource)
-	val, err := a.client.Get(ctx, key).Result()
+	h, err := a.locker.Held(ctx, resource)
 	switch {
-	case errors.Is(err, redis.Nil):
-		fmt.Fprintf(a.stderr, "lockstep unlock: %s is not locked (no key %s)\n", resource, key)
-		return exitNotFound
 	case err != nil:
-		fmt.Fprintln(a.stderr, "lockstep unlock: redis:", err)
+		fmt.Fprintln(a.stderr, "lockstep unlock:", err)
 		return exitUsage
+	case h == nil:
+		fmt.Fprintf(a.stderr, "lockstep unlock: %s is not locked (no key %s)\n", resource, a.locker.Key(resource))
+		return exitNotFound
 	}
-	fence, _ := a.client.Get(ctx, a.keys().FenceKey(resource)).Int64()
-	who := describeHolder(val, fence)
+	who := describeHolder(*h)
 	if !*yes {
 		if !isTerminal(a.stdin) {
 			return usageError(a, fs, "not a terminal: pass --yes to break the lock on %s (%s)", resource, who)
@@ -58,53 +51,32 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 			return exitNotFound
 		}
 	}
-	deleted, err := deleteIfHeldBy(ctx, a.client, key, val)
+	broken, err := a.locker.Break(ctx, *h)
 	switch {
 	case err != nil:
-		fmt.Fprintln(a.stderr, "lockstep unlock: redis:", err)
+		fmt.Fprintln(a.stderr, "lockstep unlock:", err)
 		return exitUsage
-	case !deleted:
+	case !broken:
 		fmt.Fprintf(a.stderr, "lockstep unlock: %s changed hands meanwhile; nothing deleted (run lockstep locks)\n", resource)
 		return exitNotFound
 	}
 	fmt.Fprintf(a.stdout, "unlocked %s: deleted %s (%s); its watchdog cancels the holder, the next holder gets a fence above %d\n",
-		resource, key, who, fence)
+		resource, a.locker.Key(resource), who, h.Fence)
 	return exitOK
 }
 
-// describeHolder says who holds a lock, from its value.
-func describeHolder(val string, fence int64) string {
-	info := lock.ParseToken(val)
+// describeHolder says who holds a lock, from its token, and where.
+func describeHolder(h lock.Held) string {
+	info := lock.ParseToken(h.Token)
 	parts := []string{"holder " + orDash(info.Holder)}
 	if info.TaskID != "" {
 		parts = append(parts, "task "+info.TaskID, "type "+info.Type)
 	}
-	return strings.Join(append(parts, fmt.Sprintf("fence %d", fence)), ", ")
-}
-
-// deleteIfHeldBy deletes key if it still holds val, so that a lock that
-// passed to another holder since it was shown is left alone.
-func deleteIfHeldBy(ctx context.Context, c redis.UniversalClient, key, val string) (bool, error) {
-	deleted := false
-	err := c.Watch(ctx, func(tx *redis.Tx) error {
-		cur, err := tx.Get(ctx, key).Result()
-		if errors.Is(err, redis.Nil) || (err == nil && cur != val) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, key)
-			return nil
-		})
-		deleted = err == nil
-		return err
-	}, key)
-	if errors.Is(err, redis.TxFailedErr) { // changed between GET and EXEC
-		return false, nil
+	parts = append(parts, fmt.Sprintf("fence %d", h.Fence))
+	if len(h.Nodes) > 0 {
+		parts = append(parts, "on "+strings.Join(h.Nodes, " "))
 	}
-	return deleted, err
+	return strings.Join(parts, ", ")
 }
 
 func isTerminal(r any) bool {

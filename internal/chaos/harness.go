@@ -177,7 +177,8 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	var lockYAML string
 	if cfg.Lock == "etcd" {
 		r.etcd = etcdtest.StartCluster(tb, 3)
-		lockYAML = fmt.Sprintf("  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n", strings.Join(r.etcd.Endpoints(), ", "))
+		lockYAML = fmt.Sprintf("  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n    election_timeout: %v\n",
+			strings.Join(r.etcd.Endpoints(), ", "), etcdtest.ElectionTimeout)
 	}
 	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(r.redis.Addr))
 	for i := range replicas {

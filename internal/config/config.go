@@ -93,11 +93,14 @@ type EtcdConfig struct {
 	PasswordFile string        `yaml:"password_file"`
 	TLS          TLSConfig     `yaml:"tls"`
 	DialTimeout  time.Duration `yaml:"dial_timeout"` // 0 = 5s
+	// ElectionTimeout is the members' --election-timeout; 0 = 1s, etcd's
+	// default. It bounds lock.ttl from below (see MinEtcdTTL).
+	ElectionTimeout time.Duration `yaml:"election_timeout"`
 }
 
 func (e EtcdConfig) isZero() bool {
 	return len(e.Endpoints) == 0 && e.Username == "" && e.Password == "" && e.PasswordFile == "" &&
-		e.TLS == (TLSConfig{}) && e.DialTimeout == 0
+		e.TLS == (TLSConfig{}) && e.DialTimeout == 0 && e.ElectionTimeout == 0
 }
 
 // LockBackend is where locks live.

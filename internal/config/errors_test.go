@@ -138,6 +138,12 @@ func TestErrors(t *testing.T) {
 			want: "FILE: line 10: lock.etcd.dial_timeout: must be at least 0s, got -1s\n" +
 				"FILE: line 5: lock.etcd.username: required when lock.etcd.password or password_file is set\n" +
 				"FILE: line 9: lock.etcd.tls.ca_file: is set but lock.etcd.tls.enabled is false"},
+		{name: "etcd ttl below the bound of the election timeout", yaml: ok + "lock:\n  backend: etcd\n  ttl: 2s\n  etcd: {endpoints: [e1:2379]}\n",
+			want: "FILE: line 5: lock.ttl: must be at least 3s with lock.backend etcd: the renew interval (ttl/3) + 2 × lock.etcd.election_timeout (1s), " +
+				"the longest a replaced etcd leader may still revoke leases; got 2s"},
+		{name: "etcd ttl below the bound, renew interval and election timeout set", yaml: ok + "lock:\n  backend: etcd\n  ttl: 2s\n  renew_interval: 1s\n  etcd: {endpoints: [e1:2379], election_timeout: 600ms}\n",
+			want: "FILE: line 5: lock.ttl: must be at least 2.2s with lock.backend etcd: the renew interval (1s) + 2 × lock.etcd.election_timeout (600ms), " +
+				"the longest a replaced etcd leader may still revoke leases; got 2s"},
 		{name: "etcd section without etcd backend", yaml: ok + "lock:\n  etcd:\n    endpoints: [e1:2379]\n",
 			want: `FILE: line 4: lock.etcd: is only used with lock.backend etcd (lock.backend is "redis")`},
 		{name: "env etcd endpoints", yaml: ok, env: map[string]string{"LOCKSTEP_LOCK_BACKEND": "etcd", "LOCKSTEP_LOCK_ETCD_ENDPOINTS": "e1:2379,e2"},

@@ -16,6 +16,39 @@ import (
 // DefaultEtcdDialTimeout is lock.etcd.dial_timeout when it is 0.
 const DefaultEtcdDialTimeout = 5 * time.Second
 
+// DefaultEtcdElectionTimeout is lock.etcd.election_timeout when it is 0:
+// etcd's own default --election-timeout.
+const DefaultEtcdElectionTimeout = time.Second
+
+// The etcd client's gRPC keep-alive: a member that stops answering (a
+// frozen process, a black-holed network) keeps its TCP connection open, so
+// without pings the client's calls would go on being sent to it. gRPC pings
+// no more often than every 10s; etcd's server accepts pings every 5s
+// (--grpc-keepalive-min-time) while a stream is open, which the Locker's
+// watch is.
+const (
+	etcdKeepAliveTime    = 10 * time.Second
+	etcdKeepAliveTimeout = 2 * time.Second
+)
+
+// MinEtcdTTL is the shortest safe lock.ttl with lock.backend etcd, for a
+// renew interval (0: a third of the ttl) and the members' election timeout.
+// A leader cut off from its quorum steps down after at most two election
+// timeouts (raft's CheckQuorum runs once per election timeout), and until
+// then its lessor, which alone expires leases, may revoke a lease whose last
+// keep-alive reached it more than a TTL ago: the renewals since went to the
+// new leader. The last keep-alive it saw is at most one renew interval
+// before the cut, so a TTL of renew interval + 2 × election timeout expires
+// nothing there before it steps down. With ttl/3 renewals that is 3 ×
+// election timeout. No TTL covers a leader whose process stalls for longer
+// than the TTL on etcd 3.4.23: see the README (etcd).
+func MinEtcdTTL(renew, election time.Duration) time.Duration {
+	if renew == 0 {
+		return 3 * election
+	}
+	return renew + 2*election
+}
+
 // NewLocker builds the Locker the lock section describes; both binaries use
 // it, so that their locks are the same.
 //
@@ -87,7 +120,7 @@ func (c *Common) newRedlock(opts []lock.Option) (*lock.Locker, func() error, err
 // ClientConfig returns the etcd client configuration for this section:
 // endpoints (a bare host:port gets the scheme TLS implies), credentials
 // (reading PasswordFile if the config was built by hand rather than loaded),
-// TLS and the dial timeout. The client dials in the background and logs
+// TLS, the dial timeout and gRPC keep-alive pings. The client dials in the background and logs
 // nothing: its errors reach the Locker's callers.
 func (e EtcdConfig) ClientConfig() (clientv3.Config, error) {
 	if e.Password == "" && e.PasswordFile != "" {
@@ -118,6 +151,10 @@ func (e EtcdConfig) ClientConfig() (clientv3.Config, error) {
 		Password:    string(e.Password),
 		TLS:         t,
 		DialTimeout: cmp.Or(e.DialTimeout, DefaultEtcdDialTimeout),
-		Logger:      zap.NewNop(),
+		// A member that hangs is dropped from the client's choice once a
+		// ping goes unanswered; per-call timeouts are the lock package's.
+		DialKeepAliveTime:    etcdKeepAliveTime,
+		DialKeepAliveTimeout: etcdKeepAliveTimeout,
+		Logger:               zap.NewNop(),
 	}, nil
 }

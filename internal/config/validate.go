@@ -233,6 +233,19 @@ func (c *Common) checkEtcd(v *validator) {
 		}
 	}
 	atLeast(v, p.field("dial_timeout"), e.DialTimeout, 0)
+	atLeast(v, p.field("election_timeout"), e.ElectionTimeout, 0)
+	if l := &c.Lock; l.TTL > 0 && l.RenewInterval < l.TTL && e.ElectionTimeout >= 0 {
+		election := cmp.Or(e.ElectionTimeout, DefaultEtcdElectionTimeout)
+		if least := MinEtcdTTL(l.RenewInterval, election); l.TTL < least {
+			renew := "ttl/3"
+			if l.RenewInterval > 0 {
+				renew = l.RenewInterval.String()
+			}
+			v.fail(root.field("lock").field("ttl"), "must be at least %v with lock.backend etcd: the renew interval (%s) "+
+				"+ 2 × lock.etcd.election_timeout (%v), the longest a replaced etcd leader may still revoke leases; got %v",
+				least, renew, election, l.TTL)
+		}
+	}
 	checkPasswordFile(v, p, &e.Password, e.PasswordFile)
 	switch {
 	case e.Username != "" && e.Password == "" && e.PasswordFile == "":

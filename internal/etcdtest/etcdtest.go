@@ -34,6 +34,10 @@ import (
 // startTimeout bounds how long a cluster may take to become healthy.
 const startTimeout = 20 * time.Second
 
+// ElectionTimeout is the members' --election-timeout (their heartbeat is
+// 10ms): what a config's lock.etcd.election_timeout says of them.
+const ElectionTimeout = 100 * time.Millisecond
+
 // Cluster is a set of etcd members owned by a test.
 type Cluster struct {
 	tb      testing.TB
@@ -111,7 +115,7 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 			"--initial-cluster-state", "new",
 			"--initial-cluster-token", token,
 			"--heartbeat-interval", "10",
-			"--election-timeout", "100",
+			"--election-timeout", strconv.Itoa(int(ElectionTimeout.Milliseconds())),
 			"--logger", "zap",
 			"--log-level", "warn",
 			"--log-outputs", filepath.Join(m.dir, "etcd.log"),

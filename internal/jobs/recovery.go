@@ -55,7 +55,7 @@ type recovery struct {
 	holds   string // its holds set
 
 	mu      sync.Mutex
-	done    []any // hold records to remove at the next beat
+	done    []any    // hold records to remove at the next beat
 	markers []string // done markers to delete at the next beat
 }
 

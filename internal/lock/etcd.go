@@ -8,12 +8,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
@@ -87,7 +89,10 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     local deadline still uses the lock's ttl, so it stops early, never late.
 //   - Loss is noticed at once through a watch on the lock keys (key deleted:
 //     expired; key overwritten: stolen); see Locker.NotifyLoss. Renewal (a
-//     keep-alive of the lease and a read of the key) stays the authority.
+//     keep-alive of the lease and a read of the key) stays the authority. The
+//     watch asks its member for a progress notice every 250ms and moves to
+//     another member when one goes unanswered (a paused or cut-off member
+//     fails no call by itself).
 //   - The locks of one TTL share one etcd lease per Locker, as the locks of a
 //     concurrency.Session do. A lease is joined only while its last
 //     keep-alive is recent (within half the ttl); the new lock's AcquiredAt
@@ -95,7 +100,12 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     outlives the key.
 //   - Each call to etcd is bounded by the lock's ttl (at least 1s) when ctx
 //     has no earlier deadline: a cluster without quorum answers with an
-//     error, not a hang.
+//     error, not a hang. A renewal's keep-alives and key reads are hedged:
+//     while a copy goes unanswered, another goes to the next member, so a
+//     paused or cut-off member (the old leader, say) slows a round by a
+//     fraction of it instead of failing it.
+//   - A leader paused past the TTL may revoke the leases on resuming (etcd
+//     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
@@ -273,13 +283,19 @@ const checkBatch = 128
 // A member that does not answer (paused, cut off) leaves its calls hanging
 // rather than failing them, so each round gets a quarter of the time left
 // before ctx's deadline (the round's earliest local deadline): the watchdog
-// retries in time, and its next calls go to other members.
+// retries in time. Within a round each call is hedged (see hedged): a copy
+// that a hanging member holds is overtaken by one that the client's
+// round-robin balancer sends to the next member, so the keep-alives reach
+// the new leader in the round that finds the old one paused.
 func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []error) {
+	timeout := time.Second
 	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d) / 4
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Until(d)/4)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	copies, delay := len(b.cl.Endpoints()), timeout/4
 	sent := time.Now()
 	ids := map[clientv3.LeaseID]error{} // keep-alive result per etcd lease
 	var distinct []clientv3.LeaseID
@@ -294,7 +310,9 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 	var wg sync.WaitGroup
 	for _, id := range distinct {
 		wg.Go(func() {
-			_, err := b.cl.KeepAliveOnce(ctx, id)
+			_, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+				return b.cl.KeepAliveOnce(ctx, id)
+			})
 			mu.Lock()
 			ids[id] = err
 			mu.Unlock()
@@ -307,7 +325,9 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 			for _, s := range leases[from:to] {
 				ops = append(ops, clientv3.OpGet(s.keys.lock))
 			}
-			resp, err := b.cl.Txn(ctx).Then(ops...).Commit()
+			resp, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+				return b.cl.Txn(ctx).Then(ops...).Commit()
+			})
 			for k := from; k < to; k++ {
 				if err != nil {
 					checkErrs[k] = err
@@ -335,6 +355,52 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 			results[i] = fmt.Errorf("lock: renew %q: etcd: %w", s.resource, checkErrs[i])
 		default:
 			results[i] = keyStatus(s, kvs[i])
+		}
+	}
+}
+
+// hedged runs call, an idempotent one (a keep-alive, a read), and starts
+// another copy every delay while none has answered, up to n copies (one per
+// member): each copy is a new pick of the client's round-robin balancer, so
+// a member that hangs holds one copy, not the answer. It returns the first
+// success or lease-not-found answer; else, once every copy failed, the last
+// error. Copies still running are cancelled on return.
+func hedged[T any](ctx context.Context, n int, delay time.Duration, call func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		v   T
+		err error
+	}
+	answers := make(chan answer, max(n, 1))
+	started, pending := 0, 0
+	start := func() {
+		started++
+		pending++
+		go func() {
+			v, err := call(ctx)
+			answers <- answer{v, err}
+		}()
+	}
+	start()
+	next := time.NewTimer(delay)
+	defer next.Stop()
+	for {
+		select {
+		case a := <-answers:
+			pending--
+			if a.err == nil || errors.Is(a.err, rpctypes.ErrLeaseNotFound) || pending == 0 && (started >= n || ctx.Err() != nil) {
+				return a.v, a.err
+			}
+			if pending == 0 { // every copy failed quickly: try the next member now
+				start()
+				next.Reset(delay)
+			}
+		case <-next.C:
+			if started < n {
+				start()
+				next.Reset(delay)
+			}
 		}
 	}
 }
@@ -456,30 +522,93 @@ func (b *etcdBackend) notifyLoss(f func(*Lease, error)) {
 	b.notify = append(b.notify, f)
 }
 
+// watchCheck is how often the watch asks its member for a progress notice.
+// A check that finds nothing heard since the last one (no events, no
+// notice) means the member hangs, a paused process or a cut-off link, which
+// fails no call: the watch starts again on a new stream, which the client's
+// balancer gives to the next member.
+const watchCheck = 250 * time.Millisecond
+
 // watch follows every change under the lock prefix from revision rev on and
 // turns a change to a held lock's key into a loss, at once. When the watch
-// ends (compaction, a cancelled stream) it starts again from where it was,
-// or from now when that history is gone; renewal covers what it missed.
+// ends (compaction, a cancelled stream, a member that hangs) it starts again
+// from where it was, or from now when that history is gone; renewal covers
+// what it missed.
 func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 	defer close(b.stopped)
 	var delay time.Duration
-	for ctx.Err() == nil {
-		wch := b.cl.Watch(clientv3.WithRequireLeader(ctx), b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
-		for resp := range wch {
-			if resp.CompactRevision > 0 {
-				rev = resp.CompactRevision
+	for stream := 0; ctx.Err() == nil; stream++ {
+		// The client shares one gRPC stream among the watches of equal
+		// metadata: a new value is a new stream, and a new pick of member.
+		sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "lockstep-watch", strconv.Itoa(stream)))
+		sctx = clientv3.WithRequireLeader(sctx)
+		var heard atomic.Bool
+		checked, stalled := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(checked)
+			if b.checkWatch(sctx, &heard) {
+				close(stalled)
+				cancel() // Watch itself waits for the member to confirm the watch
 			}
-			if resp.Err() != nil {
-				break
+		}()
+		wch := b.cl.Watch(sctx, b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	read:
+		for {
+			select {
+			case <-stalled:
+				break read
+			case resp, ok := <-wch:
+				if !ok {
+					break read
+				}
+				heard.Store(true)
+				delay = 0 // the watch worked: after it ends, restart it soon
+				if resp.CompactRevision > 0 {
+					rev = resp.CompactRevision
+				}
+				if resp.Err() != nil {
+					break read
+				}
+				for _, ev := range resp.Events {
+					b.changed(ev)
+				}
+				rev = max(rev, resp.Header.Revision+1)
 			}
-			delay = 0 // the watch worked: after it ends, restart it soon
-			for _, ev := range resp.Events {
-				b.changed(ev)
-			}
-			rev = max(rev, resp.Header.Revision+1)
 		}
+		cancel()
+		<-checked
+		// The client ends a stream stuck on a hanging member in its own time
+		// (at the latest when its keep-alive ping goes unanswered); the next
+		// stream does not wait for that.
+		go func() {
+			for range wch {
+			}
+		}()
 		delay = backoff.Reconnect.Next(delay) // a lost leader or cluster: do not spin
 		backoff.Sleep(ctx, delay)
+	}
+}
+
+// checkWatch asks for a progress notice on the watch stream of ctx every
+// watchCheck, and reports true when nothing was heard on it since the last
+// ask; false when ctx ends.
+func (b *etcdBackend) checkWatch(ctx context.Context, heard *atomic.Bool) bool {
+	t := time.NewTicker(watchCheck)
+	defer t.Stop()
+	for asked := false; ; asked = true { // the first tick lets the stream start
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if asked && !heard.Load() {
+			return true
+		}
+		heard.Store(false)
+		// Its stream may be stuck on the member too: the ask is bounded.
+		rctx, rcancel := context.WithTimeout(ctx, watchCheck)
+		_ = b.cl.RequestProgress(rctx) // no answer is what the next tick looks for
+		rcancel()
 	}
 }
 

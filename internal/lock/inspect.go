@@ -1,0 +1,436 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Held is one lock as its back end stores it: what the operator's view
+// (cmd/lockstep) shows and what Break takes.
+type Held struct {
+	Resource string
+	Token    string        // the holder's token; ParseToken says who holds it
+	Fence    int64         // the holder's fence
+	TTL      time.Duration // left until it expires unless renewed; -1: no expiry (not written by Lockstep)
+	Queued   int64         // Acquire callers waiting in the lock's queue (the single back end's)
+	// Nodes are the Redlock nodes (addresses) that hold this token, a
+	// majority; nil on the other back ends.
+	Nodes []string
+}
+
+// inspector is the operator's access to a back end's locks: every back end
+// has one, so that no other package reads or builds lock keys.
+type inspector interface {
+	// locks returns every lock held under prefix (prefix + "{"), in no order.
+	locks(ctx context.Context, l *Locker) ([]Held, error)
+	// heldOne returns the lock on resource, or nil when it is free.
+	heldOne(ctx context.Context, l *Locker, resource string) (*Held, error)
+	// breakLock deletes h's lock, only where it still holds h's token, and
+	// reports whether the lock is broken (no longer held with that token).
+	breakLock(ctx context.Context, l *Locker, h Held) (bool, error)
+}
+
+// Locks returns every lock held under the Locker's prefix, in no order.
+func (l *Locker) Locks(ctx context.Context) ([]Held, error) { return l.be.(inspector).locks(ctx, l) }
+
+// Held returns the lock on resource as its back end holds it, or nil when
+// the resource is free.
+func (l *Locker) Held(ctx context.Context, resource string) (*Held, error) {
+	return l.be.(inspector).heldOne(ctx, l, resource)
+}
+
+// Break deletes the lock h (as Held or Locks returned it) if it still holds
+// h's token, wherever the back end keeps it: the holder sees the loss
+// (reason expired) at its next renewal, at once where the back end tells it
+// (etcd's watch, Redis client tracking). It reports false when the lock
+// changed hands meanwhile, leaving the new holder's lock alone.
+func (l *Locker) Break(ctx context.Context, h Held) (bool, error) {
+	return l.be.(inspector).breakLock(ctx, l, h)
+}
+
+// resourceOf returns R for a lock key prefix{R}; the other keys of a
+// resource (fence counter, owners, queue, ...) go on after the brace.
+func resourceOf(prefix, key string) (string, bool) {
+	r, ok := strings.CutPrefix(key, prefix+"{")
+	if !ok {
+		return "", false
+	}
+	r, ok = strings.CutSuffix(r, "}")
+	return r, ok && r != "" && !strings.ContainsAny(r, "{}")
+}
+
+// scanBatch is how many keys one SCAN step returns and one pipeline reads.
+const scanBatch = 500
+
+// scanLocks calls fn with the resources of the lock keys on node (every
+// master of a Cluster), scanBatch at a time.
+func scanLocks(ctx context.Context, l *Locker, node redis.UniversalClient, fn func(context.Context, redis.Cmdable, []string) error) error {
+	each := func(ctx context.Context, n redis.Cmdable) error {
+		iter := n.Scan(ctx, 0, l.ScanPattern(), scanBatch).Iterator()
+		var batch []string
+		for iter.Next(ctx) {
+			if r, ok := resourceOf(l.prefix, iter.Val()); ok {
+				batch = append(batch, r)
+			}
+			if len(batch) == scanBatch {
+				if err := fn(ctx, n, batch); err != nil {
+					return err
+				}
+				batch = batch[:0]
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		return fn(ctx, n, batch)
+	}
+	if cc, ok := node.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return each(ctx, n) })
+	}
+	return each(ctx, node)
+}
+
+// readRedis reads the locks on resources from one Redis node in one
+// pipeline: value, TTL, fencing counter and queue length. A key that is gone
+// is left out, or with free kept with an empty token (its fencing counter is
+// what Redlock's view needs); one that is not a string is left out.
+func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []string, free bool) ([]Held, error) {
+	type cmds struct {
+		val, fence *redis.StringCmd
+		ttl        *redis.DurationCmd
+		queued     *redis.IntCmd
+	}
+	cs := make([]cmds, len(resources))
+	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range resources {
+			k := l.keysFor(r)
+			cs[i] = cmds{val: p.Get(ctx, k.lock), ttl: p.PTTL(ctx, k.lock), fence: p.Get(ctx, k.fence), queued: p.ZCard(ctx, k.queue)}
+		}
+		return nil
+	})
+	var out []Held
+	for i, r := range resources {
+		c := cs[i]
+		switch err := c.val.Err(); {
+		case errors.Is(err, redis.Nil) && free:
+		case errors.Is(err, redis.Nil), err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			continue // gone since the scan, or not a lock
+		case err != nil:
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		h := Held{Resource: r, Token: c.val.Val(), TTL: -1, Queued: c.queued.Val()}
+		h.Fence, _ = c.fence.Int64()
+		if d := c.ttl.Val(); d > 0 {
+			h.TTL = d
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func (b *single) locks(ctx context.Context, l *Locker) ([]Held, error) {
+	var mu sync.Mutex
+	var out []Held
+	err := scanLocks(ctx, l, b.client, func(ctx context.Context, n redis.Cmdable, rs []string) error {
+		hs, err := readRedis(ctx, l, n, rs, false)
+		mu.Lock()
+		out = append(out, hs...)
+		mu.Unlock()
+		return err
+	})
+	return out, err
+}
+
+func (b *single) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+	hs, err := readRedis(ctx, l, b.client, []string{resource}, false)
+	if err != nil || len(hs) == 0 {
+		return nil, err
+	}
+	return &hs[0], nil
+}
+
+func (b *single) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
+	return deleteIfHolds(ctx, b.client, l.keysFor(h.Resource).lock, h.Token)
+}
+
+// deleteIfHolds deletes key on node if it still holds token (WATCH, GET,
+// MULTI/DEL), and reports whether the key no longer holds it.
+func deleteIfHolds(ctx context.Context, node redis.UniversalClient, key, token string) (bool, error) {
+	err := node.Watch(ctx, func(tx *redis.Tx) error {
+		cur, err := tx.Get(ctx, key).Result()
+		if errors.Is(err, redis.Nil) || (err == nil && cur != token) {
+			return errNotHeld
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, key)
+			return nil
+		})
+		return err
+	}, key)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errNotHeld), errors.Is(err, redis.TxFailedErr): // changed hands meanwhile
+		return false, nil
+	}
+	return false, fmt.Errorf("redis: %w", err)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+var errNotHeld = errors.New("not held with that token")
+
+// nodeName is how the operator's view names a Redlock node: its address.
+func nodeName(i int, n redis.UniversalClient) string {
+	if c, ok := n.(*redis.Client); ok {
+		return c.Options().Addr
+	}
+	return fmt.Sprintf("node %d", i)
+}
+
+// redlockRead is what one node holds: resource -> its lock there.
+type redlockRead map[string]Held
+
+// readAll reads fn's locks on every node at once. A node that fails is
+// left out; fewer than a quorum of nodes answering is an error.
+func (r *redlock) readAll(ctx context.Context, fn func(context.Context, int, redis.UniversalClient) ([]Held, error)) ([]redlockRead, error) {
+	reads := make([]redlockRead, len(r.nodes))
+	errs := make([]error, len(r.nodes))
+	var wg sync.WaitGroup
+	for i, n := range r.nodes {
+		wg.Go(func() {
+			hs, err := fn(ctx, i, n)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: %w", nodeName(i, n), err)
+				return
+			}
+			reads[i] = redlockRead{}
+			for _, h := range hs {
+				reads[i][h.Resource] = h
+			}
+		})
+	}
+	wg.Wait()
+	answered := 0
+	for _, rd := range reads {
+		if rd != nil {
+			answered++
+		}
+	}
+	if answered < r.quorum {
+		return nil, fmt.Errorf("redlock: %d of %d nodes answered, quorum %d: %w", answered, len(r.nodes), r.quorum, errors.Join(errs...))
+	}
+	return reads, nil
+}
+
+// agreed is the lock on resource where a quorum of nodes holds one token
+// (reads has every node that answered, a free key with an empty token). Its
+// fence is the counter that a quorum of nodes has, those the acquire set
+// (a node whose grant came late, or that took the lock since, may have
+// counted further), else the highest among the nodes that agree; its TTL is
+// the time until fewer than a quorum hold it. nil when no token has a quorum.
+func (r *redlock) agreed(resource string, reads []redlockRead) *Held {
+	byToken := map[string][]int{}
+	counters := map[int64]int{}
+	for i, rd := range reads {
+		if h, ok := rd[resource]; ok {
+			counters[h.Fence]++
+			if h.Token != "" {
+				byToken[h.Token] = append(byToken[h.Token], i)
+			}
+		}
+	}
+	for token, nodes := range byToken {
+		if len(nodes) < r.quorum {
+			continue
+		}
+		h := Held{Resource: resource, Token: token, Fence: -1}
+		var ttls []time.Duration
+		highest := int64(0)
+		for _, i := range nodes {
+			n := reads[i][resource]
+			highest = max(highest, n.Fence)
+			if counters[n.Fence] >= r.quorum {
+				h.Fence = max(h.Fence, n.Fence)
+			}
+			h.Nodes = append(h.Nodes, nodeName(i, r.nodes[i]))
+			ttls = append(ttls, n.TTL)
+		}
+		if h.Fence < 0 {
+			h.Fence = highest
+		}
+		slices.Sort(ttls)
+		h.TTL = ttls[len(ttls)-r.quorum] // the quorum-th longest
+		return &h
+	}
+	return nil
+}
+
+func (r *redlock) locks(ctx context.Context, l *Locker) ([]Held, error) {
+	// The resources with a lock key on some node, then each of them read on
+	// every node (fencing counters included where the key is gone).
+	var mu sync.Mutex
+	var resources []string
+	_, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
+		return nil, scanLocks(ctx, l, n, func(_ context.Context, _ redis.Cmdable, rs []string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, res := range rs {
+				if !slices.Contains(resources, res) {
+					resources = append(resources, res)
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil || len(resources) == 0 {
+		return nil, err
+	}
+	var out []Held
+	for from := 0; from < len(resources); from += scanBatch {
+		batch := resources[from:min(from+scanBatch, len(resources))]
+		reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
+			return readRedis(ctx, l, n, batch, true)
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, res := range batch {
+			if h := r.agreed(res, reads); h != nil {
+				out = append(out, *h)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (r *redlock) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+	reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
+		return readRedis(ctx, l, n, []string{resource}, true)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r.agreed(resource, reads), nil
+}
+
+// breakLock deletes the lock on every node that holds h's token. It is
+// broken when fewer than a quorum of nodes still hold it.
+func (r *redlock) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
+	key := l.keysFor(h.Resource).lock
+	deleted := make([]bool, len(r.nodes))
+	errs := make([]error, len(r.nodes))
+	var wg sync.WaitGroup
+	for i, n := range r.nodes {
+		wg.Go(func() {
+			deleted[i], errs[i] = deleteIfHolds(ctx, n, key, h.Token)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("%s: %w", nodeName(i, n), errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	unknown, anyDeleted := 0, false // unknown: nodes that did not answer, and may still hold it
+	for i := range r.nodes {
+		unknown += btoi(errs[i] != nil)
+		anyDeleted = anyDeleted || deleted[i]
+	}
+	if unknown >= r.quorum {
+		return false, fmt.Errorf("redlock: %d nodes did not answer and may still hold the lock, quorum %d: %w", unknown, r.quorum, errors.Join(errs...))
+	}
+	return anyDeleted, nil
+}
+
+// etcd: a lock is the key P{R} (its create revision the fence) bound to a
+// lease, whose time to live is the lock's TTL left.
+func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
+	resp, err := b.cl.Get(ctx, b.watchPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	var out []Held
+	ttls := map[int64]time.Duration{} // by lease id: the shared leases are asked once
+	for _, kv := range resp.Kvs {
+		r, ok := resourceOf(l.prefix, string(kv.Key))
+		if !ok {
+			continue
+		}
+		h, err := b.heldFrom(ctx, r, kv.Value, kv.CreateRevision, kv.Lease, ttls)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func (b *etcdBackend) heldFrom(ctx context.Context, r string, val []byte, rev, lease int64, ttls map[int64]time.Duration) (Held, error) {
+	h := Held{Resource: r, Token: string(val), Fence: rev, TTL: -1}
+	if lease == 0 {
+		return h, nil
+	}
+	ttl, ok := ttls[lease]
+	if !ok {
+		resp, err := b.cl.TimeToLive(ctx, clientv3.LeaseID(lease))
+		if err != nil {
+			return h, fmt.Errorf("etcd: lease of %q: %w", r, err)
+		}
+		ttl = time.Duration(max(resp.TTL, 0)) * time.Second
+		ttls[lease] = ttl
+	}
+	h.TTL = ttl
+	return h, nil
+}
+
+func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+	resp, err := b.cl.Get(ctx, l.keysFor(resource).lock)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	kv := resp.Kvs[0]
+	h, err := b.heldFrom(ctx, resource, kv.Value, kv.CreateRevision, kv.Lease, map[int64]time.Duration{})
+	return &h, err
+}
+
+// breakLock deletes the lock key and its owners key in one transaction, if
+// the key still holds h's token and fence; the holder's watch sees the
+// delete and cancels it (expired).
+func (b *etcdBackend) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
+	k := l.keysFor(h.Resource)
+	resp, err := b.cl.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(k.lock), "=", h.Token), clientv3.Compare(clientv3.CreateRevision(k.lock), "=", h.Fence)).
+		Then(clientv3.OpDelete(k.lock), clientv3.OpDelete(k.owners)).
+		Commit()
+	if err != nil {
+		return false, fmt.Errorf("etcd: %w", err)
+	}
+	return resp.Succeeded, nil
+}
+
+var (
+	_ inspector = (*single)(nil)
+	_ inspector = (*redlock)(nil)
+	_ inspector = (*etcdBackend)(nil)
+)
