@@ -168,10 +168,8 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	t.Logf("killed holder's lock freed %v after SIGKILL (TTL %v); order taken again %dms after the kill with fence %d > %d",
 		freed.Round(time.Millisecond), testTTL, next.StartedMS-killed.UnixMilli(), next.Fence, fence)
 
-	r.awaitRecovery(demo.Queue, "victim")
-	r.worker()
 	r.waitCompleted(total, 60*time.Second)
-	t.Logf("all %d jobs completed %v after the kill (asynq recovered the killed worker's tasks)", total, time.Since(killed).Round(time.Second))
+	t.Logf("all %d jobs completed %v after the kill (the live workers recovered the killed worker's tasks)", total, time.Since(killed).Round(time.Second))
 
 	// Every task ran to ok. asynq delivers at least once: a task that the
 	// killed worker finished (and recorded) but had not yet acknowledged runs
