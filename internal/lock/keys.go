@@ -38,3 +38,13 @@ func (l *Locker) Key(resource string) string { return l.keysFor(resource).lock }
 
 // FenceKey returns the Redis key of resource's fencing counter.
 func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).fence }
+
+// ScheduleRun returns the resource of a schedule's run lock (its overlap
+// policy: the worker of a run holds it while the run runs) and that lock's
+// key under prefix. The resource is "schedule:<name>", so the key,
+// prefix{schedule:<name>}, shares the hash tag of the scheduler's keys of
+// that schedule and one script can read both.
+func ScheduleRun(prefix, schedule string) (resource, key string) {
+	resource = "schedule:" + schedule
+	return resource, (&Locker{prefix: prefix}).Key(resource)
+}

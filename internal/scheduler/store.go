@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -59,11 +60,12 @@ type storedDef struct {
 	Timeout    string          `json:"timeout,omitempty"`
 	CatchUp    string          `json:"catch_up"`
 	MaxCatchUp int             `json:"max_catch_up,omitempty"`
+	Overlap    string          `json:"overlap,omitempty"` // "" (stored before overlap existed): allow
 }
 
 func encodeDef(s config.Schedule) string {
 	d := storedDef{Name: s.Name, Cron: s.Cron, Timezone: s.Timezone, Task: s.Task, Payload: s.Payload,
-		Queue: s.Queue, MaxRetry: s.MaxRetry, CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp}
+		Queue: s.Queue, MaxRetry: s.MaxRetry, CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp, Overlap: string(s.Overlap)}
 	if s.Timeout > 0 {
 		d.Timeout = s.Timeout.String()
 	}
@@ -77,7 +79,8 @@ func decodeDef(raw string) (config.Schedule, error) {
 		return config.Schedule{}, err
 	}
 	s := config.Schedule{Name: d.Name, Cron: d.Cron, Timezone: d.Timezone, Task: d.Task, Payload: d.Payload,
-		Queue: d.Queue, MaxRetry: d.MaxRetry, CatchUp: config.CatchUp(d.CatchUp), MaxCatchUp: d.MaxCatchUp}
+		Queue: d.Queue, MaxRetry: d.MaxRetry, CatchUp: config.CatchUp(d.CatchUp), MaxCatchUp: d.MaxCatchUp,
+		Overlap: cmp.Or(config.Overlap(d.Overlap), config.OverlapAllow)}
 	if d.Timeout != "" {
 		t, err := time.ParseDuration(d.Timeout)
 		if err != nil {
