@@ -196,6 +196,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) err
 			return nil
 		}
 		if !run {
+			s.log.Debug("tick skipped", "schedule", e.name, "tick", tick, "kind", k.String(), "reason", ReasonOverlap)
 			finished = s.done(ctx, e, tick, tickRecord{Tick: tick, State: TickSkipped, Reason: ReasonOverlap, Leader: s.id, TaskID: TaskID(e.name, t)})
 			s.m.SchedulerTicks.WithLabelValues(e.label, ResultSkippedOverlap).Inc()
 			s.emit(e, t, ResultSkippedOverlap, 1, 0)
