@@ -355,11 +355,21 @@ func (r *overlapRig) endedByLaterTick() []string {
 	return ids
 }
 
-// G9 under a fault: with skip, the worker of the running run is SIGKILLed
-// mid-run. The ticks are skipped while its run lock lives, and the next tick
-// runs within the run lock's TTL (and a tick) of the kill.
-func TestOverlapSkipWorkerKilledMidRunNextTickWithinTTL(t *testing.T) {
-	r := startOverlapRig(t, "skip")
+// G9 under a fault: with skip, and with buffer_one, the worker of the
+// running run is SIGKILLed mid-run. No run starts while its run lock lives,
+// the next run starts within the run lock's TTL (and a tick, and a lock
+// wait's backoff) of the kill, and the backlog stays within the policy.
+func TestOverlapWorkerKilledMidRunNextRunWithinTTL(t *testing.T) {
+	for _, c := range []struct {
+		policy  string
+		maxLive int
+	}{{"skip", 0}, {"buffer_one", 1}} {
+		t.Run(c.policy, func(t *testing.T) { killMidRun(t, c.policy, c.maxLive) })
+	}
+}
+
+func killMidRun(t *testing.T, policy string, maxLive int) {
+	r := startOverlapRig(t, policy)
 	var victim *proc
 	var id string
 	deadline := time.Now().Add(15 * time.Second)
@@ -378,32 +388,31 @@ func TestOverlapSkipWorkerKilledMidRunNextTickWithinTTL(t *testing.T) {
 	killed := time.Now()
 	t.Logf("killed the worker of %s", id)
 
-	// The next enqueued tick after the kill.
-	var next *cliTick
-	for next == nil {
-		for _, tk := range r.ticks() {
-			if tk.State == "done" && tk.TaskID != id && tk.Tick.After(killed.Add(-time.Second)) {
-				next = &tk
-				break
+	// The first run that started after the kill.
+	var next demo.Execution
+	for next.TaskID == "" {
+		for _, x := range r.executions() {
+			if started := time.UnixMilli(x.StartedMS); started.After(killed) && (next.TaskID == "" || x.StartedMS < next.StartedMS) {
+				next = x
 			}
 		}
 		if time.Since(killed) > 10*time.Second {
-			t.Fatal("no tick enqueued within 10s of the kill")
+			t.Fatal("no run started within 10s of the kill")
 		}
-		time.Sleep(100 * time.Millisecond) // polling lockstep ticks
+		time.Sleep(100 * time.Millisecond) // polling the executions stream
 	}
-	enq := next.Tick.Add(time.Duration(*next.LatenessMS) * time.Millisecond)
+	started := time.UnixMilli(next.StartedMS)
 	// The run lock was renewed every TTL/3: it lived at least 2/3 TTL after
 	// the kill, and at most TTL.
-	if min := killed.Add(2 * overlapRunTTL / 3); enq.Before(min) {
-		t.Errorf("tick %v enqueued %v after the kill, while the killed run's lock still lived", next.Tick, enq.Sub(killed))
+	if lo := killed.Add(2 * overlapRunTTL / 3); started.Before(lo) {
+		t.Errorf("run %s started %v after the kill, while the killed run's lock still lived", next.TaskID, started.Sub(killed))
 	}
-	if max := killed.Add(overlapRunTTL + 1500*time.Millisecond); enq.After(max) {
-		t.Errorf("tick %v enqueued %v after the kill, want within the run lock's TTL %v and a tick", next.Tick, enq.Sub(killed), overlapRunTTL)
+	if hi := killed.Add(overlapRunTTL + 2*time.Second); started.After(hi) { // a tick, a poll, a loaded machine
+		t.Errorf("run %s started %v after the kill, want within the run lock's TTL %v and a tick", next.TaskID, started.Sub(killed), overlapRunTTL)
 	}
-	t.Logf("next tick %v enqueued %v after the kill", next.Tick, enq.Sub(killed).Round(time.Millisecond))
-	r.waitExecutions(2, 15*time.Second)
+	t.Logf("next run %s started %v after the kill", next.TaskID, started.Sub(killed).Round(time.Millisecond))
+	r.waitExecutions(3, 15*time.Second)
 	r.stopReplicas()
-	ticks := r.waitIdle(10*time.Second, id)
-	checkBacklog(t, ticks, r.executions(), 0, map[string]time.Time{id: killed.Add(2 * overlapRunTTL / 3)})
+	ticks := r.waitIdle(15*time.Second, id)
+	checkBacklog(t, ticks, r.executions(), maxLive, map[string]time.Time{id: killed.Add(2 * overlapRunTTL / 3)})
 }

@@ -34,7 +34,6 @@ const (
 	// ResultSkippedOverlap: this replica won the tick and skipped it: an
 	// earlier run was queued or running (overlap skip or buffer_one).
 	ResultSkippedOverlap = "skipped_overlap"
-	ResultBackfilled     = "backfilled" // enqueued by a backfill (schedules.Client.Backfill)
 )
 
 const (

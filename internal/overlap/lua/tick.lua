@@ -25,8 +25,9 @@
 -- Returns {decision, queued, running, cancelled}:
 --   decision  1 the run is registered: enqueue it; 0 skip the tick (reason overlap)
 --   queued, running  the live runs other than the new one
---   cancelled  cancel_previous: how many live runs were ended (the running one's lock deleted,
---              so its watchdog cancels it with ErrLockLost; queued ones skip themselves at start)
+--   cancelled  cancel_previous: how many live runs were ended (the run lock, if held, deleted,
+--              so its watchdog cancels the holder with ErrLockLost; queued ones skip themselves
+--              at start)
 local runs, state, lock = KEYS[1], KEYS[2], KEYS[3]
 local policy, id = ARGV[1], ARGV[2]
 local grace = tonumber(ARGV[3])
@@ -78,7 +79,7 @@ elseif policy == 'cancel_previous' then
   for _, run in ipairs(running) do
     redis.call('HDEL', runs, run)
   end
-  if #running > 0 then
+  if locked then -- held for a run that ends here (running, or taking the lock to start)
     redis.call('DEL', lock)
   end
   cancelled = #queued + #running
