@@ -38,6 +38,8 @@ type scheduleJSON struct {
 	LastTick *time.Time `json:"last_tick"`
 	NextTick *time.Time `json:"next_tick"`
 	Overlap  string     `json:"overlap"`
+	Running  string     `json:"running,omitempty"` // the running run's task id (overlap other than allow)
+	Queued   int        `json:"queued,omitempty"`  // runs queued behind it
 }
 
 func cmdSchedules(ctx context.Context, a *app, args []string) int {
@@ -71,7 +73,7 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 		for _, in := range all {
 			out = append(out, scheduleJSON{Name: in.Schedule.Name, Cron: in.Schedule.Cron, Timezone: in.Schedule.Timezone,
 				Task: in.Schedule.Task, Paused: in.Paused, Source: in.Source, LastTick: timePtr(in.LastTick), NextTick: timePtr(in.NextTick),
-				Overlap: string(cmp.Or(in.Schedule.Overlap, config.OverlapAllow))})
+				Overlap: string(cmp.Or(in.Schedule.Overlap, config.OverlapAllow)), Running: in.Running, Queued: in.Queued})
 		}
 		return writeJSON(a, out)
 	}

@@ -262,6 +262,18 @@ func TestOverlapSkipNeverQueuesBehindARun(t *testing.T) {
 // With buffer_one, at most one run waits behind the running one.
 func TestOverlapBufferOneQueuesAtMostOne(t *testing.T) {
 	r := startOverlapRig(t, "buffer_one")
+	// lockstep schedules (and the page) show the running run and the one behind it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, out := r.lockstep("--config", r.cfg, "schedules", "--json")
+		if strings.Contains(out, `"running": "nightly:`) && strings.Contains(out, `"queued": 1`) && strings.Contains(out, `"overlap": "buffer_one"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lockstep schedules --json never showed a running run with one queued:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the CLI, the observable itself
+	}
 	r.waitExecutions(4, 30*time.Second)
 	r.stopReplicas()
 	ticks := r.waitIdle(15 * time.Second)

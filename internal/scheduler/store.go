@@ -11,12 +11,14 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
@@ -292,6 +294,12 @@ type Info struct {
 	Source   string    // SourceFile or SourceRuntime
 	LastTick time.Time // the watermark: the latest tick claimed or skipped; zero if none
 	NextTick time.Time // the next tick due; zero when paused or there is none
+	// Running is the task id of the schedule's running run (overlap policies
+	// other than allow: its worker holds the run lock), "" if none.
+	Running string
+	// Queued is how many of its runs are recorded queued (waiting, or to be
+	// retried), as of the last tick's check.
+	Queued int
 }
 
 // List returns every schedule by name: the run-time ones and the file ones
@@ -326,9 +334,15 @@ func (st *Store) List(ctx context.Context, file []config.Schedule) ([]Info, erro
 	}
 	names := slices.Sorted(maps.Keys(byName))
 	cmds := make([]*redis.StringCmd, len(names))
+	runs := make([]*redis.MapStringStringCmd, len(names))
+	locked := make([]*redis.IntCmd, len(names))
 	_, err = st.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, name := range names {
 			cmds[i] = p.HGet(ctx, keysFor(st.prefix, name).state, "tick")
+			if o := byName[name].Schedule.Overlap; o != "" && o != config.OverlapAllow {
+				k := overlap.KeysFor(st.prefix, name)
+				runs[i], locked[i] = p.HGetAll(ctx, k.Runs), p.Exists(ctx, k.Lock)
+			}
 		}
 		return nil
 	})
@@ -341,6 +355,15 @@ func (st *Store) List(ctx context.Context, file []config.Schedule) ([]Info, erro
 		in := byName[name]
 		if u, err := cmds[i].Int64(); err == nil {
 			in.LastTick = time.Unix(u, 0).UTC()
+		}
+		if runs[i] != nil {
+			for id, v := range runs[i].Val() {
+				if v == "r" && locked[i].Val() == 1 {
+					in.Running = id
+				} else if strings.HasPrefix(v, "q") {
+					in.Queued++
+				}
+			}
 		}
 		if !in.Paused {
 			from := now
