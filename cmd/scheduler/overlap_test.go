@@ -346,6 +346,13 @@ func TestOverlapCancelPreviousCancelsTheRunningRun(t *testing.T) {
 			}
 		}
 	}
+	ended := 0
+	for _, w := range r.workers {
+		ended += strings.Count(w.output(), "schedule run ended by a later tick while it ran")
+	}
+	if ended < len(runs)-1 {
+		t.Errorf("%d workers' runs told they were ended by a later tick, want %d", ended, len(runs)-1)
+	}
 	if len(runs) < 3 || lost < len(runs)-1 {
 		t.Errorf("%d runs, %d run locks lost; want each tick to cancel the run before", len(runs), lost)
 	}

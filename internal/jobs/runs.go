@@ -45,9 +45,14 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 
 	// asynq runs the task again after an error, unless it is final.
 	again := err != nil && !errors.Is(err, SkipRetry) && (job.Attempt <= job.MaxRetry || !isFailure(err))
-	if ferr := run.Finish(context.WithoutCancel(ctx), again); ferr != nil {
+	live, ferr := run.Finish(context.WithoutCancel(ctx), again)
+	switch {
+	case ferr != nil:
 		s.log.Warn("recording the end of a schedule run failed; the next tick finds it ended once its lock expires",
 			"schedule", schedule, "id", job.ID, "err", ferr)
+	case !live:
+		s.log.Info("schedule run ended by a later tick while it ran (cancel_previous, or its run lock was lost)",
+			"schedule", schedule, "id", job.ID, "fence", run.Lease.Fence())
 	}
 	lost, relErr := hold.Finish(ctx)
 	if relErr != nil {

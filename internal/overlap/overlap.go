@@ -155,12 +155,14 @@ func Begin(ctx context.Context, c redis.UniversalClient, l *lock.Locker, k Keys,
 }
 
 // Finish records the run's end before its lock is released: again, if asynq
-// will run the task again, so that it stays a live (queued) run.
-func (r *Run) Finish(ctx context.Context, again bool) error {
+// will run the task again, so that it stays a live (queued) run. It reports
+// whether the run was still live: false if a later tick ended it meanwhile
+// (cancel_previous, or it found the run's lock gone).
+func (r *Run) Finish(ctx context.Context, again bool) (live bool, err error) {
 	flag := "0"
 	if again {
 		flag = "1"
 	}
-	_, err := script.Run(ctx, r.client, scriptFinish, "overlap finish", []string{r.keys.Runs}, r.id, flag)
-	return err
+	res, err := script.Run(ctx, r.client, scriptFinish, "overlap finish", []string{r.keys.Runs}, r.id, flag)
+	return res == int64(1), err
 }

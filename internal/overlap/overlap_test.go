@@ -145,8 +145,8 @@ func TestCancelPreviousEndsTheRunningRun(t *testing.T) {
 	if n, _ := c.Exists(ctx, r.keys.Lock).Result(); n != 0 {
 		t.Error("the cancelled run's lock still exists")
 	}
-	if err := run.Finish(ctx, false); err != nil {
-		t.Fatal(err)
+	if live, err := run.Finish(ctx, false); err != nil || live {
+		t.Fatalf("finish of the cancelled run: live %v, %v; want not live", live, err)
 	}
 	if runs := r.runs(); len(runs) != 1 || runs["s:101"] == "" {
 		t.Errorf("runs %v, want only s:101", runs)
