@@ -50,6 +50,8 @@ var (
 	ErrExists = scheduler.ErrExists
 	// ErrFileSchedule: Add of a name a file schedule has.
 	ErrFileSchedule = scheduler.ErrFileSchedule
+	// ErrSkippedOverlap: Trigger skipped by the schedule's overlap policy.
+	ErrSkippedOverlap = scheduler.ErrSkippedOverlap
 )
 
 // FieldError is one problem with one field of a schedule that Add or
@@ -105,7 +107,8 @@ func (c *Client) Resume(ctx context.Context, name string) (bool, error) {
 }
 
 // Trigger enqueues one task of the schedule now and returns its task id,
-// "<schedule>:trigger:<unix ms>-<random hex>".
+// "<schedule>:trigger:<unix ms>-<random hex>". It follows the schedule's
+// overlap policy: skipped, it returns ErrSkippedOverlap.
 func (c *Client) Trigger(ctx context.Context, name string) (string, error) {
 	return c.st.Trigger(ctx, name, nil)
 }

@@ -194,6 +194,9 @@ func schedulesByName(ctx context.Context, a *app, verb string, args []string) in
 	case errors.Is(err, scheduler.ErrNotFound):
 		fmt.Fprintf(a.stderr, "lockstep schedules %s: no schedule %q\n", verb, name)
 		return 1
+	case errors.Is(err, scheduler.ErrSkippedOverlap):
+		fmt.Fprintf(a.stdout, "schedule %s: trigger skipped: an earlier run is queued or running (overlap policy)\n", name)
+		return 1
 	}
 	fmt.Fprintln(a.stderr, err)
 	return 1

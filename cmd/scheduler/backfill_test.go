@@ -188,7 +188,7 @@ func TestBackfillTwiceEnqueuesEachTickOnce(t *testing.T) {
 
 // A backfill applies the schedule's overlap policy: with skip and no worker
 // to run them, the first tick of the range is enqueued and waits, and the
-// others are recorded skipped with reason overlap.
+// others are recorded skipped with reason overlap; so is a trigger.
 func TestBackfillAppliesTheOverlapPolicy(t *testing.T) {
 	srv := redistest.Start(t)
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, backfillSchedule)}
@@ -216,8 +216,12 @@ func TestBackfillAppliesTheOverlapPolicy(t *testing.T) {
 			t.Errorf("tick %d (%v): %q, want %q", i, tk.Tick, tk.Result, want)
 		}
 	}
+	// A trigger follows the policy too.
+	if code, out := r.lockstep("schedules", "trigger", "hourly"); code != 1 || !strings.Contains(out, "trigger skipped") {
+		t.Errorf("trigger behind a queued run: exit %d, %q; want 1, skipped", code, out)
+	}
 	_, out = r.lockstep("ticks", "hourly", "--json")
-	if n := strings.Count(out, `"reason": "overlap"`); n != 4 {
-		t.Errorf("lockstep ticks: %d ticks skipped with reason overlap, want 4:\n%s", n, out)
+	if n := strings.Count(out, `"reason": "overlap"`); n != 5 {
+		t.Errorf("lockstep ticks: %d ticks skipped with reason overlap, want 5 (4 backfilled, 1 trigger):\n%s", n, out)
 	}
 }

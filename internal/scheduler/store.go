@@ -27,6 +27,9 @@ var (
 	ErrNotFound     = errors.New("no such schedule")
 	ErrExists       = errors.New("schedule exists already")
 	ErrFileSchedule = errors.New("schedule is defined in the config file")
+	// ErrSkippedOverlap: a trigger that the schedule's overlap policy
+	// skipped, because an earlier run is queued or running.
+	ErrSkippedOverlap = errors.New("skipped: an earlier run is queued or running (overlap policy)")
 )
 
 // Store holds the run-time schedules in Redis. Every change is one script
@@ -190,7 +193,9 @@ func TriggerTaskID(schedule string, at time.Time) string {
 }
 
 // Trigger enqueues one task of the schedule now, paused or not, with a
-// TriggerTaskID, and returns that id. The schedule is looked up among the
+// TriggerTaskID, and returns that id. It follows the schedule's overlap
+// policy as a tick does: skipped, it fails with ErrSkippedOverlap (recorded
+// skipped, reason overlap). The schedule is looked up among the
 // run-time schedules, then file (the caller's, from its config), then in the
 // replicas' registry of file schedules.
 func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedule) (string, error) {
@@ -199,11 +204,22 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
 	}
 	id := TriggerTaskID(name, time.Now())
+	if s.Overlap != "" && s.Overlap != config.OverlapAllow {
+		d, err := overlap.Tick(ctx, st.client, asynq.NewInspectorFromRedisClient(st.client), overlap.KeysFor(st.prefix, name),
+			keysFor(st.prefix, name).state, s.Overlap, s.Queue, id, backfillGrace, minStateTTL)
+		if err != nil {
+			return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
+		}
+		if !d.Run {
+			st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickSkipped, Reason: ReasonOverlap, TaskID: id, Leader: "trigger"})
+			return "", fmt.Errorf("schedules: trigger %s: %w", name, ErrSkippedOverlap)
+		}
+	}
 	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(s.Queue), asynq.MaxRetry(s.MaxRetry)}
 	if s.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(s.Timeout))
 	}
-	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTask(s.Task, s.Payload), opts...); err != nil {
+	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(s.Task, s.Payload, overlap.Headers(name, s.Overlap)), opts...); err != nil {
 		return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
 	}
 	st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickDone, TaskID: id, Leader: "trigger"})
