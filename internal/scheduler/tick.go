@@ -241,8 +241,8 @@ func (s *Scheduler) overlapCheck(ctx context.Context, e *entry, t time.Time) (ru
 	if d.Cancelled > 0 {
 		s.log.Info("cancelled the previous run for the new tick", "schedule", e.name, "tick", t, "cancelled", d.Cancelled)
 	}
-	if !d.Run {
-		s.log.Info("tick skipped: an earlier run is queued or running", "schedule", e.name, "tick", t,
+	if !d.Run { // the record, the metric and the debug line "tick skipped" tell; no line per tick at info
+		s.log.Debug("an earlier run is queued or running", "schedule", e.name, "tick", t,
 			"overlap", string(e.def.Overlap), "queued", d.Queued, "running", d.Running)
 	}
 	return d.Run, nil
