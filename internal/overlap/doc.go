@@ -30,7 +30,8 @@
 // (the same path as a lost lock, DESIGN.md G4) and the next run's fence is
 // higher: a fenced store refuses the cancelled run's late writes. A tick
 // that runs is registered "q <ms>" before it is enqueued, so a slow enqueue
-// does not look like no run.
+// does not look like no run. A trigger and each tick of a backfill are
+// decided the same way.
 //
 // # On the worker (Begin, Run.Finish)
 //
@@ -60,4 +61,7 @@
 //     and buffer_one still hold, but cancel_previous cannot cancel it.
 //   - A run ended by a later tick (its worker judged dead) that asynq
 //     delivers again does not run.
+//   - The cancelled run's context ends with the watchdog's ErrLockLost for
+//     the run lock's key (reason expired: the key is gone); the cause does
+//     not name the new tick (the worker logs that a later tick ended it).
 package overlap
