@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -63,9 +64,13 @@ type overlapRig struct {
 	workers  []*proc
 }
 
-func startOverlapRig(t *testing.T, policy string) *overlapRig {
+// startOverlapRig starts the rig; setup runs on its Redis before any process.
+func startOverlapRig(t *testing.T, policy string, setup ...func(*redistest.Server)) *overlapRig {
 	t.Helper()
 	srv := redistest.Start(t)
+	for _, f := range setup {
+		f(srv)
+	}
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, overlapSchedule(policy))}
 	wcfg := proctest.WriteFile(t, "worker.yaml", overlapWorkerYAML)
 	for i := range 3 {
@@ -434,4 +439,50 @@ func killMidRun(t *testing.T, policy string, maxLive int) {
 	r.stopReplicas()
 	ticks := r.waitIdle(15*time.Second, id)
 	checkBacklog(t, ticks, r.executions(), maxLive, map[string]time.Time{id: killed.Add(2 * overlapRunTTL / 3)})
+}
+
+// A schedule's run whose handler's lock is busy (another job holds the
+// order) waits for it in its worker, under the run lock, rather than being
+// requeued, so that no hand-off runs it elsewhere without its run lock; it
+// starts in that worker on its first attempt once the order is free.
+func TestOverlapRunWaitsForItsHandlersLockUnderTheRunLock(t *testing.T) {
+	var other *lock.Lease
+	r := startOverlapRig(t, "skip", func(srv *redistest.Server) {
+		var err error
+		if other, err = lock.New(srv.Client()).TryAcquire(context.Background(), demo.Resource("nightly"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var w *proc
+	var id string
+	deadline := time.Now().Add(15 * time.Second)
+	for w == nil {
+		for _, p := range r.workers {
+			if rec := p.log.Find(proctest.Msg("lock busy; task waits in the worker")); rec != nil {
+				w, id = p, rec["id"].(string)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no schedule run waited in its worker for the busy order lock within 15s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the workers' logs
+	}
+	code, out := r.lockstep("locks", "--json")
+	if code != 0 || !strings.Contains(out, `"resource": "schedule:nightly"`) || !strings.Contains(out, id) {
+		t.Errorf("lockstep locks: exit %d; want schedule:nightly held by %s:\n%s", code, id, out)
+	}
+	if err := other.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec := w.waitLog("job started", 10*time.Second)
+	if rec["id"] != id {
+		t.Fatalf("the worker that waited started %v, want %s", rec["id"], id)
+	}
+	if rec["attempt"] != float64(1) {
+		t.Errorf("%s started on attempt %v, want 1 (never requeued)", id, rec["attempt"])
+	}
+	r.waitExecutions(1, 10*time.Second)
+	if x := r.executions()[id]; x.Outcome != demo.OutcomeOK || x.Worker == "" {
+		t.Errorf("run %s: %+v, want ok", id, x)
+	}
 }

@@ -24,6 +24,7 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 	l := s.runLocker()
 	k := overlap.KeysFor(strings.TrimSuffix(l.KeyPrefix(), "{"), schedule)
 	ctx = lock.WithJob(ctx, job.ID, job.Type)
+	ctx = context.WithValue(ctx, inRunKey{}, true)
 	run, err := overlap.Begin(ctx, s.client, l, k, job.ID, s.cfg.LockTTL)
 	switch {
 	case errors.Is(err, overlap.ErrEnded):
@@ -60,6 +61,22 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 	}
 	s.log.Debug("schedule run finished", "schedule", schedule, "id", job.ID, "err", err, "lost", lost != nil)
 	return err
+}
+
+type inRunKey struct{}
+
+// runSpec is the spec a task runs with: a schedule's run whose handler's
+// lock is busy waits for it here, under the run lock, however long, instead
+// of being requeued, so that no hand-off runs it elsewhere without the run
+// lock (there cancel_previous could not cancel it). A run holds only its own
+// schedule's run lock while it waits, so the waits form no cycle.
+func runSpec(ctx context.Context, spec *Spec) *Spec {
+	if ctx.Value(inRunKey{}) == nil || spec.Resource == nil || spec.Contention == Skip {
+		return spec
+	}
+	sp := *spec
+	sp.Contention, sp.ContentionWait = Wait, 0 // 0: until the task's context ends
+	return &sp
 }
 
 // runLocker is the Locker of schedules' run locks: the queue's Redis, where

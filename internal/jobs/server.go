@@ -260,6 +260,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	if !ok {
 		return fmt.Errorf("jobs: no handler for task type %q on this worker", t.Type())
 	}
+	spec = runSpec(ctx, spec)
 	job := jobOf(ctx, t.Type())
 	payload, err := spec.Decode(t.Payload())
 	if err != nil {

@@ -56,9 +56,13 @@
 //   - A worker that dies while its run waits for the run lock (or between
 //     taking the task and taking the lock) leaves the run queued until
 //     asynq's own lease gives the task back, and then it runs.
-//   - A task handed on by its handler's lock (internal/jobs' hand-off chain)
-//     runs without taking the run lock; it counts as a queued run, so skip
-//     and buffer_one still hold, but cancel_previous cannot cancel it.
+//   - A run whose handler's lock is busy waits for it in its worker, under
+//     the run lock (internal/jobs turns Requeue and Wait into an unbounded
+//     wait for schedule runs), so the hand-off chain, which runs tasks
+//     without this entry, does not take it. One parked when its context
+//     ended (a worker's shutdown) may be handed on: it then runs without the
+//     run lock and counts as queued (skip and buffer_one hold), and
+//     cancel_previous cannot cancel it.
 //   - A run ended by a later tick (its worker judged dead) that asynq
 //     delivers again does not run.
 //   - The cancelled run's context ends with the watchdog's ErrLockLost for
