@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,6 +24,7 @@ func Example() {
 		Task:     "report:build",
 		Payload:  json.RawMessage(`{"customer":"acme"}`),
 		CatchUp:  "once", // after an outage or a pause: the latest missed tick
+		Overlap:  "skip", // no tick while the previous run is queued or running
 	})
 	if err != nil {
 		log.Fatal(err) // e.g. schedule (report-acme).cron: invalid cron expression ...
@@ -36,5 +38,16 @@ func Example() {
 
 	if _, err := c.Pause(ctx, "report-acme"); err != nil {
 		log.Fatal(err)
+	}
+
+	// Yesterday's ticks that were not enqueued (the schedule did not exist
+	// yet, or an outage skipped them), each once with its own task id.
+	to := time.Now().Add(-time.Hour)
+	ticks, err := c.Backfill(ctx, "report-acme", to.Add(-20*time.Hour), to, schedules.BackfillOptions{Max: 100})
+	if err != nil {
+		log.Fatal(err) // errors.Is(err, schedules.ErrBadBackfill): a bad range, nothing enqueued
+	}
+	for _, t := range ticks {
+		log.Println(t.Tick, t.TaskID, t.Result) // enqueued, exists, skipped_overlap or scheduler
 	}
 }

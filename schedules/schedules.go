@@ -14,7 +14,7 @@ import (
 
 // Schedule is one cron schedule. Zero fields take the defaults of a config
 // file's entry: Timezone UTC, Queue "default", MaxRetry 5 (set NoRetry for
-// 0), CatchUp "skip", MaxCatchUp the replicas' scheduler.max_catch_up.
+// 0), CatchUp "skip", Overlap "allow", MaxCatchUp the replicas' scheduler.max_catch_up.
 type Schedule struct {
 	Name     string          // [A-Za-z0-9_.-]+
 	Cron     string          // 5 or 6 fields (seconds first), descriptors, "@every D"
@@ -28,6 +28,10 @@ type Schedule struct {
 	CatchUp  string        // skip, once or all
 	// MaxCatchUp caps the ticks CatchUp "all" enqueues after an outage or a pause.
 	MaxCatchUp int
+	// Overlap is what a tick does while an earlier run of the schedule is
+	// queued or running: allow (the default), skip, buffer_one or
+	// cancel_previous (see docs/scheduler.md).
+	Overlap string
 }
 
 // Info is a schedule as List reports it.
@@ -46,6 +50,8 @@ var (
 	ErrExists = scheduler.ErrExists
 	// ErrFileSchedule: Add of a name a file schedule has.
 	ErrFileSchedule = scheduler.ErrFileSchedule
+	// ErrSkippedOverlap: Trigger skipped by the schedule's overlap policy.
+	ErrSkippedOverlap = scheduler.ErrSkippedOverlap
 )
 
 // FieldError is one problem with one field of a schedule that Add or
@@ -103,6 +109,8 @@ func (c *Client) Resume(ctx context.Context, name string) (bool, error) {
 // Trigger enqueues one task of the schedule now and returns its task id,
 // "<schedule>:trigger:<unix ms>-<random hex>". The trace context of ctx, if
 // any, goes in the task's headers: the worker's job span joins that trace.
+// It follows the schedule's overlap policy: skipped, it returns
+// ErrSkippedOverlap.
 func (c *Client) Trigger(ctx context.Context, name string) (string, error) {
 	return c.st.Trigger(ctx, name, nil)
 }
@@ -135,6 +143,7 @@ func (s Schedule) internal() config.Schedule {
 	d.Timezone = cmp.Or(s.Timezone, d.Timezone)
 	d.Queue = cmp.Or(s.Queue, d.Queue)
 	d.CatchUp = cmp.Or(config.CatchUp(s.CatchUp), d.CatchUp)
+	d.Overlap = cmp.Or(config.Overlap(s.Overlap), d.Overlap)
 	if s.MaxRetry != 0 || s.NoRetry {
 		d.MaxRetry = s.MaxRetry
 	}
@@ -146,7 +155,39 @@ func fromInfo(in scheduler.Info) Info {
 	return Info{
 		Schedule: Schedule{Name: s.Name, Cron: s.Cron, Timezone: s.Timezone, Task: s.Task, Payload: s.Payload,
 			Queue: s.Queue, MaxRetry: s.MaxRetry, NoRetry: s.MaxRetry == 0, Timeout: s.Timeout,
-			CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp},
+			CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp, Overlap: string(s.Overlap)},
 		Paused: in.Paused, Source: in.Source, LastTick: in.LastTick, NextTick: in.NextTick,
 	}
+}
+
+// Results of a backfilled tick (BackfillTick.Result).
+const (
+	BackfillEnqueued  = scheduler.BackfillEnqueued  // enqueued now
+	BackfillExists    = scheduler.BackfillExists    // its task was enqueued already, by the scheduler or a backfill
+	BackfillSkipped   = scheduler.BackfillSkipped   // skipped by the overlap policy (recorded skipped, reason overlap)
+	BackfillScheduler = scheduler.BackfillScheduler // not yet due to the scheduler's watermark: the scheduler enqueues it
+	BackfillWould     = scheduler.BackfillWould     // dry run: would be enqueued
+)
+
+// ErrBadBackfill: a backfill refused as a whole (a range after now, from
+// after to, older than task_retention, more than Max ticks); nothing was
+// enqueued.
+var ErrBadBackfill = scheduler.ErrBadBackfill
+
+// BackfillOptions bound and direct Backfill.
+type BackfillOptions = scheduler.BackfillOptions
+
+// BackfillTick is one tick of a backfill.
+type BackfillTick = scheduler.BackfillTick
+
+// Backfill enqueues each tick of the schedule in [from, to] that was not
+// enqueued yet, once, with the tick's own task id "<schedule>:<unix
+// seconds>", applying the schedule's overlap policy, and returns every
+// tick of the range with its result. Ticks newer than the schedule's
+// latest claimed tick are left to the scheduler. It refuses with
+// ErrBadBackfill, before enqueuing anything, a range that reaches into the
+// future or further back than task_retention, or that holds more than
+// opts.Max ticks (default 1000).
+func (c *Client) Backfill(ctx context.Context, name string, from, to time.Time, opts BackfillOptions) ([]BackfillTick, error) {
+	return c.st.Backfill(ctx, name, nil, from, to, opts)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,8 +18,10 @@ import (
 const (
 	schedulesUsage = `schedules [--json]                  list file and run-time schedules
        lockstep schedules add NAME --cron SPEC --task TYPE [--payload JSON] [--timezone TZ] [--queue Q]
-                              [--max-retry N] [--timeout D] [--catch-up skip|once|all] [--max-catch-up N] [--update]
-       lockstep schedules pause NAME | resume NAME | rm NAME | trigger NAME`
+                              [--max-retry N] [--timeout D] [--catch-up skip|once|all] [--max-catch-up N]
+                              [--overlap allow|skip|buffer_one|cancel_previous] [--update]
+       lockstep schedules pause NAME | resume NAME | rm NAME | trigger NAME
+       lockstep schedules backfill NAME --from RFC3339 --to RFC3339 [--dry-run] [--max N]`
 	schedulesAbout = `Run-time schedules live in Redis; every scheduler replica applies a change
 within a second. File schedules (from --config) can be paused, resumed and
 triggered, not changed. Exit codes: 0 done, 1 not found or nothing to do,
@@ -35,6 +38,9 @@ type scheduleJSON struct {
 	Source   string     `json:"source"`
 	LastTick *time.Time `json:"last_tick"`
 	NextTick *time.Time `json:"next_tick"`
+	Overlap  string     `json:"overlap"`
+	Running  string     `json:"running,omitempty"` // the running run's task id (overlap other than allow)
+	Queued   int        `json:"queued,omitempty"`  // runs queued behind it
 }
 
 func cmdSchedules(ctx context.Context, a *app, args []string) int {
@@ -44,6 +50,8 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 			return schedulesAdd(ctx, a, args[1:])
 		case "pause", "resume", "rm", "trigger":
 			return schedulesByName(ctx, a, args[0], args[1:])
+		case "backfill":
+			return schedulesBackfill(ctx, a, args[1:])
 		}
 		return usageError(a, a.flags("schedules", schedulesUsage, schedulesAbout), "unknown subcommand %q", args[0])
 	}
@@ -65,7 +73,8 @@ func cmdSchedules(ctx context.Context, a *app, args []string) int {
 		out := make([]scheduleJSON, 0, len(all))
 		for _, in := range all {
 			out = append(out, scheduleJSON{Name: in.Schedule.Name, Cron: in.Schedule.Cron, Timezone: in.Schedule.Timezone,
-				Task: in.Schedule.Task, Paused: in.Paused, Source: in.Source, LastTick: timePtr(in.LastTick), NextTick: timePtr(in.NextTick)})
+				Task: in.Schedule.Task, Paused: in.Paused, Source: in.Source, LastTick: timePtr(in.LastTick), NextTick: timePtr(in.NextTick),
+				Overlap: string(cmp.Or(in.Schedule.Overlap, config.OverlapAllow)), Running: in.Running, Queued: in.Queued})
 		}
 		return writeJSON(a, out)
 	}
@@ -92,12 +101,13 @@ func schedulesAdd(ctx context.Context, a *app, args []string) int {
 	fs.DurationVar(&s.Timeout, "timeout", 0, "task timeout (0: asynq's default)")
 	catchUp := fs.String("catch-up", string(s.CatchUp), "missed ticks after an outage or a pause: skip, once or all")
 	fs.IntVar(&s.MaxCatchUp, "max-catch-up", 0, "cap for --catch-up all (0: the scheduler's max_catch_up)")
+	overlap := fs.String("overlap", string(s.Overlap), "a tick while an earlier run is queued or running: allow, skip, buffer_one or cancel_previous")
 	update := fs.Bool("update", false, "replace the run-time schedule NAME if it exists")
 	pos, code, done := parseN(a, fs, args, 1, "one NAME")
 	if done {
 		return code
 	}
-	s.Name, s.CatchUp = pos[0], config.CatchUp(*catchUp)
+	s.Name, s.CatchUp, s.Overlap = pos[0], config.CatchUp(*catchUp), config.Overlap(*overlap)
 	if *payload != "" {
 		s.Payload = json.RawMessage(*payload)
 	}
@@ -190,6 +200,9 @@ func schedulesByName(ctx context.Context, a *app, verb string, args []string) in
 		return 0
 	case errors.Is(err, scheduler.ErrNotFound):
 		fmt.Fprintf(a.stderr, "lockstep schedules %s: no schedule %q\n", verb, name)
+		return 1
+	case errors.Is(err, scheduler.ErrSkippedOverlap):
+		fmt.Fprintf(a.stdout, "schedule %s: trigger skipped: an earlier run is queued or running (overlap policy)\n", name)
 		return 1
 	}
 	fmt.Fprintln(a.stderr, err)

@@ -75,6 +75,10 @@ func TestSchedulesCommands(t *testing.T) {
 	c.expect(2, "schedules", "add", "x", "--cron")                                // flag without value
 	c.expect(2, "schedules", "frobnicate")                                        // unknown subcommand
 	c.expect(2, "schedules", "add", "nightly", "--cron", "@daily", "--task", "t") // a file schedule's name
+	if out := c.expect(2, "schedules", "add", "x", "--cron", "@daily", "--task", "t", "--overlap", "queue"); !strings.Contains(out,
+		`schedule (x).overlap: must be allow, skip, buffer_one or cancel_previous, got "queue"`) {
+		t.Errorf("bad --overlap: %q", out)
+	}
 	if help := c.expect(0, "schedules", "add", "--help"); !strings.Contains(help, "--cron") && !strings.Contains(help, "-cron") {
 		t.Errorf("--help: %q", help)
 	}
@@ -85,7 +89,7 @@ func TestSchedulesCommands(t *testing.T) {
 	// Add, list with the exact JSON fields.
 	c.expect(0, "schedules", "add", "acme", "--cron", "0 */5 * * * *", "--task", "report:build", "--payload", `{"customer":"acme"}`, "--timezone", "Europe/Berlin", "--queue", "reports")
 	c.expect(1, "schedules", "add", "acme", "--cron", "@hourly", "--task", "report:build")
-	c.expect(0, "schedules", "add", "acme", "--cron", "0 */10 * * * *", "--task", "report:build", "--timezone", "Europe/Berlin", "--update")
+	c.expect(0, "schedules", "add", "acme", "--cron", "0 */10 * * * *", "--task", "report:build", "--timezone", "Europe/Berlin", "--overlap", "buffer_one", "--update")
 	got := c.list()
 	if len(got) != 2 {
 		t.Fatalf("list: %v", got)
@@ -96,8 +100,11 @@ func TestSchedulesCommands(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if want := []string{"cron", "last_tick", "name", "next_tick", "paused", "source", "task", "timezone"}; !slices.Equal(keys, want) {
+	if want := []string{"cron", "last_tick", "name", "next_tick", "overlap", "paused", "source", "task", "timezone"}; !slices.Equal(keys, want) {
 		t.Errorf("JSON fields %v, want %v", keys, want)
+	}
+	if acme["overlap"] != "buffer_one" || got[1]["overlap"] != "allow" {
+		t.Errorf("overlap: %v and %v, want buffer_one and allow (the default)", acme["overlap"], got[1]["overlap"])
 	}
 	if acme["name"] != "acme" || acme["cron"] != "0 */10 * * * *" || acme["timezone"] != "Europe/Berlin" || acme["source"] != "runtime" ||
 		acme["paused"] != false || acme["next_tick"] == nil || acme["last_tick"] != nil {

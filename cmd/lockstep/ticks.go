@@ -11,8 +11,10 @@ import (
 
 const ticksAbout = `The schedule's latest ticks, newest first: scheduled time, state (done,
 pending, skipped, missed), leader replica, asynq task id and lateness (enqueue
-time − scheduled time). A tick triggered by hand has leader "trigger". Exit
-codes: 0 done, 1 no such schedule, 2 bad usage.`
+time − scheduled time). A skipped tick has a reason: overlap (an earlier run
+was queued or running) or catch_up. A tick triggered by hand has leader
+"trigger", a backfilled one "backfill". Exit codes: 0 done, 1 no such
+schedule, 2 bad usage.`
 
 // tickJSON is one tick in `lockstep ticks --json`.
 type tickJSON struct {
@@ -22,6 +24,7 @@ type tickJSON struct {
 	TaskID     string     `json:"task_id"`
 	LatenessMS *int64     `json:"lateness_ms"` // done ticks only
 	From       *time.Time `json:"from,omitempty"`
+	Reason     string     `json:"reason,omitempty"` // skipped ticks: overlap or catch_up
 }
 
 func cmdTicks(ctx context.Context, a *app, args []string) int {
@@ -55,7 +58,7 @@ func cmdTicks(ctx context.Context, a *app, args []string) int {
 	if *asJSON {
 		out := make([]tickJSON, 0, len(ticks))
 		for _, t := range ticks {
-			j := tickJSON{Tick: t.Tick.UTC(), State: t.State, Leader: t.Leader, TaskID: t.TaskID, From: timePtr(t.From)}
+			j := tickJSON{Tick: t.Tick.UTC(), State: t.State, Leader: t.Leader, TaskID: t.TaskID, From: timePtr(t.From), Reason: t.Reason}
 			if t.State == scheduler.TickDone {
 				ms := t.Lateness.Milliseconds()
 				j.LatenessMS = &ms
@@ -72,6 +75,9 @@ func cmdTicks(ctx context.Context, a *app, args []string) int {
 			late = t.Lateness.String()
 		}
 		state := t.State
+		if t.Reason != "" {
+			state += " (" + t.Reason + ")"
+		}
 		if !t.From.IsZero() {
 			state += " (after " + showTime(t.From) + ")"
 		}

@@ -20,11 +20,12 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 )
 
-// bins holds this command's binary, built once for the package.
+// bins holds this command's binary, and the worker and the operator CLI
+// that the overlap tests run beside it, built once for the package.
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	os.Exit(proctest.Main(m, bins, []string{"."}, redistest.LeakOptions()...))
+	os.Exit(proctest.Main(m, bins, []string{".", "../worker", "../lockstep"}, redistest.LeakOptions()...))
 }
 
 // writeConfig writes a scheduler configuration for Redis at addr, with body

@@ -52,6 +52,7 @@ type Report struct {
 	TicksChecked               int            `json:"ticks_checked"`
 	TicksEnqueuedTwice         int            `json:"ticks_enqueued_twice"`
 	TicksTakenOver             int            `json:"ticks_taken_over"`
+	TicksSkippedOverlap        int            `json:"ticks_skipped_overlap"` // no task: the overlap policy skipped them
 	DurationSeconds            float64        `json:"duration_seconds"`
 
 	// PerFault is, for each fault kind, what followed it.
@@ -341,8 +342,14 @@ func checkTicks(h History, r *Report, add func(Violation)) {
 	r.TicksEnqueuedTwice = twice(h.Enqueues, func(e TickEvent) bool { return e.Result == "enqueued" || e.Result == "caught_up" },
 		"ticks_enqueued_twice", "enqueued fresh")
 	r.TicksChecked = len(h.Ticks)
+	skipped := map[key]bool{}
+	for _, e := range h.Skips {
+		skipped[key{e.Schedule, e.Tick}] = true
+	}
 	for _, t := range h.Ticks {
-		if t.State == "" {
+		if t.State == "" && skipped[key{t.Schedule, t.Tick}] {
+			r.TicksSkippedOverlap++
+		} else if t.State == "" {
 			r.TicksMissing++
 			add(Violation{Check: "ticks_missing", At: time.Unix(t.Tick, 0), Detail: fmt.Sprintf(
 				"%s tick %d (%s) has no task in asynq", t.Schedule, t.Tick, time.Unix(t.Tick, 0).UTC().Format(time.TimeOnly))})

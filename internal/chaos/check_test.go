@@ -49,7 +49,9 @@ func clean() History {
 			{Replica: "a", Schedule: "s", Tick: 100, Kind: "on_time", Result: "enqueued", At: at(5)},
 			{Replica: "c", Schedule: "s", Tick: 101, Kind: "takeover", Result: "enqueued", At: at(4005)},
 		},
-		Ticks: []Tick{{Schedule: "s", Tick: 100, State: "completed"}, {Schedule: "s", Tick: 101, State: "pending"}},
+		// Tick 99 has no task: its winner skipped it (overlap), which is no missing tick.
+		Skips: []TickEvent{{Replica: "a", Schedule: "s", Tick: 99, Kind: "on_time", At: at(-1000)}},
+		Ticks: []Tick{{Schedule: "s", Tick: 99, State: ""}, {Schedule: "s", Tick: 100, State: "completed"}, {Schedule: "s", Tick: 101, State: "pending"}},
 		Faults: []Fault{
 			{Kind: FaultWorkerKill, Target: "worker-1", Worker: "h:1", Start: at(150), End: at(1000)},
 			{Kind: FaultRedisPauseLong, Target: "redis", Start: at(10_000), End: at(14_000)},
@@ -62,9 +64,9 @@ func TestCheckCleanHistory(t *testing.T) {
 	if v := r.Violations(); v != 0 {
 		t.Fatalf("%d violations in a clean history: %+v", v, r.Evidence)
 	}
-	if r.JobsCompletedTwiceExplained != 1 || r.OverlapsRedisUnhealthy != 1 || r.TicksTakenOver != 1 || r.JobsUnacked != 1 {
-		t.Errorf("explained counts: twice %d, overlaps while Redis was paused %d, takeovers %d, unacked %d; want 1 each",
-			r.JobsCompletedTwiceExplained, r.OverlapsRedisUnhealthy, r.TicksTakenOver, r.JobsUnacked)
+	if r.JobsCompletedTwiceExplained != 1 || r.OverlapsRedisUnhealthy != 1 || r.TicksTakenOver != 1 || r.JobsUnacked != 1 || r.TicksSkippedOverlap != 1 {
+		t.Errorf("explained counts: twice %d, overlaps while Redis was paused %d, takeovers %d, unacked %d, skipped by overlap %d; want 1 each",
+			r.JobsCompletedTwiceExplained, r.OverlapsRedisUnhealthy, r.TicksTakenOver, r.JobsUnacked, r.TicksSkippedOverlap)
 	}
 	if r.StaleWritesAccepted != 0 || len(r.NotChecked) != 0 {
 		t.Errorf("stale writes %d, not checked %q", r.StaleWritesAccepted, r.NotChecked)

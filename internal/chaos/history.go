@@ -34,6 +34,9 @@ type History struct {
 	// ticks they claimed and enqueued, from their log lines.
 	Claims   []TickEvent
 	Enqueues []TickEvent
+	// Skips are the ticks a replica won and skipped by the schedule's
+	// overlap policy ("tick skipped"): recorded, not missing.
+	Skips []TickEvent
 	// Ticks are the ticks every schedule was due to fire in the checked
 	// window, each with its asynq task state ("" when asynq has no task).
 	Ticks []Tick

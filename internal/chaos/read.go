@@ -59,8 +59,9 @@ func readLog(path string, h *History, read func(io.Reader, *History) error) erro
 	return read(f, h)
 }
 
-// ReadReplicaLog adds a scheduler replica's "tick claimed" and "tick
-// enqueued" log lines (JSON, at level debug) to h's Claims and Enqueues.
+// ReadReplicaLog adds a scheduler replica's "tick claimed", "tick
+// enqueued" and "tick skipped" log lines (JSON, at level debug) to h's
+// Claims, Enqueues and Skips.
 func ReadReplicaLog(r io.Reader, h *History) error {
 	return eachLine(r, func(line []byte) {
 		var rec struct {
@@ -81,6 +82,8 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 			h.Claims = append(h.Claims, e)
 		case "tick enqueued":
 			h.Enqueues = append(h.Enqueues, e)
+		case "tick skipped":
+			h.Skips = append(h.Skips, e)
 		}
 	})
 }

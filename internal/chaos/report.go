@@ -66,7 +66,8 @@ func Markdown(r *Report, h History, replay string) string {
 	p("| `ticks_claimed_twice` | G1 | %s | %d claims, %d enqueues logged by the replicas; %d takeovers of unfinished ticks |\n",
 		count(r.TicksClaimedTwice), len(h.Claims), len(h.Enqueues), r.TicksTakenOver)
 	p("| `ticks_enqueued_twice` | G1 | %s | fresh enqueues of one tick by two replicas |\n", count(r.TicksEnqueuedTwice))
-	p("| `ticks_missing` | G2 | %s | %d ticks due in the checked window, each looked up in asynq |\n\n", count(r.TicksMissing), r.TicksChecked)
+	p("| `ticks_missing` | G2 | %s | %d ticks due in the checked window, each looked up in asynq; %d skipped by their overlap policy |\n\n",
+		count(r.TicksMissing), r.TicksChecked, r.TicksSkippedOverlap)
 
 	p("## Faults\n\n| fault | count | violations within 10s | jobs resumed (p50 / max) | ticks resumed (p50 / max) | not recovered |\n|---|---:|---:|---|---|---:|\n")
 	for _, kind := range AllFaults {

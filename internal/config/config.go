@@ -163,7 +163,24 @@ type Schedule struct {
 	Timeout    time.Duration   `yaml:"timeout"` // 0 = asynq default
 	CatchUp    CatchUp         `yaml:"catch_up"`
 	MaxCatchUp int             `yaml:"max_catch_up"` // 0 in the file = scheduler.max_catch_up
+	Overlap    Overlap         `yaml:"overlap"`
 }
+
+// DefaultTaskRetention is scheduler.task_retention's default.
+const DefaultTaskRetention = 24 * time.Hour
+
+// Overlap is what a schedule does with a tick while an earlier run of it
+// (its task, from enqueue until it completes, fails its last retry or is
+// archived) is queued or running.
+type Overlap string
+
+// Overlap policies.
+const (
+	OverlapAllow          Overlap = "allow"           // enqueue every tick (the default)
+	OverlapSkip           Overlap = "skip"            // skip the tick while a run is queued or running
+	OverlapBufferOne      Overlap = "buffer_one"      // at most one run waits behind the running one
+	OverlapCancelPrevious Overlap = "cancel_previous" // cancel the running run (its lock is lost), then run
+)
 
 // CatchUp is what a schedule does with ticks missed while no replica ran.
 type CatchUp string
@@ -205,7 +222,7 @@ func DefaultScheduler() *SchedulerConfig {
 		Scheduler: SchedulerSettings{
 			MaxClockSkew:  DefaultMaxClockSkew,
 			TickLockTTL:   5 * time.Second,
-			TaskRetention: 24 * time.Hour,
+			TaskRetention: DefaultTaskRetention,
 			MaxCatchUp:    100,
 		},
 	}
@@ -234,5 +251,5 @@ func defaultCommon(httpAddr string) Common {
 // setDefaults fills a schedule before its YAML is decoded into it, so that
 // an explicit zero in the file (max_retry: 0) is kept.
 func (s *Schedule) setDefaults() {
-	*s = Schedule{Timezone: "UTC", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip}
+	*s = Schedule{Timezone: "UTC", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip, Overlap: OverlapAllow}
 }

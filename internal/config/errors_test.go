@@ -225,6 +225,8 @@ func TestErrors(t *testing.T) {
 			want: `FILE: line 4: schedules[0] (a).payload: cannot convert to JSON: json: unsupported value: +Inf`},
 		{name: "bad catch_up", scheduler: true, yaml: ok + "schedules:\n  - {name: a, cron: x, task: t, catch_up: sometimes}\n",
 			want: `FILE: line 4: schedules[0] (a).catch_up: must be skip, once or all, got "sometimes"`},
+		{name: "bad overlap", scheduler: true, yaml: ok + "schedules:\n  - {name: a, cron: x, task: t, overlap: queue}\n",
+			want: `FILE: line 4: schedules[0] (a).overlap: must be allow, skip, buffer_one or cancel_previous, got "queue"`},
 		{name: "negative retry and timeout", scheduler: true, yaml: ok + "schedules:\n  - {name: a, cron: x, task: t, max_retry: -1, timeout: -1s, max_catch_up: -1}\n",
 			want: "FILE: line 4: schedules[0] (a).max_retry: must be at least 0, got -1\nFILE: line 4: schedules[0] (a).timeout: must be at least 0s, got -1s\nFILE: line 4: schedules[0] (a).max_catch_up: must be at least 0, got -1"},
 		{name: "unknown schedule field", scheduler: true, yaml: ok + "schedules:\n  - name: a\n    cronn: x\n",
@@ -310,6 +312,7 @@ func TestCheckSchedule(t *testing.T) {
 		{func(s *Schedule) { s.Payload = json.RawMessage(`[1, 2]`) }, `schedule (acme).payload: must be a mapping (JSON object), got a list`},
 		{func(s *Schedule) { s.Payload = json.RawMessage(`{x`) }, `schedule (acme).payload: must be a mapping (JSON object), got invalid JSON`},
 		{func(s *Schedule) { s.CatchUp = "sometimes" }, `schedule (acme).catch_up: must be skip, once or all, got "sometimes"`},
+		{func(s *Schedule) { s.Overlap = "Skip" }, `schedule (acme).overlap: must be allow, skip, buffer_one or cancel_previous, got "Skip"`},
 		{func(s *Schedule) { s.MaxRetry = -1 }, `schedule (acme).max_retry: must be at least 0, got -1`},
 	} {
 		s := ok

@@ -114,6 +114,7 @@ schedules:
     timeout: 2m
     catch_up: all
     max_catch_up: 3
+    overlap: buffer_one
   - &base
     name: defaults
     cron: "@every 1m"
@@ -128,9 +129,10 @@ schedules:
 			Name: "settle-orders", Cron: "*/5 * * * * *", Timezone: "Europe/Berlin", Task: "demo:order.pay",
 			Payload: json.RawMessage(`{"meta":{"x":null},"order_id":"42","tags":["a","b"],"work_ms":100}`),
 			Queue:   "critical", MaxRetry: 0, Timeout: 2 * time.Minute, CatchUp: CatchUpAll, MaxCatchUp: 3,
+			Overlap: OverlapBufferOne,
 		},
-		{Name: "defaults", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip, MaxCatchUp: 7},
-		{Name: "merged", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpOnce, MaxCatchUp: 7},
+		{Name: "defaults", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpSkip, MaxCatchUp: 7, Overlap: OverlapAllow},
+		{Name: "merged", Cron: "@every 1m", Timezone: "UTC", Task: "t", Queue: "default", MaxRetry: 5, CatchUp: CatchUpOnce, MaxCatchUp: 7, Overlap: OverlapAllow},
 	}
 	if !reflect.DeepEqual(got.Schedules, want) {
 		t.Errorf("got  %+v\nwant %+v", got.Schedules, want)

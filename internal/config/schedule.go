@@ -84,6 +84,8 @@ func (sc *Schedule) check(v *validator, p fieldPath, defaultCatchUp int) {
 	atLeast(v, p.field("timeout"), sc.Timeout, 0)
 	oneOf(v, p.field("catch_up"), sc.CatchUp, CatchUpSkip, CatchUpOnce, CatchUpAll)
 	atLeast(v, p.field("max_catch_up"), sc.MaxCatchUp, 0)
+	sc.Overlap = cmp.Or(sc.Overlap, OverlapAllow)
+	oneOf(v, p.field("overlap"), sc.Overlap, OverlapAllow, OverlapSkip, OverlapBufferOne, OverlapCancelPrevious)
 	if sc.MaxCatchUp == 0 {
 		sc.MaxCatchUp = defaultCatchUp
 	}

@@ -47,7 +47,7 @@ const asynqRedelivery = 2 * time.Minute
 // hand-off, already done, or busy (then, with join, the task is among the
 // waiters).
 func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool) (lock.Taken, error) {
-	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.recovery.holds)
+	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx))
 	if err != nil {
 		return r, err
 	}
@@ -148,8 +148,10 @@ func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Du
 	switch {
 	case err == nil:
 		// Recoverable as a taken lock is (recovery.go).
-		if err := s.client.SAdd(ctx, s.recovery.holds, lock.HoldRecord(job.Resource, job.Queue, job.ID)).Err(); err != nil {
-			s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
+		if holds := s.holdsFor(ctx); holds != "" {
+			if err := s.client.SAdd(ctx, holds, lock.HoldRecord(job.Resource, job.Queue, job.ID)).Err(); err != nil {
+				s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
+			}
 		}
 		return lease, nil
 	case ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired):

@@ -81,6 +81,18 @@ func (r *recovery) forget(marker string) {
 	r.mu.Unlock()
 }
 
+// holdsFor is where a task run under ctx records its holds: this process's
+// holds set, except for a schedule's run under an overlap policy
+// (processRun). Such a run ends when its worker dies (its run lock expires)
+// and the schedule's next tick runs; a recovered run would run beside the
+// runs the policy let in meanwhile.
+func (s *Server) holdsFor(ctx context.Context) string {
+	if ctx.Value(inRunKey{}) != nil {
+		return ""
+	}
+	return s.recovery.holds
+}
+
 // runRecovery beats and recovers until ctx ends.
 func (s *Server) runRecovery(ctx context.Context) {
 	beat := time.NewTicker(s.beatInterval())

@@ -20,6 +20,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lifecycle"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -106,6 +107,10 @@ type Server struct {
 	// onWait, when set (tests, benchmarks), sees every task that joins a
 	// resource's waiters, with its first contention (Unix ms).
 	onWait func(job Job, since float64)
+
+	// runLock holds schedules' run locks when locker is no single Redis.
+	runOnce sync.Once
+	runLock *lock.Locker
 
 	life     lifecycle.Machine
 	mu       sync.Mutex
@@ -279,11 +284,19 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		// only after asynq gave up on the task at shutdown and requeued it.
 		return err
 	}
+	if schedule := t.Headers()[overlap.HeaderSchedule]; schedule != "" {
+		return s.processRun(ctx, t, schedule) // under the schedule's run lock (runs.go)
+	}
+	return s.process(ctx, t)
+}
 
+// process runs one task under its handler's lock.
+func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	spec, ok := s.registry.Lookup(t.Type())
 	if !ok {
 		return fmt.Errorf("jobs: no handler for task type %q on this worker", t.Type())
 	}
+	spec = runSpec(ctx, spec)
 	job := jobOf(ctx, t.Type())
 	payload, err := spec.Decode(t.Payload())
 	if err != nil {

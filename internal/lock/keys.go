@@ -99,3 +99,13 @@ func globEscape(s string) string {
 	}
 	return b.String()
 }
+
+// ScheduleRun returns the resource of a schedule's run lock (its overlap
+// policy: the worker of a run holds it while the run runs) and that lock's
+// key under prefix. The resource is "schedule:<name>", so the key,
+// prefix{schedule:<name>}, shares the hash tag of the scheduler's keys of
+// that schedule and one script can read both.
+func ScheduleRun(prefix, schedule string) (resource, key string) {
+	resource = "schedule:" + schedule
+	return resource, (&Locker{prefix: prefix}).Key(resource)
+}

@@ -192,6 +192,21 @@
 // up to a collision: two different sets of schedules have the same sum with
 // probability 2^-48.
 //
+// # Overlap and backfill
+//
+// A schedule whose overlap policy is not allow has its runs kept by
+// internal/overlap: the tick's winner, after the claim and before the
+// enqueue, calls overlap.Tick once (P{schedule:N}:runs, asynq's state of
+// each run, the run lock P{schedule:N}); a skipped tick is marked done with
+// a skipped record (reason overlap), and its task carries the headers that
+// make the worker hold the run lock. A failed check leaves the tick pending
+// for a takeover, which decides again (a run it registered counts as its
+// own). Store.Backfill enqueues past ticks at or before the watermark (or a
+// run-time spec's since), which no replica claims any more, under the same
+// check; their task ids, kept for task_retention, make a tick enqueued
+// before (by a replica or another backfill) collapse into its task, so a
+// range older than task_retention is refused.
+//
 // # Time zones
 //
 // Schedules run in their time zone (default UTC; a CRON_TZ= prefix in the
@@ -205,7 +220,7 @@
 // # Metrics
 //
 // lockstep_scheduler_ticks_total{schedule,result} with result enqueued,
-// follower, duplicate, missed or caught_up; lockstep_scheduler_tick_lateness_seconds
+// follower, duplicate, missed, caught_up or skipped_overlap; lockstep_scheduler_tick_lateness_seconds
 // (enqueue time − T, for ticks enqueued on time or by takeover);
 // lockstep_scheduler_ticks_missed_total; lockstep_scheduler_leader_changes_total,
 // counted by the replica that wins a tick after another replica won the one

@@ -21,6 +21,12 @@ const (
 	TickMissed  = "missed"  // nobody could enqueue it in time (too old to take over)
 )
 
+// Reasons of a skipped tick.
+const (
+	ReasonOverlap = "overlap"  // an earlier run was queued or running (the schedule's overlap policy)
+	ReasonCatchUp = "catch_up" // missed in an outage or a pause, dropped by the catch-up policy
+)
+
 // historyLen is how many records a schedule's history keeps.
 const historyLen = 100
 
@@ -32,6 +38,7 @@ type tickRecord struct {
 	TaskID string `json:"id,omitempty"`      // asynq task id
 	LateMS int64  `json:"late_ms,omitempty"` // enqueue time − Tick
 	From   int64  `json:"from,omitempty"`    // skipped: the ticks after From up to Tick
+	Reason string `json:"r,omitempty"`       // skipped: a Reason*
 }
 
 func (r tickRecord) json() string {
@@ -58,6 +65,7 @@ type Tick struct {
 	TaskID   string        // asynq task id
 	Lateness time.Duration // done: enqueue time − Tick
 	From     time.Time     // skipped: the ticks after From up to Tick were dropped
+	Reason   string        // skipped: why, a Reason*
 }
 
 // Ticks returns the schedule's latest n ticks, newest first: those claimed
@@ -90,7 +98,10 @@ func (st *Store) Ticks(ctx context.Context, schedule string, n int) ([]Tick, err
 			continue
 		}
 		t := Tick{Tick: time.Unix(r.Tick, 0).UTC(), State: r.State, Leader: r.Leader, TaskID: r.TaskID,
-			Lateness: time.Duration(r.LateMS) * time.Millisecond}
+			Lateness: time.Duration(r.LateMS) * time.Millisecond, Reason: r.Reason}
+		if r.State == TickSkipped && t.Reason == "" {
+			t.Reason = ReasonCatchUp // recorded before reasons were
+		}
 		if r.From > 0 {
 			t.From = time.Unix(r.From, 0).UTC()
 		}

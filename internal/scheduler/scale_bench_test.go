@@ -58,6 +58,34 @@ func benchBurst(b *testing.B, n int) {
 		}
 		bl.run(b, srv, spec, n)
 	})
+	// Every schedule with overlap skip and no worker: the first burst's
+	// tasks stay queued, so each later tick is checked (the schedule's runs,
+	// asynq's state of the queued run, tick.lua) and skipped. Lateness is
+	// the time of the skip's record.
+	b.Run("lockstep_3_replicas_overlap_skip", func(b *testing.B) {
+		srv := redistest.Start(b)
+		scheds := numberedScheds(n, "burst-%05d", burstSpec)
+		for i := range scheds {
+			scheds[i].Overlap = config.OverlapSkip
+		}
+		c := testConfig(2*time.Second, 5*time.Second, scheds...)
+		bl := newBursts()
+		hook := func(e event) {
+			bl.result(e.Result, e.Count)
+			switch e.Result {
+			case ResultEnqueued, ResultCaughtUp:
+				bl.add(e.Schedule, e.Tick, e.Lateness)
+			case ResultSkippedOverlap:
+				bl.add(e.Schedule, e.Tick, time.Since(e.Tick))
+			case ResultDuplicate:
+				bl.dup()
+			}
+		}
+		for i := range 3 {
+			benchReplica(b, srv, c, i, hook)
+		}
+		bl.run(b, srv, spec, n)
+	})
 	b.Run("asynq_enqueue_only", func(b *testing.B) {
 		srv := redistest.Start(b)
 		// As many enqueuers as a replica's loops keep busy: the pool size.

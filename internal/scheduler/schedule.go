@@ -159,6 +159,7 @@ func newEntry(s config.Schedule, prefix string, defaultCatchUp int) (*entry, err
 	if err != nil {
 		return nil, err
 	}
+	s.Overlap = cmp.Or(s.Overlap, config.OverlapAllow) // stored before overlap existed
 	return &entry{
 		name: s.Name, spec: spec, task: s.Task, payload: s.Payload, queue: s.Queue,
 		maxRetry: s.MaxRetry, timeout: s.Timeout, catchUp: s.CatchUp,

@@ -31,6 +31,9 @@ const (
 	ResultDuplicate = "duplicate" // this replica won the tick but its task id existed already
 	ResultMissed    = "missed"    // dropped by the catch-up policy (or too old to take over)
 	ResultCaughtUp  = "caught_up" // enqueued late, by the catch-up policy
+	// ResultSkippedOverlap: this replica won the tick and skipped it: an
+	// earlier run was queued or running (overlap skip or buffer_one).
+	ResultSkippedOverlap = "skipped_overlap"
 )
 
 const (
@@ -53,7 +56,8 @@ type Scheduler struct {
 	client    redis.UniversalClient
 	scripts   *runner
 	enq       *asynq.Client
-	file      []*entry // the config's schedules
+	insp      *asynq.Inspector // asynq's state of earlier runs (overlap policies)
+	file      []*entry         // the config's schedules
 	store     *Store
 	prefix    string
 	maxCatch  int           // scheduler.max_catch_up, for run-time schedules without their own
@@ -171,6 +175,7 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 		client:    client,
 		scripts:   scripts,
 		enq:       asynq.NewClientFromRedisClient(pipelinedScripts{client, scripts}),
+		insp:      asynq.NewInspectorFromRedisClient(client),
 		file:      entries,
 		store:     NewStore(client, c.Lock.Prefix),
 		prefix:    c.Lock.Prefix,

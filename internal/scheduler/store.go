@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -17,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/script"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
@@ -26,6 +29,9 @@ var (
 	ErrNotFound     = errors.New("no such schedule")
 	ErrExists       = errors.New("schedule exists already")
 	ErrFileSchedule = errors.New("schedule is defined in the config file")
+	// ErrSkippedOverlap: a trigger that the schedule's overlap policy
+	// skipped, because an earlier run is queued or running.
+	ErrSkippedOverlap = errors.New("skipped: an earlier run is queued or running (overlap policy)")
 )
 
 // Store holds the run-time schedules in Redis. Every change is one script
@@ -70,11 +76,12 @@ type storedDef struct {
 	Timeout    string          `json:"timeout,omitempty"`
 	CatchUp    string          `json:"catch_up"`
 	MaxCatchUp int             `json:"max_catch_up,omitempty"`
+	Overlap    string          `json:"overlap,omitempty"` // "" (stored before overlap existed): allow
 }
 
 func encodeDef(s config.Schedule) string {
 	d := storedDef{Name: s.Name, Cron: s.Cron, Timezone: s.Timezone, Task: s.Task, Payload: s.Payload,
-		Queue: s.Queue, MaxRetry: s.MaxRetry, CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp}
+		Queue: s.Queue, MaxRetry: s.MaxRetry, CatchUp: string(s.CatchUp), MaxCatchUp: s.MaxCatchUp, Overlap: string(s.Overlap)}
 	if s.Timeout > 0 {
 		d.Timeout = s.Timeout.String()
 	}
@@ -88,7 +95,8 @@ func decodeDef(raw string) (config.Schedule, error) {
 		return config.Schedule{}, err
 	}
 	s := config.Schedule{Name: d.Name, Cron: d.Cron, Timezone: d.Timezone, Task: d.Task, Payload: d.Payload,
-		Queue: d.Queue, MaxRetry: d.MaxRetry, CatchUp: config.CatchUp(d.CatchUp), MaxCatchUp: d.MaxCatchUp}
+		Queue: d.Queue, MaxRetry: d.MaxRetry, CatchUp: config.CatchUp(d.CatchUp), MaxCatchUp: d.MaxCatchUp,
+		Overlap: cmp.Or(config.Overlap(d.Overlap), config.OverlapAllow)}
 	if d.Timeout != "" {
 		t, err := time.ParseDuration(d.Timeout)
 		if err != nil {
@@ -196,7 +204,9 @@ func TriggerTaskID(schedule string, at time.Time) string {
 }
 
 // Trigger enqueues one task of the schedule now, paused or not, with a
-// TriggerTaskID, and returns that id. The schedule is looked up among the
+// TriggerTaskID, and returns that id. It follows the schedule's overlap
+// policy as a tick does: skipped, it fails with ErrSkippedOverlap (recorded
+// skipped, reason overlap). The schedule is looked up among the
 // run-time schedules, then file (the caller's, from its config), then in the
 // replicas' registry of file schedules.
 func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedule) (string, error) {
@@ -206,6 +216,17 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 	}
 	now := time.Now()
 	id := TriggerTaskID(name, now)
+	if s.Overlap != "" && s.Overlap != config.OverlapAllow {
+		d, err := overlap.Tick(ctx, st.client, asynq.NewInspectorFromRedisClient(st.client), overlap.KeysFor(st.prefix, name),
+			keysFor(st.prefix, name).state, s.Overlap, s.Queue, id, backfillGrace, minStateTTL)
+		if err != nil {
+			return "", fmt.Errorf("schedules: trigger %s: %w", name, err)
+		}
+		if !d.Run {
+			st.record(ctx, name, tickRecord{Tick: time.Now().Unix(), State: TickSkipped, Reason: ReasonOverlap, TaskID: id, Leader: "trigger"})
+			return "", fmt.Errorf("schedules: trigger %s: %w", name, ErrSkippedOverlap)
+		}
+	}
 	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(s.Queue), asynq.MaxRetry(s.MaxRetry)}
 	if s.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(s.Timeout))
@@ -218,6 +239,7 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 	if headers == nil {
 		headers = tracing.Inject(ctx)
 	}
+	headers = overlap.WithHeaders(headers, name, s.Overlap)
 	if _, err := st.enq.EnqueueContext(ctx, asynq.NewTaskWithHeaders(s.Task, s.Payload, headers), opts...); err != nil {
 		span.Fail(err)
 		tick.Fail(err)
@@ -312,6 +334,12 @@ type Info struct {
 	Source   string    // SourceFile or SourceRuntime
 	LastTick time.Time // the watermark: the latest tick claimed or skipped; zero if none
 	NextTick time.Time // the next tick due; zero when paused or there is none
+	// Running is the task id of the schedule's running run (overlap policies
+	// other than allow: its worker holds the run lock), "" if none.
+	Running string
+	// Queued is how many of its runs are recorded queued (waiting, or to be
+	// retried), as of the last tick's check.
+	Queued int
 }
 
 // List returns every schedule by name: the run-time ones and the file ones
@@ -346,9 +374,15 @@ func (st *Store) List(ctx context.Context, file []config.Schedule) ([]Info, erro
 	}
 	names := slices.Sorted(maps.Keys(byName))
 	cmds := make([]*redis.StringCmd, len(names))
+	runs := make([]*redis.MapStringStringCmd, len(names))
+	locked := make([]*redis.IntCmd, len(names))
 	_, err = st.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, name := range names {
 			cmds[i] = p.HGet(ctx, keysFor(st.prefix, name).state, "tick")
+			if o := byName[name].Schedule.Overlap; o != "" && o != config.OverlapAllow {
+				k := overlap.KeysFor(st.prefix, name)
+				runs[i], locked[i] = p.HGetAll(ctx, k.Runs), p.Exists(ctx, k.Lock)
+			}
 		}
 		return nil
 	})
@@ -361,6 +395,15 @@ func (st *Store) List(ctx context.Context, file []config.Schedule) ([]Info, erro
 		in := byName[name]
 		if u, err := cmds[i].Int64(); err == nil {
 			in.LastTick = time.Unix(u, 0).UTC()
+		}
+		if runs[i] != nil {
+			for id, v := range runs[i].Val() {
+				if v == "r" && locked[i].Val() == 1 {
+					in.Running = id
+				} else if strings.HasPrefix(v, "q") {
+					in.Queued++
+				}
+			}
 		}
 		if !in.Paused {
 			from := now

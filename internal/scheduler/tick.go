@@ -9,6 +9,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
 
@@ -190,6 +192,22 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) (er
 		s.crash()
 		return nil
 	}
+	if e.def.Overlap != config.OverlapAllow {
+		run, err := s.overlapCheck(ctx, e, t)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("overlap check failed; the tick stays pending for a takeover", "schedule", e.name, "tick", t, "err", err)
+			}
+			return nil
+		}
+		if !run {
+			s.log.Debug("tick skipped", "schedule", e.name, "tick", tick, "kind", k.String(), "reason", ReasonOverlap)
+			finished = s.done(ctx, e, tick, tickRecord{Tick: tick, State: TickSkipped, Reason: ReasonOverlap, Leader: s.id, TaskID: TaskID(e.name, t)})
+			s.m.SchedulerTicks.WithLabelValues(e.label, ResultSkippedOverlap).Inc()
+			s.emit(e, t, ResultSkippedOverlap, 1, 0)
+			return nil
+		}
+	}
 	result, late, ok := s.enqueue(ctx, e, t, k, sent)
 	if !ok {
 		return nil
@@ -224,6 +242,31 @@ func TaskID(schedule string, t time.Time) string {
 	return schedule + ":" + strconv.FormatInt(t.Unix(), 10)
 }
 
+// overlapCheck applies e's overlap policy to its tick t (internal/overlap):
+// run is false when the tick is to be skipped; true registers the tick's
+// run, to be enqueued.
+func (s *Scheduler) overlapCheck(ctx context.Context, e *entry, t time.Time) (run bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, s.lease)
+	defer cancel()
+	var d overlap.Decision
+	err = retry(cctx, func(ctx context.Context) (err error) {
+		d, err = overlap.Tick(ctx, s.client, s.insp, overlap.KeysFor(s.prefix, e.name), e.keys.state, e.def.Overlap,
+			e.queue, TaskID(e.name, t), s.lease, s.stateTTL)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	if d.Cancelled > 0 {
+		s.log.Info("cancelled the previous run for the new tick", "schedule", e.name, "tick", t, "cancelled", d.Cancelled)
+	}
+	if !d.Run { // the record, the metric and the debug line "tick skipped" tell; no line per tick at info
+		s.log.Debug("an earlier run is queued or running", "schedule", e.name, "tick", t,
+			"overlap", string(e.def.Overlap), "queued", d.Queued, "running", d.Running)
+	}
+	return d.Run, nil
+}
+
 // enqueue puts the tick's task into asynq, retrying until the lease taken at
 // sent would end. The task id makes a second enqueue of the tick fail, for as
 // long as the task is retained.
@@ -231,7 +274,7 @@ func (s *Scheduler) enqueue(ctx context.Context, e *entry, t time.Time, k kind, 
 	id := TaskID(e.name, t)
 	ctx, span, headers := s.trace.StartEnqueue(ctx, e.queue, id) // tracing: the context travels in the headers
 	defer span.End()
-	task := asynq.NewTaskWithHeaders(e.task, e.payload, headers)
+	task := asynq.NewTaskWithHeaders(e.task, e.payload, overlap.WithHeaders(headers, e.name, e.def.Overlap))
 	opts := []asynq.Option{
 		asynq.TaskID(id),
 		asynq.Queue(e.queue),

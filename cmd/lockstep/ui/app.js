@@ -74,7 +74,8 @@ function renderSchedules(o) {
     el("tr", { "data-schedule": s.name },
       el("td", {}, s.name), el("td", {}, s.cron), el("td", {}, s.timezone), el("td", {}, s.task),
       el("td", {}, s.source), el("td", {}, s.paused ? "yes" : "no"), el("td", {}, s.last_tick || "-"),
-      el("td", {}, s.next_tick || "-"))));
+      el("td", {}, s.next_tick || "-"), el("td", {}, s.overlap || "allow"),
+      el("td", {}, s.running ? taskLink(s.running) : "-", s.queued ? ` (+${s.queued} queued)` : ""))));
 }
 
 function renderTicks(o) {

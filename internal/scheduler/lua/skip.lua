@@ -18,7 +18,7 @@ if w and tonumber(w) >= tonumber(ARGV[1]) then
 end
 redis.call('HSET', KEYS[1], 'tick', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local rec = {t = tonumber(ARGV[1]), s = 'skipped'}
+local rec = {t = tonumber(ARGV[1]), s = 'skipped', r = 'catch_up'}
 if w then rec.from = tonumber(w) end
 redis.call('LPUSH', KEYS[2], cjson.encode(rec))
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
