@@ -65,6 +65,7 @@ func observeAll(m *metrics.Metrics) {
 	m.LockHeld.Observe(1.5)
 	m.JobsProcessed.WithLabelValues("demo:order.pay", "success").Inc()
 	m.JobContended.WithLabelValues("demo:order.pay").Inc()
+	m.JobsRecovered.WithLabelValues("demo:order.pay").Inc()
 	for _, r := range []string{"enqueued", "follower", "duplicate", "missed", "caught_up"} {
 		m.SchedulerTicks.WithLabelValues("settle-orders", r).Inc()
 	}

@@ -146,6 +146,7 @@ func NewServer(p Params) *Server {
 	if p.Registry != nil {
 		for _, t := range p.Registry.Types() {
 			s.metrics.JobContended.WithLabelValues(t)
+			s.metrics.JobsRecovered.WithLabelValues(t)
 			for _, r := range []string{ResultSuccess, ResultFailure, ResultLockLost, ResultInvalid, ResultSkipped} {
 				s.metrics.JobsProcessed.WithLabelValues(t, r)
 			}
