@@ -44,12 +44,7 @@ func TestHandOffLeavesWhatAsynqReports(t *testing.T) {
 		return nil
 	}))
 	ctx := context.Background()
-	enqueue := func(id string, opts ...asynq.Option) {
-		t.Helper()
-		if _, err := e.enq.Enqueue(asynq.NewTask("t:hot", []byte(id)), append([]asynq.Option{asynq.TaskID(id)}, opts...)...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueue := func(id string, opts ...asynq.Option) { t.Helper(); e.enqueueID("t:hot", id, opts...) }
 	enqueue("holder")
 	waitFor(t, 10*time.Second, "holder running", func() bool { mu.Lock(); defer mu.Unlock(); return runs["holder"] == 1 })
 	kinds := []struct {

@@ -144,6 +144,15 @@ func (e *env) enqueue(typ, id string, payload []byte, opts ...asynq.Option) {
 	}
 }
 
+// enqueueID adds a task of type typ whose id is also its payload, with opts
+// alone (no retention unless asked).
+func (e *env) enqueueID(typ, id string, opts ...asynq.Option) {
+	e.t.Helper()
+	if _, err := e.enq.Enqueue(asynq.NewTask(typ, []byte(id)), append([]asynq.Option{asynq.TaskID(id)}, opts...)...); err != nil {
+		e.t.Fatalf("enqueue %s: %v", id, err)
+	}
+}
+
 func (e *env) info(id string) *asynq.TaskInfo {
 	e.t.Helper()
 	info, err := e.insp.GetTaskInfo("default", id)

@@ -258,7 +258,7 @@ func (s *Server) releaseAll() int {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			if err := h.Release(ctx); err != nil {
+			if _, err := h.Finish(ctx); err != nil {
 				s.log.Warn("release at shutdown failed; the lock expires within its TTL",
 					"resource", h.Lease().Key(), "err", err)
 			}

@@ -249,8 +249,8 @@ func TestEtcdMaxHoldFreesTheLockAtRelease(t *testing.T) {
 	if _, reason := lostWithin(t, hctx, 5*time.Second); reason != lock.ReasonMaxHold {
 		t.Fatalf("reason %s, want max_hold", reason)
 	}
-	if err := hold.Release(ctx); !errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("Release after max_hold: %v, want ErrLockLost", err)
+	if lost, err := hold.Finish(ctx); err != nil || lost == nil || lost.Reason != lock.ReasonMaxHold {
+		t.Fatalf("Finish after max_hold: %v, lost %v; want the max_hold loss", err, lost)
 	}
 	if got := d.store.get(t, lease.RedisKey()); got[0] != "" {
 		t.Fatalf("the key still holds %q after the release", got[0])

@@ -119,8 +119,8 @@ func TestRedlockKillTwoOfFiveStillAcquiresAndRenews(t *testing.T) {
 		admin:  live,
 	}, 4, 25)
 
-	if err := hold.Release(ctx); err != nil {
-		t.Fatalf("release of the held lease: %v", err)
+	if lost, err := hold.Finish(ctx); err != nil || lost != nil {
+		t.Fatalf("release of the held lease: %v, lost %v", err, lost)
 	}
 	for i, c := range live {
 		if c.Exists(ctx, lease.RedisKey()).Val() != 0 {

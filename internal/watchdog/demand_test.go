@@ -52,7 +52,7 @@ func TestNoticesRunOnlyWhileAHoldIsOld(t *testing.T) {
 			t.Fatal(i, err)
 		}
 		_, hold := r.wd.Hold(bg, lease)
-		if err := hold.Release(bg); err != nil {
+		if _, err := hold.Finish(bg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,7 +90,7 @@ func TestNoticesRunOnlyWhileAHoldIsOld(t *testing.T) {
 	// NoticeLinger after that end, not at the next renewal.
 	_, hold2 := holdOn(t, r.wd, r.locker, "long2", longTTL)
 	redistest.WaitFor(t, 5*time.Second, "the notifier to start again", func() bool { return n.runs.Load() == 2 })
-	if err := hold2.Release(bg); err != nil {
+	if _, err := hold2.Finish(bg); err != nil {
 		t.Fatal(err)
 	}
 	released := time.Now()

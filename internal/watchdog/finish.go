@@ -13,8 +13,9 @@ const DefaultReleaseTimeout = 5_000_000_000 // 5s, as a time.Duration
 
 // Finish ends a hold once its holder's work returned: it stops renewal,
 // releases the lease (even when ctx has ended, bounded by the release
-// timeout) and reports how the hold ended. It is the one end-of-hold path,
-// used by the job server and by lockstep.WithLock alike.
+// timeout) and reports how the hold ended. It is the one end of a hold,
+// used by the job server (also at shutdown) and by lockstep.WithLock alike;
+// a repeated Finish releases nothing more.
 //
 // lost is the loss, if the lease was lost at any point: found by the
 // watchdog while the work ran, or by the release itself (the key was gone or
@@ -40,15 +41,15 @@ func (h *Hold) Finish(ctx context.Context, opts ...FinishOption) (lost *lock.Los
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	relErr := release(rctx)
-	if found := h.lost.Load(); found != nil {
+	if h.counted.Load() {
 		// The watchdog counted and logged it; a release that also failed
 		// for transport reasons adds nothing the caller can act on.
-		return found, nil
+		return h.lease.Lost(), nil
 	}
 	var atRelease *lock.LostError
 	if errors.As(relErr, &atRelease) {
-		if !h.lost.CompareAndSwap(nil, atRelease) {
-			return h.lost.Load(), nil // the watchdog found it meanwhile, and counted it
+		if !h.counted.CompareAndSwap(false, true) {
+			return h.lease.Lost(), nil // the watchdog found it meanwhile, and counted it
 		}
 		h.w.metrics.LockLost.WithLabelValues(string(atRelease.Reason)).Inc()
 		h.logger().Warn("lock found lost at release: the work may have overlapped the next holder's",
@@ -67,8 +68,7 @@ type finishConfig struct {
 
 // ReleaseWith has Finish release the lease with fn instead of
 // Lease.Release: a release that also hands the lock to the next waiter (the
-// job server's). fn must leave the lease released (Lease.MarkReleased) or
-// lost (Lease.MarkLost, and return the *lock.LostError) as Release would.
+// job server's Locker.HandOn), which ends the lease as Release does.
 func ReleaseWith(fn func(context.Context) error) FinishOption {
 	return func(c *finishConfig) { c.release = fn }
 }

@@ -426,7 +426,7 @@ type Hold struct {
 	span     trace.SpanContext // the holder's span: lockstep_lock_held_seconds's exemplar
 
 	deadlineNs atomic.Int64                   // deadline as nanoseconds since epoch (monotonic), for checks at use
-	lost       atomic.Pointer[lock.LostError] // the loss, found by the watchdog or at release: set once, the gate for counting it
+	counted    atomic.Bool  // a loss was counted (found by the watchdog or at release); the loss itself is the lease's
 
 	// guarded by w.mu
 	timer    *time.Timer // fires at deadline
@@ -448,12 +448,6 @@ func (h *Hold) logger() *slog.Logger { return h.w.log.With(h.cfg.logAttrs...) }
 // context (cause context.Canceled) unless it already ended. Safe to repeat.
 func (h *Hold) Stop() { h.end(nil) }
 
-// Release stops renewal and releases the lease. It returns an error matching
-// lock.ErrLockLost when the lease had been lost.
-func (h *Hold) Release(ctx context.Context) error {
-	h.Stop()
-	return h.lease.Release(ctx)
-}
 
 func (h *Hold) deadlineIn(now time.Time) time.Duration {
 	h.w.mu.Lock()
@@ -512,10 +506,10 @@ func (h *Hold) lose(reason lock.Reason) {
 		h.end(nil) // released meanwhile: not a loss
 		return
 	}
-	// h.lost is the one gate for counting a loss, here and in Finish: the
+	// h.counted is the one gate for counting a loss, here and in Finish: the
 	// hold may end (its work returned) while this runs, and the loss still
 	// counts once.
-	counted := h.lost.CompareAndSwap(nil, lost)
+	counted := h.counted.CompareAndSwap(false, true)
 	if counted {
 		// Counted before the holder's context ends, so that whoever sees
 		// the loss there sees it counted too.

@@ -46,8 +46,8 @@ func TestHealthyLeaseIsRenewedAndNeverCancelled(t *testing.T) {
 	if got := testutil.ToFloat64(r.metrics.LocksHeld); got != 1 {
 		t.Fatalf("locks_held = %v, want 1", got)
 	}
-	if err := hold.Release(context.Background()); err != nil {
-		t.Fatal(err)
+	if lost, err := hold.Finish(context.Background()); err != nil || lost != nil {
+		t.Fatal(err, lost)
 	}
 	if n := r.admin.Exists(context.Background(), r.locker.Key("r")).Val(); n != 0 {
 		t.Fatal("Release left the lock key")
@@ -221,8 +221,8 @@ func TestMaxHoldCancelsAndReleaseFreesTheKey(t *testing.T) {
 	if d := at.Sub(start); d < 2*ttl-10*time.Millisecond {
 		t.Fatalf("cancelled after %v, before the max hold %v", d, 2*ttl)
 	}
-	if err := hold.Release(context.Background()); !errors.Is(err, lock.ErrLockLost) {
-		t.Fatalf("Release after max hold: %v, want the loss reported", err)
+	if lost, err := hold.Finish(context.Background()); err != nil || lost == nil || lost.Reason != lock.ReasonMaxHold {
+		t.Fatalf("Finish after max hold: %v, lost %v; want the loss reported", err, lost)
 	}
 	if n := r.admin.Exists(context.Background(), r.locker.Key("r")).Val(); n != 0 {
 		t.Fatal("Release after max hold left our key in Redis")
