@@ -425,7 +425,7 @@ type Hold struct {
 	heldFrom time.Time
 	span     trace.SpanContext // the holder's span: lockstep_lock_held_seconds's exemplar
 
-	deadlineNs atomic.Int64                   // deadline as nanoseconds since epoch (monotonic), for checks at use
+	deadlineNs atomic.Int64 // deadline as nanoseconds since epoch (monotonic), for checks at use
 	counted    atomic.Bool  // a loss was counted (found by the watchdog or at release); the loss itself is the lease's
 
 	// guarded by w.mu
@@ -447,7 +447,6 @@ func (h *Hold) logger() *slog.Logger { return h.w.log.With(h.cfg.logAttrs...) }
 // Stop ends renewal without releasing the lease, and cancels the hold's
 // context (cause context.Canceled) unless it already ended. Safe to repeat.
 func (h *Hold) Stop() { h.end(nil) }
-
 
 func (h *Hold) deadlineIn(now time.Time) time.Duration {
 	h.w.mu.Lock()
