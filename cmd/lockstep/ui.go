@@ -17,8 +17,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/lockstep-dev/lockstep/internal/jobs"
 )
 
 //go:embed ui
@@ -213,7 +211,7 @@ type lossView struct {
 
 // listLosses returns the last n lock losses, newest first.
 func listLosses(ctx context.Context, a *app, n int64) ([]lossView, error) {
-	msgs, err := a.client.XRevRangeN(ctx, jobs.LossesStream(a.prefix), "+", "-", n).Result()
+	msgs, err := a.client.XRevRangeN(ctx, a.locker.LossesKey(), "+", "-", n).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("redis: %w", err)
 	}

@@ -328,7 +328,7 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 type hotRun struct {
 	mu     sync.Mutex
 	starts []hotStart
-	since  map[string]float64 // job id -> first contention (Unix ms), from the server's onWait
+	since  map[string]float64 // job id -> first contention (Unix ms), from the server's wait hook
 	total  int
 	done   chan struct{}
 }
@@ -435,7 +435,7 @@ func (r *benchRig) serveHot(b *testing.B, mode string, cfg Config, h *hotRun, wo
 				return nil
 			},
 		})
-		r.srv.onWait = h.waited
+		r.srv.hooks.wait = h.waited
 		return stop
 	case "requeue-wake":
 		w := &wakeBaseline{client: r.client, locker: locker, backoff: cfg.Backoff, h: h}

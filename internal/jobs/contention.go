@@ -107,8 +107,8 @@ func (s *Server) requeue(job Job, r lock.Taken) error {
 	}
 	s.log.Debug("lock busy; task waits for a hand-off", "type", job.Type, "id", job.ID, "resource", job.Resource,
 		"joined", r.Joined, "ahead", r.Ahead, "delay", d)
-	if s.onWait != nil && !r.Joined.IsZero() {
-		s.onWait(job, float64(r.Joined.UnixMicro())/1000)
+	if s.hooks.wait != nil && !r.Joined.IsZero() {
+		s.hooks.wait(job, float64(r.Joined.UnixMicro())/1000)
 	}
 	return &ContendedError{Resource: job.Resource, Ahead: r.Ahead, Delay: d}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,9 +18,8 @@ const (
 	lossesTimeout = 1 * time.Second // a loss because Redis is unreachable must not hold the task long
 )
 
-// LossesStream is the stream of recent lock losses under the lock prefix:
-// entries with resource, reason, fence, holder, task_id, type, queue, at_ms.
-func LossesStream(prefix string) string { return prefix + "losses" }
+// The stream of recent lock losses is Locker.LossesKey: entries with
+// resource, reason, fence, holder, task_id, type, queue, at_ms.
 
 // recordLoss adds a lost lock to the stream, best effort.
 func (s *Server) recordLoss(ctx context.Context, job Job, lease *lock.Lease, lost error) {
@@ -29,11 +27,10 @@ func (s *Server) recordLoss(ctx context.Context, job Job, lease *lock.Lease, los
 	if le, ok := errors.AsType[*lock.LostError](lost); ok {
 		reason = string(le.Reason)
 	}
-	prefix := strings.TrimSuffix(lease.RedisKey(), "{"+lease.Key()+"}")
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lossesTimeout)
 	defer cancel()
 	err := s.client.XAdd(ctx, &redis.XAddArgs{
-		Stream: LossesStream(prefix), MaxLen: lossesLen, Approx: true,
+		Stream: lease.Locker().LossesKey(), MaxLen: lossesLen, Approx: true,
 		Values: []any{"resource", job.Resource, "reason", reason, "fence", job.Fence,
 			"holder", lock.ParseToken(lease.Token()).Holder, "task_id", job.ID, "type", job.Type,
 			"queue", job.Queue, "at_ms", strconv.FormatInt(time.Now().UnixMilli(), 10)},

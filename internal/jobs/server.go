@@ -104,9 +104,7 @@ type Server struct {
 	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set; recovery
 	recovery *recovery
 
-	// onWait, when set (tests, benchmarks), sees every task that joins a
-	// resource's waiters, with its first contention (Unix ms).
-	onWait func(job Job, since float64)
+	hooks hooks // zero outside tests
 
 	// runLock holds schedules' run locks when locker is no single Redis.
 	runOnce sync.Once
@@ -165,6 +163,13 @@ func NewServer(p Params) *Server {
 		LogLevel:                 asynqLevel(s.log),
 	})
 	return s
+}
+
+// hooks let tests and benchmarks observe the server; only they set them.
+type hooks struct {
+	// wait sees every task that joins a resource's waiters, with its
+	// arrival (Unix ms).
+	wait func(job Job, since float64)
 }
 
 // linkedAsynq reports the asynq version this binary is linked against and

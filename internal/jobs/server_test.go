@@ -130,7 +130,7 @@ func TestLockLostCancelsAndRetriesSoon(t *testing.T) {
 		t.Fatalf("retried run completed %v after the loss, want the short backoff", d)
 	}
 	e.wantProcessed("t:locked", ResultLockLost, 1)
-	losses := e.admin.XRange(ctx, LossesStream("lockstep:"), "-", "+").Val()
+	losses := e.admin.XRange(ctx, e.locker.LossesKey(), "-", "+").Val()
 	if len(losses) != 1 || losses[0].Values["resource"] != "res" || losses[0].Values["reason"] != "expired" ||
 		losses[0].Values["task_id"] != "l1" || losses[0].Values["fence"] != strconv.FormatInt(job.Fence, 10) {
 		t.Fatalf("losses stream = %v, want one entry for res, reason expired, task l1, fence %d", losses, job.Fence)

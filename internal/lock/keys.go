@@ -100,6 +100,10 @@ func globEscape(s string) string {
 	return b.String()
 }
 
+// LossesKey is the stream of recent lock losses under this Locker's prefix
+// (internal/jobs writes it; the operator's page reads it).
+func (l *Locker) LossesKey() string { return l.prefix + "losses" }
+
 // ScheduleRun returns the resource of a schedule's run lock (its overlap
 // policy: the worker of a run holds it while the run runs) and that lock's
 // key under prefix. The resource is "schedule:<name>", so the key,
