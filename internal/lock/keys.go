@@ -2,17 +2,38 @@ package lock
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 )
 
 // keys are the Redis keys of one resource. They share the hash tag {resource}
 // so that every script touching them runs on one Cluster slot.
 type keys struct {
-	lock   string // the token, with the lease's TTL
-	fence  string // the fencing counter
-	owners string // reentrancy: owner id -> hold count
+	lock   string // the token, with the lease's TTL (of permit k: base + ":p<k>")
+	fence  string // the fencing counter (of permit k: ":fence:<k>")
+	owners string // reentrancy: owner id -> hold count (of permit k: ":owners:<k>")
 	queue  string // waiters of Acquire, in arrival order (see acquire.lua)
+	base   string // the resource's own lock key, prefix{R}, whatever the permit
+	permit int    // the permit these keys are (0: the lock itself)
 }
+
+// permitKeys returns the keys of permit p of the resource of k (lua/lib.lua):
+// permit 0 is the lock itself, permit p > 0 has keys of its own.
+func (k keys) permitKeys(p int) keys {
+	if p == k.permit {
+		return k
+	}
+	b := k.base
+	out := keys{lock: b, fence: b + ":fence", owners: b + ":owners", queue: k.queue, base: b, permit: p}
+	if p > 0 {
+		n := strconv.Itoa(p)
+		out.lock, out.fence, out.owners = b+":p"+n, out.fence+":"+n, out.owners+":"+n
+	}
+	return out
+}
+
+// limitKey is the hash of a resource's limit (lua/lib.lua).
+func (k keys) limitKey() string { return k.base + ":limit" }
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
 // The four keys are cut from one string: one allocation per lease.
@@ -29,7 +50,7 @@ func (l *Locker) keysFor(resource string) keys {
 	}
 	all := b.String()
 	f, o := n+len(":fence"), 2*n+len(":fence:owners")
-	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:]}
+	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:], base: all[:n]}
 }
 
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):
