@@ -29,12 +29,12 @@ func (s *Server) recordLoss(ctx context.Context, job Job, lease *lock.Lease, los
 	if le, ok := errors.AsType[*lock.LostError](lost); ok {
 		reason = string(le.Reason)
 	}
-	prefix := strings.TrimSuffix(lease.RedisKey(), "{"+lease.Key()+"}")
+	prefix, _, _ := strings.Cut(lease.RedisKey(), "{"+lease.Key()+"}") // a permit's key goes on after it
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lossesTimeout)
 	defer cancel()
 	err := s.client.XAdd(ctx, &redis.XAddArgs{
 		Stream: LossesStream(prefix), MaxLen: lossesLen, Approx: true,
-		Values: []any{"resource", job.Resource, "reason", reason, "fence", job.Fence,
+		Values: []any{"resource", job.Resource, "reason", reason, "fence", job.Fence, "permit", job.Permit,
 			"holder", lock.ParseToken(lease.Token()).Holder, "task_id", job.ID, "type", job.Type,
 			"queue", job.Queue, "at_ms", strconv.FormatInt(time.Now().UnixMilli(), 10)},
 	}).Err()

@@ -327,8 +327,12 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		}
 	}
 	var delay time.Duration
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		lease, err := l.tryAcquire(ctx, resource, ttl, wait, w.limit)
+		if err == nil && attempt > 1 && w.limit > 1 {
+			l.metrics.PermitWait.Observe(time.Since(start).Seconds())
+		}
 		if !errors.Is(err, ErrNotAcquired) {
 			if err != nil {
 				giveUp()
@@ -350,6 +354,9 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 			ok, err := fw.waitTurn(ctx, lease, max(delay, w.backoff.Max))
 			if ok {
 				l.acquired.Inc()
+				if w.limit > 1 {
+					l.metrics.PermitWait.Observe(time.Since(start).Seconds())
+				}
 				return lease, nil
 			}
 			if err != nil && ctx.Err() == nil {

@@ -103,6 +103,9 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		if len(vals) > 3 {
 			permit, _ = vals[3].(int64)
 		}
+		if len(vals) > 4 { // a permit's grant taken over: the task waited since its arrival
+			l.observeWait(vals[4])
+		}
 		l.acquired.Inc()
 		if holds != "" && !b.oneNode() {
 			// On a Cluster the holds set lives in another slot than the lock.
@@ -168,7 +171,8 @@ type HandedOn struct {
 // TaskGrant is a lock handed on to a parked task, held under Token.
 type TaskGrant struct {
 	Resource  string
-	Permit    int // the permit handed on (0: the lock itself)
+	Permit    int       // the permit handed on (0: the lock itself)
+	Since     time.Time // a permit's: when the task joined the queue (server clock); zero for a lock
 	Member    string // the waiter (TaskWaiter)
 	Queue, ID string
 	Token     string
@@ -243,6 +247,9 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 			permit, _ = vals[3].(int64)
 		}
 		g := &TaskGrant{Resource: lease.resource, Permit: int(permit), Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
+		if len(vals) > 4 {
+			g.Since = l.observeWait(vals[4])
+		}
 		g.Queue, g.ID, _ = ParseTaskWaiter(m)
 		if h.Holds != "" && !b.oneNode() {
 			if err := b.client.SAdd(ctx, h.Holds, HoldRecord(g.Resource, g.Queue, g.ID)).Err(); err != nil {
@@ -254,6 +261,20 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		lease.state.set(errReleased)
 		return HandedOn{Marked: outcome != "" && h.MarkAlways, Dropped: dropFlag != ""}, nil
 	}
+}
+
+// observeWait records the wait of a task for a permit since its arrival in
+// the queue, v (server µs, as a script's string; "" unknown), and returns
+// the arrival.
+func (l *Locker) observeWait(v any) time.Time {
+	s, _ := v.(string)
+	us, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || us <= 0 {
+		return time.Time{}
+	}
+	at := time.UnixMicro(us)
+	l.metrics.PermitWait.Observe(max(time.Since(at), 0).Seconds())
+	return at
 }
 
 // Adopt returns the lease of a TaskGrant, for the task it was handed to.
@@ -275,7 +296,10 @@ func (l *Locker) Grant(ctx context.Context, g *TaskGrant) (bool, error) {
 		return false, err
 	}
 	fence := strconv.FormatInt(g.Fence, 10)
-	if g.Permit > 0 { // the grant of a permit names it: "g:<member>:<fence>/<k>"
+	switch { // the grant of a permit names it (lua/lib.lua's handoff)
+	case !g.Since.IsZero():
+		fence += "/" + strconv.Itoa(g.Permit) + "/" + strconv.FormatInt(g.Since.UnixMicro(), 10)
+	case g.Permit > 0:
 		fence += "/" + strconv.Itoa(g.Permit)
 	}
 	v, err := run(ctx, b.client, scriptGrant, []string{l.keysFor(g.Resource).permitKeys(g.Permit).lock}, g.Token, g.Member, g.TTL.Milliseconds(), fence)
@@ -302,9 +326,10 @@ func parseGrantNotice(l *Locker, channel, payload string) (GrantNotice, bool) {
 		return GrantNotice{}, false
 	}
 	permit := 0
-	if _, k, found := strings.Cut(rest[i+1:], "/"); found {
+	if _, k, found := strings.Cut(rest[i+1:], "/"); found { // "<fence>/<k>[/<arrival>]"
+		k, _, _ = strings.Cut(k, "/")
 		n, err := strconv.Atoi(k)
-		if err != nil || n <= 0 {
+		if err != nil || n < 0 {
 			return GrantNotice{}, false
 		}
 		permit = n

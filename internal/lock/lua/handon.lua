@@ -31,9 +31,10 @@
 --   {1}                  released; no one was waiting
 --   {2, member, fence}   handed on to the task waiter member, which the
 --                        caller now holds the lock for under ARGV[2]
---   {2, member, fence, k}  the same, of permit k > 0 (a limited resource:
+--   {2, member, fence, k[, arrival]}  the same, of permit k (a limited resource:
 --                        free permits go to the longest waiters while fewer
---                        than the limit are held, lib.lua's serve)
+--                        than the limit are held, lib.lua's serve; arrival
+--                        is when the task joined the queue, server µs)
 --   {3}                  handed to a goroutine waiter, or granted to a task
 --   {0}                  the key is gone: the lease had expired (nothing changed)
 --   {-1}                 the key holds another token (left alone)
@@ -80,7 +81,9 @@ if not h then
   return {1}
 end
 if type(h) == 'table' then
-  if h[3] then
+  if h[4] then
+    return {2, h[1], h[2], h[3], h[4]}
+  elseif h[3] then
     return {2, h[1], h[2], h[3]}
   end
   return {2, h[1], h[2]}

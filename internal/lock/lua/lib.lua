@@ -54,11 +54,13 @@ end
 -- k is the permit that lock is (0, or nil: the lock key itself) and base the
 -- resource's lock key (see permit below); a permit k > 0 is named in the
 -- hand-off ("fence|at:k|token"), the grant ("g:<member>:<fence>/k") and the
--- chain's {member, fence, k}.
+-- chain's {member, fence, k}; limited (serve's hand-offs) names the permit
+-- even when it is 0 and adds the task's arrival in the queue (server µs):
+-- "g:<member>:<fence>/<k>/<arrival>" and {member, fence, k, arrival}.
 -- Returns false (no live waiter: the lock is left as it was), true (a
 -- goroutine waiter holds it now), the member (a task was granted it), or
 -- {member, fence} (a task head, for the caller to run under nexttoken).
-local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, base)
+local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, base, limited)
   local pk = ''
   if k and k > 0 then
     pk = ':' .. k
@@ -66,7 +68,8 @@ local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, b
     base = lock
   end
   for _ = 1, 16 do
-    local first = redis.call('ZPOPMIN', q)[1]
+    local popped = redis.call('ZPOPMIN', q)
+    local first = popped[1]
     if not first then
       return false
     end
@@ -74,13 +77,17 @@ local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, b
       local fence = nextfence(fencekey, fencettl)
       if nexttoken ~= '' then
         redis.call('SET', lock, nexttoken, 'PX', ttl)
-        if pk ~= '' then
+        if limited then
+          return {first, fence, k, string.format('%.0f', tonumber(popped[2]))}
+        elseif pk ~= '' then
           return {first, fence, k}
         end
         return {first, fence}
       end
       local g = 'g:' .. first .. ':' .. string.format('%.0f', fence)
-      if pk ~= '' then
+      if limited then
+        g = g .. '/' .. k .. '/' .. string.format('%.0f', tonumber(popped[2]))
+      elseif pk ~= '' then
         g = g .. '/' .. k
       end
       redis.call('SET', lock, g, 'PX', ttl)
@@ -192,7 +199,7 @@ local function serve(base, fencekey, owners, q, fencettl, ttl, nexttoken, n, h, 
     end
     prefer = nil
     local pl, pf, po = permit(base, fencekey, owners, free)
-    local r = handoff(pl, pf, po, q, fencettl, ttl, nexttoken, free, base)
+    local r = handoff(pl, pf, po, q, fencettl, ttl, nexttoken, free, base, true)
     if not r then
       break
     end

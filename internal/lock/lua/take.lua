@@ -20,8 +20,10 @@
 --          a recoverer finds the task if the process dies (see tasks.go)
 -- ARGV[8]  the task's limit n: 1 for a lock, n > 1 for n permits (lib.lua);
 --          with a limit, or on a limited resource, the replies {1..} and
---          {2..} end with the permit k taken, and the lock's pttl of a busy
---          reply is the shortest of the held permits'
+--          {2..} end with the permit k taken and the task's arrival in the
+--          queue ({s, token, fence, k, arrival}: server µs, "" for a task
+--          that did not wait), and the
+--          lock's pttl of a busy reply is the shortest of the held permits'
 --
 -- Returns
 --   {1, token, fence}   acquired afresh (same fence rule as acquire.lua)
@@ -81,9 +83,13 @@ local function takepermit(k, status, fresh)
   else
     fence = tonumber(redis.call('GET', pf))
   end
-  redis.call('ZREM', q, me)
+  local arrival = redis.call('ZSCORE', q, me)
+  if arrival then
+    arrival = string.format('%.0f', tonumber(arrival))
+    redis.call('ZREM', q, me)
+  end
   held()
-  return {status, token, fence, k}
+  return {status, token, fence, k, arrival or ''}
 end
 
 local function minpttl(h)
@@ -102,7 +108,7 @@ local function grantedto(h)
   for k = 0, h - 1 do
     local cur = redis.call('GET', (permit(lock, fencekey, owners, k)))
     if cur and string.sub(cur, 1, #granted) == granted then
-      return k
+      return k, string.match(cur, '/%d+/(%d+)$')
     end
   end
   return nil
@@ -111,9 +117,11 @@ end
 local limit = tonumber(ARGV[8])
 if limit > 1 or redis.call('EXISTS', lock .. ':limit') == 1 then
   local n, h = declare(lock, limit, fencettl)
-  local k = grantedto(h)
+  local k, arrival = grantedto(h)
   if k then
-    return takepermit(k, 2, false)
+    local r = takepermit(k, 2, false)
+    r[5] = arrival or r[5]
+    return r
   end
   local count, free = holders(lock, n, h)
   if count < n and free then
