@@ -173,7 +173,7 @@ type TaskGrant struct {
 	Resource  string
 	Permit    int       // the permit handed on (0: the lock itself)
 	Since     time.Time // a permit's: when the task joined the queue (server clock); zero for a lock
-	Member    string // the waiter (TaskWaiter)
+	Member    string    // the waiter (TaskWaiter)
 	Queue, ID string
 	Token     string
 	Fence     int64
@@ -549,7 +549,9 @@ func (l *Locker) Permits(ctx context.Context, resource string) (int, []Held, err
 }
 
 // PermitKey returns the key of permit k of resource (permit 0: Key).
-func (l *Locker) PermitKey(resource string, k int) string { return l.keysFor(resource).permitKeys(k).lock }
+func (l *Locker) PermitKey(resource string, k int) string {
+	return l.keysFor(resource).permitKeys(k).lock
+}
 
 // PermitFenceKey returns the fencing counter's key of permit k of resource.
 func (l *Locker) PermitFenceKey(resource string, k int) string {
