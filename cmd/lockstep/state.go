@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,9 +22,12 @@ import (
 // layouts it reads are internal/lock's (through its key builder and its
 // Waiters) and asynq's (through its Inspector).
 
-// lockView is one held lock, as `lockstep locks --json` prints it.
+// lockView is one held lock, or one held permit of a resource with a limit,
+// as `lockstep locks --json` prints it.
 type lockView struct {
 	Resource string `json:"resource"`
+	Limit    int    `json:"limit"`   // the resource's limit: 1 for a lock
+	Permit   int    `json:"permit"`  // which permit this is: 0 for a lock
 	Holder   string `json:"holder"`  // host:pid of the holding process
 	TaskID   string `json:"task_id"` // "" unless a job holds it
 	Type     string `json:"type"`    // "" unless a job holds it
@@ -57,8 +61,6 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 	var mu sync.Mutex
 	var out []lockView
 	err = forEachMaster(ctx, a.client, func(ctx context.Context, node redis.Cmdable) error {
-		pattern := a.keys().ScanPattern()
-		iter := node.Scan(ctx, 0, pattern, scanBatch).Iterator()
 		var batch []string
 		flush := func() error {
 			views, err := readLocks(ctx, a, batch, now)
@@ -68,18 +70,26 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 			batch = batch[:0]
 			return err
 		}
-		for iter.Next(ctx) {
-			if r, ok := resourceOf(a.prefix, iter.Val()); ok {
-				batch = append(batch, r)
-			}
-			if len(batch) == scanBatch {
-				if err := flush(); err != nil {
-					return err
+		// Lock keys (permit 0s), and the limits of resources with permits,
+		// whose permit 0 may be free while others are held.
+		seen := map[string]bool{}
+		for _, pattern := range []string{a.keys().ScanPattern(), a.keys().LimitPattern()} {
+			iter := node.Scan(ctx, 0, pattern, scanBatch).Iterator()
+			for iter.Next(ctx) {
+				r, ok := resourceOf(a.prefix, strings.TrimSuffix(iter.Val(), ":limit"))
+				if ok && !seen[r] {
+					seen[r] = true
+					batch = append(batch, r)
+				}
+				if len(batch) == scanBatch {
+					if err := flush(); err != nil {
+						return err
+					}
 				}
 			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
+			if err := iter.Err(); err != nil {
+				return err
+			}
 		}
 		return flush()
 	})
@@ -94,7 +104,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 		if y.HeldMs != nil {
 			hy = *y.HeldMs
 		}
-		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource))
+		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource), cmp.Compare(x.Permit, y.Permit))
 	})
 	if out == nil {
 		out = []lockView{}
@@ -125,6 +135,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 		ttl     *redis.DurationCmd
 		fence   *redis.StringCmd
 		waiters *redis.IntCmd // the resource's one queue: parked tasks and WithLock / Acquire callers
+		limit   *redis.SliceCmd
 	}
 	cs := make([]cmds, len(resources))
 	_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -134,13 +145,50 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 				ttl:     p.PTTL(ctx, k.Key(r)),
 				fence:   p.Get(ctx, k.FenceKey(r)),
 				waiters: p.ZCard(ctx, k.QueueKey(r)),
+				limit:   p.HMGet(ctx, k.LimitKey(r), "n", "h"),
 			}
 		}
 		return nil
 	})
+	// A resource with permits: its permits 1 to h-1, in a second pipeline.
+	type permitCmds struct {
+		r, k int
+		cmds
+	}
+	var more []permitCmds
+	limits := make([]int, len(resources))
+	for i, c := range cs {
+		limits[i] = 1
+		v := c.limit.Val()
+		if len(v) != 2 || v[0] == nil {
+			continue
+		}
+		n, _ := strconv.Atoi(fmt.Sprint(v[0]))
+		h, _ := strconv.Atoi(fmt.Sprint(v[1]))
+		limits[i] = max(n, 1)
+		for p := 1; p < h; p++ {
+			more = append(more, permitCmds{r: i, k: p})
+		}
+	}
+	if len(more) > 0 {
+		_, _ = a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j := range more {
+				m := &more[j]
+				key := k.PermitKey(resources[m.r], m.k)
+				m.val, m.ttl, m.fence = p.Get(ctx, key), p.PTTL(ctx, key), p.Get(ctx, k.PermitFenceKey(resources[m.r], m.k))
+				m.waiters = cs[m.r].waiters
+			}
+			return nil
+		})
+	}
+	all := make([]permitCmds, 0, len(cs)+len(more))
+	for i, c := range cs {
+		all = append(all, permitCmds{r: i, cmds: c})
+	}
+	all = append(all, more...)
 	var out []lockView
-	for i, r := range resources {
-		c := cs[i]
+	for _, c := range all {
+		r := resources[c.r]
 		switch err := c.val.Err(); {
 		case errors.Is(err, redis.Nil), isWrongType(err): // gone since the scan, or not a lock
 			continue
@@ -148,7 +196,7 @@ func readLocks(ctx context.Context, a *app, resources []string, now time.Time) (
 			return nil, fmt.Errorf("redis: %w", err)
 		}
 		info := lock.ParseToken(c.val.Val())
-		v := lockView{Resource: r, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type}
+		v := lockView{Resource: r, Limit: limits[c.r], Permit: c.k, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type}
 		v.Fence, _ = c.fence.Int64()
 		if d := c.ttl.Val(); d > 0 {
 			v.TTLMs = d.Milliseconds()
