@@ -266,6 +266,9 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 		holdOpts = append(holdOpts, watchdog.MaxHold(c.maxHold))
 	}
 	ctx, span := l.trace.StartHold(ctx, key, lease.Fence()) // tracing
+	if c.limit > 1 || lease.Permit() > 0 {
+		span.Permit(lease.Permit())
+	}
 	hctx, hold := l.watchdog.Hold(ctx, lease, holdOpts...)
 	span.Watch(hctx)
 

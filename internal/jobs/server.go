@@ -443,6 +443,9 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	var span *tracing.Hold
 	if lease != nil {
 		ctx, span = s.trace.StartHold(ctx, job.Resource, lease.Fence()) // tracing
+		if job.limit > 1 || lease.Permit() > 0 {
+			span.Permit(lease.Permit())
+		}
 		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
 		span.Watch(hctx) // tracing: a loss is an event at once
 		s.track(hold)
