@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // Permits (a limit N > 1): at most N holders of a resource, each on a permit
@@ -255,6 +258,32 @@ func TestCrashedPermitHolderFreesItsPermitWithinItsTTL(t *testing.T) {
 func TestPermitsUnderContentionNeverOverlap(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
+	contendPermits(t, l)
+}
+
+// TestPermitsOnCluster: every permit of a resource lives in the slot of its
+// {R}: acquires, hand-offs and renewals (one script per lease there) work
+// as on one server.
+func TestPermitsOnCluster(t *testing.T) {
+	t.Parallel()
+	l := lock.New(redistest.StartCluster(t, 3).Client(func(o *redis.ClusterOptions) { o.PoolSize = 64 }))
+	ctx := context.Background()
+	var held []*lock.Lease
+	for _, r := range []string{"c1", "c2"} {
+		for range 3 {
+			held = append(held, tryPermit(t, l, r, 3))
+		}
+	}
+	for i, err := range l.RenewAll(ctx, held) {
+		if err != nil {
+			t.Fatalf("renew of permit %d of %s: %v", held[i].Permit(), held[i].Key(), err)
+		}
+	}
+	contendPermits(t, l)
+}
+
+func contendPermits(t *testing.T, l *lock.Locker) {
+	t.Helper()
 	ctx := context.Background()
 	const limit, workers, cycles = 4, 16, 30
 	var holding atomic.Int32
