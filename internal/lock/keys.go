@@ -69,6 +69,9 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:queue:W:wake   its wake list
 //	prefix{R}:done:<q>:<id>  a done marker: task id of queue q ran under a hand-off
 //	prefix{R}:granted        the pub/sub channel of grants to parked tasks
+//	prefix{R}:p<k>           permit k > 0 of a resource with a limit (permitKeys),
+//	                         with prefix{R}:fence:<k> and prefix{R}:owners:<k>
+//	prefix{R}:limit          the resource's limit: hash n (limit), h (permits to look at)
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
