@@ -47,12 +47,13 @@
 -- by more than the time between the two acquires.
 -- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
 
-local function lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter)
+-- lockone is a lock's acquire; queued tells whether the queue exists.
+local function lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, queued)
   local reply = 0
   local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
   if granted then
     reply = granted
-  elseif redis.call('EXISTS', q) == 0 then
+  elseif not queued then
     if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
       own(owners, token, ttl, owner)
       reply = nextfence(fencekey, fencettl)
@@ -131,8 +132,10 @@ for i = 0, #KEYS / 4 - 1 do
   local token, ttl, fencettl, owner, waiter, limit =
     ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], ARGV[6 * i + 5], tonumber(ARGV[6 * i + 6])
   local reply
-  if limit == 1 and redis.call('EXISTS', lock .. ':limit') == 0 then
-    reply = lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter)
+  -- One call tells a free lock without waiters or a limit, the common case.
+  local others = redis.call('EXISTS', q, lock .. ':limit')
+  if limit == 1 and (others == 0 or redis.call('EXISTS', lock .. ':limit') == 0) then
+    reply = lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, others > 0)
   else
     reply = permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit)
   end

@@ -55,15 +55,16 @@ if ARGV[8] == '1' then
 end
 local k = tonumber(ARGV[11])
 local base, bf, bo = unpermit(KEYS[1], KEYS[2], KEYS[3], k)
+local others = redis.call('EXISTS', KEYS[4], base .. ':limit') -- without a limit, > 0 is the queue
 local n, lh
-if k > 0 or redis.call('EXISTS', base .. ':limit') == 1 then
+if others > 0 then
   n, lh = limitof(base)
 end
 local h = false
 if n then
   redis.call('DEL', KEYS[1])
   h = serve(base, bf, bo, KEYS[4], ARGV[4], ARGV[3], ARGV[2], n, lh, k)
-elseif redis.call('EXISTS', KEYS[4]) == 1 then
+elseif others > 0 then
   h = handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[3], ARGV[2], k, base)
 end
 if ARGV[5] ~= '' and (ARGV[6] == 'a' or type(h) == 'table') then

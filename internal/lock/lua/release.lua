@@ -46,8 +46,11 @@ for i = 0, #KEYS / 4 - 1 do
   end
   if status == 0 or status == 1 then
     local base, bf, bo = unpermit(lock, fencekey, owners, k)
+    -- One call tells a lock without waiters or a limit, the common case;
+    -- without a limit, others > 0 is the queue.
+    local others = redis.call('EXISTS', q, base .. ':limit')
     local n, h
-    if k > 0 or redis.call('EXISTS', base .. ':limit') == 1 then
+    if others > 0 then
       n, h = limitof(base)
     end
     if n then
@@ -55,7 +58,7 @@ for i = 0, #KEYS / 4 - 1 do
         redis.call('DEL', lock)
       end
       serve(base, bf, bo, q, fencettl, ttl, '', n, h, k)
-    elseif redis.call('EXISTS', q) == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
+    elseif others == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
       if status == 1 then
         redis.call('DEL', lock)
       end
