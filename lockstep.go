@@ -49,6 +49,11 @@ func (s *Lease) Key() string { return s.l.Key() }
 // whose lock has passed on. See "Fencing your own store" in the README.
 func (s *Lease) Fence() int64 { return s.l.Fence() }
 
+// Permit returns which of the key's permits the lease holds, 0 to n - 1 for
+// Permits(n); a lock is permit 0. Fences are per permit: keep the last fence
+// per (key, permit) in a fenced store.
+func (s *Lease) Permit() int { return s.l.Permit() }
+
 // Token returns the random value that identifies this holder in Redis.
 func (s *Lease) Token() string { return s.l.Token() }
 
@@ -173,6 +178,7 @@ type lockCall struct {
 	wait    time.Duration
 	backoff backoff.Jitter
 	maxHold time.Duration
+	limit   int
 }
 
 // DefaultTTL is the lease TTL when TTL is not given. The watchdog renews the
@@ -201,6 +207,15 @@ func Backoff(min, max time.Duration) LockOption {
 // cancelled (reason max_hold) and the lock is not renewed again.
 func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold = d } }
 
+// Permits makes key a resource of n permits (a concurrency limit): at most
+// n calls hold it at once, each on its own permit (Lease.Permit) with its
+// own strictly increasing fence, renewed, lost and handed on (in arrival
+// order, with Wait) like a lock. 1 is a lock, the default; n < 1 is an
+// error. The limit is the key's: the latest caller's n is the one that
+// holds, and a lowered limit cancels no one but admits no one until fewer
+// than n hold the key.
+func Permits(n int) LockOption { return func(c *lockCall) { c.limit = n } }
+
 // WithLock takes the lock on key, runs fn with a context that is cancelled
 // (cause a *LostError, matching ErrLockLost) as soon as the lock is lost, and
 // releases the lock when fn returns or panics; a panic is re-raised after the
@@ -223,14 +238,14 @@ func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold 
 // A release that fails for a transport reason is not an error of fn's: the
 // lock then expires on its own within its TTL.
 func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.Context, lease *Lease) error, opts ...LockOption) (err error) {
-	c := lockCall{ttl: DefaultTTL, backoff: backoff.LockWait}
+	c := lockCall{ttl: DefaultTTL, backoff: backoff.LockWait, limit: 1}
 	for _, o := range opts {
 		o(&c)
 	}
 	var lease *lock.Lease
 	ctx, wait := l.trace.StartWait(ctx, key) // tracing: ended by StartHold, or below
 	if c.wait > 0 {
-		opts := []lock.AcquireOption{lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff)}
+		opts := []lock.AcquireOption{lock.MaxWait(c.wait), lock.WithWaitBackoff(c.backoff), lock.Permits(c.limit)}
 		var attempts int
 		if wait != nil {
 			opts = append(opts, lock.CountAttempts(&attempts))
@@ -240,7 +255,7 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 			wait.Granted() // it waited: the lock came from the holder before it
 		}
 	} else {
-		lease, err = l.locker.TryAcquire(ctx, key, c.ttl)
+		lease, err = l.locker.TryAcquire(ctx, key, c.ttl, lock.Permits(c.limit))
 	}
 	if err != nil {
 		wait.Fail(err)
@@ -251,6 +266,9 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 		holdOpts = append(holdOpts, watchdog.MaxHold(c.maxHold))
 	}
 	ctx, span := l.trace.StartHold(ctx, key, lease.Fence()) // tracing
+	if c.limit > 1 || lease.Permit() > 0 {
+		span.Permit(lease.Permit())
+	}
 	hctx, hold := l.watchdog.Hold(ctx, lease, holdOpts...)
 	span.Watch(hctx)
 

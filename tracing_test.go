@@ -122,3 +122,49 @@ func TestWithLockUntracedAddsNoSpan(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A hold of a permit names it (lockstep.permit); a lock's hold has none.
+func TestWithLockTracesThePermit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	l := lockstep.NewLocker(srv.Client(), lockstep.WithTracerProvider(tp))
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	held := make(chan struct{})
+	release, first := make(chan struct{}), make(chan error, 1)
+	go func() {
+		first <- l.WithLock(ctx, "tenant", func(context.Context, *lockstep.Lease) error {
+			close(held)
+			<-release
+			return nil
+		}, lockstep.Permits(2))
+	}()
+	<-held
+	if err := l.WithLock(ctx, "tenant", func(context.Context, *lockstep.Lease) error { return nil }, lockstep.Permits(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WithLock(ctx, "plain", func(context.Context, *lockstep.Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	var permits []string
+	for _, s := range exp.GetSpans() {
+		if s.Name != "lockstep.lock.hold" {
+			continue
+		}
+		if r := attrOf(s, "lockstep.resource"); r == "plain" && attrOf(s, "lockstep.permit") != "" {
+			t.Errorf("a lock's hold has lockstep.permit %q", attrOf(s, "lockstep.permit"))
+		} else if r == "tenant" {
+			permits = append(permits, attrOf(s, "lockstep.permit"))
+		}
+	}
+	slices.Sort(permits)
+	if !slices.Equal(permits, []string{"0", "1"}) {
+		t.Errorf("tenant holds' permits %v, want 0 and 1", permits)
+	}
+}

@@ -55,6 +55,9 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 	}
 	if cfg.Worker.Demo {
 		opts = append(opts, fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
+		if demoTenants(cfg) {
+			opts = append(opts, fx.Provide(fx.Annotate(demoTenantSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
+		}
 	}
 	return fx.Options(opts...)
 }
@@ -126,6 +129,17 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 
 func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
 	return demo.Spec(c, cfg.Lock.Prefix, procid.Self())
+}
+
+func demoTenantSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
+	return demo.TenantSpec(c, cfg.Lock.Prefix, procid.Self())
+}
+
+// demoTenants reports whether the demo's demo:tenant.sync (limit 3) runs:
+// on the redis back end, the one with permits.
+func demoTenants(cfg *config.WorkerConfig) bool {
+	b := cfg.Lock.Backend
+	return b != config.BackendRedlock && b != config.BackendEtcd
 }
 
 type httpIn struct {

@@ -30,8 +30,12 @@ type Job struct {
 	// Fence is the lock's fencing token: it strictly increases with every
 	// acquire of the resource, so a store that keeps the highest fence it
 	// accepted can refuse the write of a holder whose lock passed on. Pass it
-	// to such a store with every write. 0 without a lock.
+	// to such a store with every write. 0 without a lock. With a Limit, fences
+	// are per permit: keep the highest per (resource, Permit).
 	Fence int64
+	// Permit is which of the Limit permits the task holds, 0 to n - 1 (0 for
+	// a plain lock, and without a lock).
+	Permit int
 }
 
 // SkipRetry, returned by a handler (or wrapped in its error), archives the
@@ -52,6 +56,8 @@ type HandlerOf[T any] struct {
 	resource   func(T) string
 	ttl        time.Duration
 	contention Contention
+	limit      int  // Limit's n
+	limited    bool // Limit was called (Limit(0) is an error, not the default)
 }
 
 // Handle returns the handler of taskType. The task's payload is JSON,
@@ -90,6 +96,21 @@ func Handle[T any](taskType string, fn func(ctx context.Context, job Job, payloa
 // long fn may run.
 func (h HandlerOf[T]) Lock(resource func(payload T) string, ttl time.Duration) HandlerOf[T] {
 	h.resource, h.ttl = resource, ttl
+	return h
+}
+
+// Limit lets up to n tasks hold the Lock's resource at once: each holds one of
+// its n permits (Job.Permit, 0 to n - 1) with a fencing token of the
+// permit's own, renewed, lost and handed on exactly as a lock is (every
+// guarantee of a lock holds per permit). Without Limit the lock is one
+// permit (n = 1). The contention policy applies when all n are held; a
+// release hands its permit to the longest waiter. The limit is the
+// resource's: the latest task to take it declares the one that holds, and a
+// lowered limit (a deploy from Limit(3) to Limit(2)) cancels no one but
+// admits no one until fewer than 2 hold it. n must be at least 1, and above
+// 1 needs the single Redis back end (Redlock and etcd refuse it at start).
+func (h HandlerOf[T]) Limit(n int) HandlerOf[T] {
+	h.limit, h.limited = n, true
 	return h
 }
 
@@ -135,9 +156,11 @@ func (h HandlerOf[T]) OnContention(c Contention) HandlerOf[T] {
 // validator is what a payload type may implement to check itself.
 type validator interface{ Validate() error }
 
-// DemoJob registers Lockstep's built-in demo job, demo:order.pay (see the
-// README): it pays an order under the order's lock with a fenced store and
-// records every execution. The cmd/worker binary and `make run` register it;
+// DemoJob registers Lockstep's built-in demo jobs (see the README):
+// demo:order.pay pays an order under the order's lock with a fenced store and
+// records every execution; demo:tenant.sync syncs a tenant under its
+// resource of 3 permits (on the redis back end only: Redlock and etcd have
+// no permits), fenced per (tenant, permit). The cmd/worker binary and `make run` register it;
 // a worker of your own registers it only with DemoJob or with worker.demo:
 // true in its configuration.
 func DemoJob() Handler { return demoJob{} }
@@ -172,12 +195,17 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 		return jobs.Spec{}, fmt.Errorf("worker: handler for %q is nil", h.taskType)
 	case h.ttl < 0:
 		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: negative lock ttl %v", h.taskType, h.ttl)
+	case h.limited && h.limit < 1:
+		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Limit(%d): the limit must be at least 1", h.taskType, h.limit)
+	case h.limited && h.resource == nil:
+		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Limit needs a Lock", h.taskType)
 	case h.contention.policy == jobs.Wait && h.contention.wait <= 0:
 		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Wait needs a positive bound, got %v", h.taskType, h.contention.wait)
 	}
 	s := jobs.Spec{
 		Type:           h.taskType,
 		TTL:            h.ttl,
+		Limit:          max(h.limit, 1),
 		Contention:     h.contention.policy,
 		ContentionWait: h.contention.wait,
 		Decode: func(b []byte) (any, error) {
@@ -194,7 +222,8 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 			return p, nil
 		},
 		Run: func(ctx context.Context, j jobs.Job, p any) error {
-			return h.fn(ctx, Job(j), p.(T))
+			return h.fn(ctx, Job{ID: j.ID, Type: j.Type, Queue: j.Queue, Attempt: j.Attempt, MaxRetry: j.MaxRetry,
+				Resource: j.Resource, Fence: j.Fence, Permit: j.Permit}, p.(T))
 		},
 	}
 	if h.resource != nil {

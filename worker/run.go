@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 
@@ -129,9 +130,19 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	if err != nil {
 		return nil, err
 	}
+	if b := cfg.Lock.Backend; b == config.BackendRedlock || b == config.BackendEtcd {
+		for _, s := range hs {
+			if s.Limit > 1 {
+				return nil, role.ConfigError(fmt.Errorf("lock.backend: %s has no permits, and task type %q declares Limit(%d): use lock.backend redis, or no Limit", b, s.Type, s.Limit))
+			}
+		}
+	}
 	all := hs
 	if cfg.Worker.Demo {
 		all = append(all[:len(all):len(all)], demo.Spec(nil, cfg.Lock.Prefix, ""))
+		if demoTenants(cfg) {
+			all = append(all, demo.TenantSpec(nil, cfg.Lock.Prefix, ""))
+		}
 	}
 	if _, err := jobs.NewRegistry(all); err != nil {
 		return nil, err

@@ -224,3 +224,39 @@ func TestDuplicateTaskTypeFails(t *testing.T) {
 		t.Fatalf("Check = %v", err)
 	}
 }
+
+func TestLimitIsCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	h := Handle("tenant:sync", func(context.Context, Job, pay) error { return nil })
+	var got Job
+	h = Handle("tenant:sync", func(_ context.Context, job Job, _ pay) error { got = job; return nil })
+	s, err := h.Lock(orderLock, 0).Limit(3).spec()
+	if err != nil || s.Limit != 3 {
+		t.Fatalf("Limit(3): %+v %v", s.Limit, err)
+	}
+	if s, _ := h.Lock(orderLock, 0).spec(); s.Limit != 1 {
+		t.Fatalf("without Limit the limit is %d, want 1 (a lock)", s.Limit)
+	}
+	if err := s.Run(context.Background(), jobs.Job{ID: "t1", Fence: 7, Permit: 2}, pay{}); err != nil || got.Permit != 2 || got.Fence != 7 {
+		t.Fatalf("the handler got %+v (%v), want permit 2 fence 7", got, err)
+	}
+	for _, bad := range []HandlerOf[pay]{h.Lock(orderLock, 0).Limit(0), h.Lock(orderLock, 0).Limit(-2), h.Limit(2)} {
+		if _, err := bad.spec(); err == nil || !strings.Contains(err.Error(), "Limit") {
+			t.Errorf("%+v accepted: %v", bad, err)
+		}
+	}
+	// Redlock and etcd have no permits: the worker refuses to start (exit 2).
+	for _, cfg := range []string{
+		"lock: {backend: redlock, nodes: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]}\n",
+		"lock: {backend: etcd, etcd: {endpoints: [\"127.0.0.1:1\"]}}\n",
+	} {
+		path := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n"+cfg)
+		err := Check([]string{"--config", path}, h.Lock(orderLock, 0).Limit(3))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "has no permits") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: Check = %v, want one line matching ErrConfig", cfg, err)
+		}
+		if err := Check([]string{"--config", path}, h.Lock(orderLock, 0)); err != nil {
+			t.Errorf("%s: a plain lock: %v", cfg, err)
+		}
+	}
+}

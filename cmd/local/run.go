@@ -412,7 +412,7 @@ func (l *localRun) check(r result, elapsed time.Duration) error {
 	}
 	if len(problems) == 0 {
 		fmt.Fprintln(l.out, "check ok: every tick enqueued once, no task ran to success twice, "+
-			"no two executions of an order at once, fences rose per order")
+			"no two executions of an order (or of a tenant's permit) at once, fences rose per order and per permit")
 		return nil
 	}
 	for _, p := range problems {

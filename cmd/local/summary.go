@@ -248,10 +248,18 @@ func (x *executions) read(ctx context.Context) error {
 // A worker writes the record while it holds the order's lock (only a
 // lock_lost record may be written after the lock passed on), so the held
 // records of one order come in the order of their holds: each started after
-// the previous one ended, with a higher fence.
+// the previous one ended, with a higher fence. A tenant's syncs
+// (demo:tenant.sync, limit 3) are held per permit: the same holds per
+// (tenant, permit), and the permit is below the limit.
 func (x *executions) add(msg redis.XMessage) {
 	field := func(k string) string { s, _ := msg.Values[k].(string); return s }
-	order, outcome, task := field("order_id"), field("outcome"), field("task_id")
+	order, outcome, task := "order "+field("order_id"), field("outcome"), field("task_id")
+	if tenant := field("tenant_id"); tenant != "" {
+		order = "tenant " + tenant + " permit " + field("permit")
+		if p, err := strconv.Atoi(field("permit")); err != nil || p < 0 || p >= demo.TenantLimit {
+			x.violations = append(x.violations, fmt.Sprintf("%s: task %s held a permit outside 0 to %d", order, task, demo.TenantLimit-1))
+		}
+	}
 	started, _ := strconv.ParseInt(field("started_ms"), 10, 64)
 	finished, _ := strconv.ParseInt(field("finished_ms"), 10, 64)
 	fence, _ := strconv.ParseInt(field("fence"), 10, 64)
@@ -266,11 +274,11 @@ func (x *executions) add(msg redis.XMessage) {
 	}
 	if end, ok := x.lastEnd[order]; ok && started < end {
 		x.violations = append(x.violations, fmt.Sprintf(
-			"order %s: task %s started at %d ms, before the previous execution ended at %d ms", order, task, started, end))
+			"%s: task %s started at %d ms, before the previous execution ended at %d ms", order, task, started, end))
 	}
 	if f, ok := x.lastFence[order]; ok && fence <= f {
 		x.violations = append(x.violations, fmt.Sprintf(
-			"order %s: task %s ran with fence %d, not above the previous execution's %d", order, task, fence, f))
+			"%s: task %s ran with fence %d, not above the previous execution's %d", order, task, fence, f))
 	}
 	x.lastEnd[order] = max(x.lastEnd[order], finished)
 	x.lastFence[order] = max(x.lastFence[order], fence)

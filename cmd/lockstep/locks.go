@@ -8,14 +8,17 @@ import (
 
 const locksAbout = `Lists every held lock, longest held first: the resource, the holding process (host:pid),
 the job's task id and type when a job holds it, the fence, the TTL left, how long it
-has been held and how many tasks wait for it. Exit 1 when no lock is held.
+has been held and how many tasks wait for it. A resource with a limit (Limit(n)) has
+one line per held permit, shown as RESOURCE[k/n]. Exit 1 when no lock is held.
 
 Reads the locks where lock.backend keeps them: Redis, every Redlock node (a lock shows
 where a majority holds one token) or etcd.
 
-JSON: an array of objects with resource, holder, task_id, type, fence, ttl_ms,
-held_ms (null when the lock's value does not say), waiters, backend (redis,
-redlock or etcd) and, on redlock, nodes (those that hold it).`
+JSON: an array of objects with resource, limit (1 for a lock), permit (0 to
+limit-1; one object per held permit), holder, task_id, type, fence (the
+permit's), ttl_ms, held_ms (null when the lock's value does not say), waiters
+(the resource's), backend (redis, redlock or etcd) and, on redlock, nodes (those
+that hold it).`
 
 func cmdLocks(ctx context.Context, a *app, args []string) int {
 	fs := a.flags("locks", "locks [--prefix P] [--json]", locksAbout)
@@ -38,7 +41,11 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 			if l.TTLMs >= 0 {
 				ttl = ms(l.TTLMs)
 			}
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", l.Resource, orDash(l.Holder), orDash(l.TaskID),
+			name := l.Resource
+			if l.Limit > 1 {
+				name = fmt.Sprintf("%s[%d/%d]", l.Resource, l.Permit, l.Limit)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", name, orDash(l.Holder), orDash(l.TaskID),
 				orDash(l.Type), l.Fence, ttl, held, l.Waiters)
 		})
 }

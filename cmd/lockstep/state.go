@@ -23,6 +23,8 @@ import (
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
 	Resource string   `json:"resource"`
+	Limit    int      `json:"limit"`   // the resource's limit: 1 for a lock
+	Permit   int      `json:"permit"`  // which permit this is: 0 for a lock
 	Holder   string   `json:"holder"`  // host:pid of the holding process
 	TaskID   string   `json:"task_id"` // "" unless a job holds it
 	Type     string   `json:"type"`    // "" unless a job holds it
@@ -55,7 +57,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 	out := make([]lockView, 0, len(held))
 	for _, h := range held {
 		info := lock.ParseToken(h.Token)
-		v := lockView{Resource: h.Resource, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
+		v := lockView{Resource: h.Resource, Limit: max(h.Limit, 1), Permit: h.Permit, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
 			TTLMs: -1, Waiters: h.Queued, Backend: a.backendName(), Nodes: h.Nodes}
 		if h.TTL >= 0 {
 			v.TTLMs = h.TTL.Milliseconds() // -1: no expiry, not written by Lockstep
@@ -74,7 +76,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 		if y.HeldMs != nil {
 			hy = *y.HeldMs
 		}
-		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource))
+		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource), cmp.Compare(x.Permit, y.Permit))
 	})
 	return out, nil
 }

@@ -16,11 +16,14 @@ const unlockAbout = `Breaks the lock on RESOURCE by deleting its key (on every R
 etcd, the key and its lease's hold count). The holder's watchdog notices (at once on Redis
 and etcd, at its next renewal on Redlock) and cancels its handler; the next holder gets a higher fence, so a
 store that checks fences refuses the old holder's late writes. Asks for confirmation
-on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.`
+on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.
+For a resource with a limit, --permit K breaks permit K alone (0 to limit-1, as
+lockstep locks shows them; default 0). A permit out of range exits 2.`
 
 func cmdUnlock(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("unlock", "unlock RESOURCE --force [--yes]", unlockAbout)
+	fs := a.flags("unlock", "unlock RESOURCE [--permit K] --force [--yes]", unlockAbout)
 	force := fs.Bool("force", false, "required: breaking a lock is never the default")
+	permit := fs.Int("permit", 0, "the permit to break, of a resource with a limit (0 to limit-1)")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	pos, code, done := parseN(a, fs, args, 1, "one RESOURCE")
 	if done {
@@ -30,21 +33,36 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 		return usageError(a, fs, "refusing to break a lock without --force")
 	}
 	resource := pos[0]
-	h, err := a.locker.Held(ctx, resource)
+	if *permit < 0 {
+		return usageError(a, fs, "--permit %d is out of range: permits are numbered from 0", *permit)
+	}
+	what, key := resource, a.locker.Key(resource)
+	if *permit > 0 {
+		limit, err := a.locker.Limit(ctx, resource)
+		switch {
+		case err != nil:
+			fmt.Fprintln(a.stderr, "lockstep unlock:", err)
+			return exitUsage
+		case *permit >= limit:
+			return usageError(a, fs, "--permit %d is out of range: %s has permits 0 to %d", *permit, resource, limit-1)
+		}
+		what, key = fmt.Sprintf("permit %d of %s", *permit, resource), a.locker.PermitKey(resource, *permit)
+	}
+	h, err := a.locker.HeldPermit(ctx, resource, *permit)
 	switch {
 	case err != nil:
 		fmt.Fprintln(a.stderr, "lockstep unlock:", err)
 		return exitUsage
 	case h == nil:
-		fmt.Fprintf(a.stderr, "lockstep unlock: %s is not locked (no key %s)\n", resource, a.locker.Key(resource))
+		fmt.Fprintf(a.stderr, "lockstep unlock: %s is not locked (no key %s)\n", what, key)
 		return exitNotFound
 	}
 	who := describeHolder(*h)
 	if !*yes {
 		if !isTerminal(a.stdin) {
-			return usageError(a, fs, "not a terminal: pass --yes to break the lock on %s (%s)", resource, who)
+			return usageError(a, fs, "not a terminal: pass --yes to break the lock on %s (%s)", what, who)
 		}
-		fmt.Fprintf(a.stderr, "Break the lock on %s (%s)? The holder's handler is cancelled. [y/N] ", resource, who)
+		fmt.Fprintf(a.stderr, "Break the lock on %s (%s)? The holder's handler is cancelled. [y/N] ", what, who)
 		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
 		if s := strings.ToLower(strings.TrimSpace(answer)); s != "y" && s != "yes" {
 			fmt.Fprintln(a.stderr, "not unlocked")
@@ -57,11 +75,11 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 		fmt.Fprintln(a.stderr, "lockstep unlock:", err)
 		return exitUsage
 	case !broken:
-		fmt.Fprintf(a.stderr, "lockstep unlock: %s changed hands meanwhile; nothing deleted (run lockstep locks)\n", resource)
+		fmt.Fprintf(a.stderr, "lockstep unlock: %s changed hands meanwhile; nothing deleted (run lockstep locks)\n", what)
 		return exitNotFound
 	}
 	fmt.Fprintf(a.stdout, "unlocked %s: deleted %s (%s); its watchdog cancels the holder, the next holder gets a fence above %d\n",
-		resource, a.locker.Key(resource), who, h.Fence)
+		what, key, who, h.Fence)
 	return exitOK
 }
 

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -35,6 +36,14 @@ type Report struct {
 	TicksClaimedTwice             int            `json:"ticks_claimed_twice"`
 	TicksMissing                  int            `json:"ticks_missing"`
 	Faults                        map[string]int `json:"faults"`
+	// OverLimit counts instants when more ok syncs of one tenant ran than
+	// its limit (3) while Redis was healthy (G3 for permits; two syncs on
+	// one permit at once count in Overlaps).
+	OverLimit int `json:"over_limit"`
+	// TenantSyncs is how many ok syncs of tenants were checked, and
+	// TenantMaxAtOnce the most of one tenant that ran at once.
+	TenantSyncs     int `json:"tenant_syncs_checked"`
+	TenantMaxAtOnce int `json:"tenant_max_at_once"`
 
 	// Counts the README explains, and the sizes of what was checked.
 	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
@@ -90,7 +99,7 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit} {
 		if v > 0 {
 			n += v
 		}
@@ -142,6 +151,7 @@ func Check(h History) *Report {
 		r.NotChecked = append(r.NotChecked, "overlaps, jobs_completed_twice: the executions stream is incomplete (trimmed or unreadable)")
 	}
 	r.Overlaps, r.OverlapsRedisUnhealthy = checkOverlaps(h, add)
+	r.OverLimit, r.TenantSyncs, r.TenantMaxAtOnce = checkLimit(h, add)
 	r.StaleWritesAccepted = checkWrites(h, r, add)
 	checkJobs(h, r, add)
 	checkTicks(h, r, add)
@@ -155,22 +165,10 @@ func Check(h History) *Report {
 // checkOverlaps counts ok executions of one order that started before an
 // earlier ok execution of that order had finished (G3), apart from those
 // that touch a time when Redis was paused or down.
+// A tenant's syncs are checked per permit: "tenant <id> permit <k>".
 func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
-	var sick [][2]time.Time
-	for _, f := range h.Faults {
-		if redisFault(f.Kind) && h.Lock != "etcd" {
-			sick = append(sick, [2]time.Time{f.Start, f.End.Add(redisGrace)})
-		}
-	}
-	touches := func(a, b time.Time) bool {
-		for _, w := range sick {
-			if a.Before(w[1]) && b.After(w[0]) {
-				return true
-			}
-		}
-		return false
-	}
-	byOrder := okRunsBy(h, func(e Execution) string { return e.OrderID })
+	touches := sickness(h)
+	byOrder := okRunsBy(h, runKey)
 	for _, order := range slices.Sorted(maps.Keys(byOrder)) {
 		runs := byOrder[order]
 		var last Execution // the run that finishes last so far
@@ -448,4 +446,81 @@ func okRunsBy(h History, key func(Execution) string) map[string][]Execution {
 		slices.SortStableFunc(runs, func(a, b Execution) int { return a.Started.Compare(b.Started) })
 	}
 	return by
+}
+
+// runKey is what executions must not overlap on: an order, or one permit of
+// a tenant.
+func runKey(e Execution) string {
+	if e.TenantID != "" {
+		return fmt.Sprintf("tenant %s permit %d", e.TenantID, e.Permit)
+	}
+	return e.OrderID
+}
+
+// sickness returns whether a time span touches a Redis fault (paused or
+// down, and redisGrace after), when the locks live in Redis.
+func sickness(h History) func(a, b time.Time) bool {
+	var sick [][2]time.Time
+	for _, f := range h.Faults {
+		if redisFault(f.Kind) && h.Lock != "etcd" {
+			sick = append(sick, [2]time.Time{f.Start, f.End.Add(redisGrace)})
+		}
+	}
+	return func(a, b time.Time) bool {
+		for _, w := range sick {
+			if a.Before(w[1]) && b.After(w[0]) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// checkLimit counts the instants when more ok syncs of one tenant ran at
+// once than its limit, apart from those that touch a time when Redis was
+// paused or down (as for overlaps).
+func checkLimit(h History, add func(Violation)) (over, syncs, most int) {
+	touches := sickness(h)
+	byTenant := okRunsBy(h, func(e Execution) string { return e.TenantID })
+	for _, tenant := range slices.Sorted(maps.Keys(byTenant)) {
+		if tenant == "" {
+			continue // orders
+		}
+		syncs += len(byTenant[tenant])
+		type edge struct {
+			at    time.Time
+			delta int
+			e     Execution
+		}
+		var edges []edge
+		for _, e := range byTenant[tenant] {
+			edges = append(edges, edge{e.Started, 1, e}, edge{e.Finished, -1, e})
+		}
+		// Ends first at one instant: a permit handed on starts its next run
+		// in the millisecond the last one ended.
+		slices.SortFunc(edges, func(a, b edge) int { return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.delta, b.delta)) })
+		var running []Execution
+		for _, ed := range edges {
+			if ed.delta < 0 {
+				running = slices.DeleteFunc(running, func(x Execution) bool { return x == ed.e })
+				continue
+			}
+			running = append(running, ed.e)
+			most = max(most, len(running))
+			if len(running) <= tenantLimit {
+				continue
+			}
+			sick := false
+			for _, x := range running {
+				sick = sick || touches(x.Started, x.Finished)
+			}
+			if !sick {
+				over++
+				add(Violation{Check: "over_limit", At: ed.at, Detail: fmt.Sprintf(
+					"tenant %s: %d syncs at once (limit %d) when task %s (permit %d, fence %d, %s) started",
+					tenant, len(running), tenantLimit, ed.e.TaskID, ed.e.Permit, ed.e.Fence, ed.e.Worker)})
+			}
+		}
+	}
+	return over, syncs, most
 }

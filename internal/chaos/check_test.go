@@ -250,3 +250,37 @@ func TestCheckCompletionNotRecordedExplainsARerun(t *testing.T) {
 		}
 	}
 }
+
+// A tenant's syncs (limit 3) may run 3 at once, on 3 permits; a fourth at
+// once is over_limit, two on one permit an overlap, and a stale write on a
+// permit is found per (tenant, permit). A fourth during a Redis pause is
+// not counted.
+func TestCheckPermits(t *testing.T) {
+	h := clean()
+	t0 := h.Start
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	sync := func(task string, permit int, fence int64, from, to int) Execution {
+		return Execution{TenantID: "t1", Permit: permit, Fence: fence, Worker: "h:1", TaskID: task, Started: at(from), Finished: at(to), Outcome: "ok"}
+	}
+	h.Executions = append(h.Executions,
+		sync("s1", 0, 10, 20_000, 20_500), sync("s2", 1, 11, 20_000, 20_500), sync("s3", 2, 12, 20_000, 20_500),
+		sync("s4", 0, 13, 20_500, 21_000), // handed permit 0 on as s1 ended: fine
+	)
+	h.Writes = append(h.Writes,
+		Write{OrderID: "tenant t1/0", Fence: 10, Op: "begin", TaskID: "s1", At: at(20_001)},
+		Write{OrderID: "tenant t1/1", Fence: 11, Op: "begin", TaskID: "s2", At: at(20_002)},
+		Write{OrderID: "tenant t1/0", Fence: 10, Op: "commit", TaskID: "s1", At: at(20_499)}, // permit 1's higher fence is no matter
+	)
+	if r := Check(h); r.Violations() != 0 || r.OverLimit != 0 || r.TenantSyncs != 4 || r.TenantMaxAtOnce != 3 {
+		t.Fatalf("a clean tenant history: %d violations, over_limit %d: %+v", r.Violations(), r.OverLimit, r.Evidence)
+	}
+	h.Executions = append(h.Executions,
+		sync("s5", 1, 14, 20_100, 20_400), // a 4th at once, and a 2nd on permit 1
+	)
+	h.Writes = append(h.Writes, Write{OrderID: "tenant t1/1", Fence: 9, Op: "commit", TaskID: "old", At: at(20_600)})
+	r := Check(h)
+	if r.OverLimit != 1 || r.Overlaps != 1 || r.StaleWritesAccepted != 1 || r.Violations() != 3 {
+		t.Fatalf("over_limit %d, overlaps %d, stale %d, violations %d; want 1, 1, 1, 3: %+v",
+			r.OverLimit, r.Overlaps, r.StaleWritesAccepted, r.Violations(), r.Evidence)
+	}
+}

@@ -17,3 +17,13 @@ var (
 )
 
 type demoPayload = demo.Payload
+
+// The demo's job with a limit: syncs of a few tenants, 3 at once each.
+const (
+	tenantType  = demo.TenantType
+	tenantLimit = demo.TenantLimit
+)
+
+var tenantWrites = demo.TenantWrites
+
+type tenantPayload = demo.TenantPayload

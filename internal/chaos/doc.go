@@ -4,7 +4,8 @@
 // Run starts the real binaries (3 cmd/scheduler replicas, 3 cmd/worker
 // processes, each worker behind its own TCP proxy) on a redis-server that
 // persists every write before replying (appendonly yes, appendfsync always),
-// enqueues demo:order.pay jobs on a few hot orders, and injects a fault
+// enqueues demo:order.pay jobs on a few hot orders and (on the redis back
+// end) demo:tenant.sync jobs on two tenants of limit 3, and injects a fault
 // schedule drawn from a seed: SIGKILL and restart of a worker (also during its
 // SIGTERM drain) or a scheduler (at a random offset inside a tick), SIGSTOP of
 // a worker or of Redis for less and for more than the lock TTL, SIGKILL of
@@ -14,10 +15,13 @@
 // bookkeeping alone:
 //
 //   - the demo's executions stream (order, fence, worker, task, start, end,
-//     outcome): overlapping ok runs of one order while Redis was healthy (G3),
-//     and tasks completed more than once (G8 and asynq's at-least-once);
+//     outcome): overlapping ok runs of one order, or of one tenant's permit,
+//     while Redis was healthy (G3), more syncs of a tenant at once than its
+//     limit (over_limit), and tasks completed more than once (G8 and asynq's
+//     at-least-once);
 //   - the demo store's log of accepted fenced writes, when the demo keeps one:
-//     a write accepted with a fence below one that had already begun (G5);
+//     a write accepted with a fence below one that had already begun (G5),
+//     per order and per (tenant, permit);
 //   - every scheduler replica's own log lines of each tick it claimed and
 //     enqueued: ticks claimed by two replicas (G1, claims, not task ids);
 //   - asynq's final task states: produced jobs never completed (G7) and ticks

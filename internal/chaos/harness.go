@@ -270,10 +270,18 @@ func (r *run) produce(ctx context.Context) (out []Job) {
 		if rng.IntN(5) == 0 {
 			work = 700 + rng.Int64N(800)
 		}
-		payload, _ := json.Marshal(demoPayload{OrderID: order, WorkMS: work})
+		typ, payload := demoType, []byte(nil)
+		payload, _ = json.Marshal(demoPayload{OrderID: order, WorkMS: work})
+		if r.cfg.Lock != "etcd" && n%3 == 0 {
+			// A third of the jobs sync one of two tenants (limit 3; the
+			// redis back end only): their permits are held 3 at once.
+			order = "tenant " + fmt.Sprint("t", 1+rng.IntN(2))
+			typ = tenantType
+			payload, _ = json.Marshal(tenantPayload{TenantID: strings.TrimPrefix(order, "tenant "), WorkMS: work})
+		}
 		id := fmt.Sprintf("job-%d", n)
 		ectx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := client.EnqueueContext(ectx, asynq.NewTask(demoType, payload), asynq.TaskID(id),
+		_, err := client.EnqueueContext(ectx, asynq.NewTask(typ, payload), asynq.TaskID(id),
 			asynq.Queue(demoQueue), asynq.MaxRetry(25), asynq.Timeout(30*time.Second), asynq.Retention(time.Hour))
 		cancel()
 		out = append(out, Job{ID: id, OrderID: order, Acked: err == nil})
@@ -509,7 +517,8 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 	h.ExecutionsComplete = complete && err == nil
 	for _, m := range execs {
 		h.Executions = append(h.Executions, Execution{
-			OrderID: m["order_id"], Fence: atoi(m["fence"]), Worker: m["worker"], TaskID: m["task_id"],
+			OrderID: m["order_id"], TenantID: m["tenant_id"], Permit: int(atoi(m["permit"])),
+			Fence: atoi(m["fence"]), Worker: m["worker"], TaskID: m["task_id"],
 			Started: msTime(m["started_ms"]), Finished: msTime(m["finished_ms"]), Outcome: m["outcome"],
 		})
 	}
@@ -518,6 +527,16 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 		h.WritesAvailable, h.WritesComplete = true, complete && err == nil
 		for _, m := range writes {
 			h.Writes = append(h.Writes, Write{OrderID: m["order_id"], Fence: atoi(m["fence"]), TaskID: m["task_id"],
+				Worker: m["worker"], Op: m["op"], At: msTime(m["at_ms"])})
+		}
+	}
+	// The tenants' store is fenced per (tenant, permit): its log names each
+	// "<tenant>/<permit>", checked like an order.
+	if n, err := r.rc.Exists(ctx, tenantWrites(prefix)).Result(); err == nil && n == 1 {
+		writes, complete, err := readStream(ctx, r.rc, tenantWrites(prefix))
+		h.WritesComplete = h.WritesComplete && complete && err == nil
+		for _, m := range writes {
+			h.Writes = append(h.Writes, Write{OrderID: "tenant " + m["order_id"], Fence: atoi(m["fence"]), TaskID: m["task_id"],
 				Worker: m["worker"], Op: m["op"], At: msTime(m["at_ms"])})
 		}
 	}

@@ -55,7 +55,9 @@ type History struct {
 
 // Execution is one entry of the demo's executions stream.
 type Execution struct {
-	OrderID  string
+	OrderID  string // "" for a tenant's sync (demo:tenant.sync)
+	TenantID string // a tenant's sync: its tenant and permit
+	Permit   int
 	Fence    int64
 	Worker   string // host:pid of the worker process
 	TaskID   string

@@ -58,6 +58,8 @@ func Markdown(r *Report, h History, replay string) string {
 	p("## Guarantees\n\n| check | guarantee | count | what was checked |\n|---|---|---:|---|\n")
 	p("| `overlaps` | G3 | %s | %d ok executions of %d in all; %d overlaps while Redis was paused or down are not counted (README) |\n",
 		count(r.Overlaps), r.Executions["ok"], total(r.Executions), r.OverlapsRedisUnhealthy)
+	p("| `over_limit` | G3 (permits) | %s | %d ok syncs of tenants (limit %d), at most %d of one tenant at once; two on one permit count in `overlaps` |\n",
+		count(r.OverLimit), r.TenantSyncs, tenantLimit, r.TenantMaxAtOnce)
 	p("| `stale_writes_accepted` | G5 | %s | %d accepted fenced writes |\n", count(r.StaleWritesAccepted), r.WritesChecked)
 	p("| `jobs_lost` | G7 | %s | %d jobs enqueued, %d completed, %d archived, %d unfinished at the end |\n",
 		count(r.JobsLost), r.JobsEnqueued, r.JobsCompleted, r.JobsArchived, r.JobsUnfinished)

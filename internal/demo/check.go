@@ -39,10 +39,13 @@ func Overlaps(execs []Execution) []error {
 }
 
 // ByOrder groups executions by order, each group in start order (then fence).
+// A tenant's executions (no order; see PermitOverlaps) are left out.
 func ByOrder(execs []Execution) map[string][]Execution {
 	by := map[string][]Execution{}
 	for _, x := range execs {
-		by[x.OrderID] = append(by[x.OrderID], x)
+		if x.OrderID != "" {
+			by[x.OrderID] = append(by[x.OrderID], x)
+		}
 	}
 	for _, xs := range by {
 		slices.SortFunc(xs, func(a, b Execution) int {
@@ -94,4 +97,47 @@ func CompletedTwice(execs []Execution) map[string]int {
 		}
 	}
 	return n
+}
+
+// PermitOverlaps checks demo:tenant.sync's executions: per tenant, at most
+// limit at any instant; per (tenant, permit), no two at once and fences
+// strictly increasing in start order. As for Overlaps, pass only the
+// executions that worked under a healthy lock when faults were injected.
+func PermitOverlaps(execs []Execution, limit int) []error {
+	bySlot := map[string][]Execution{}
+	byTenant := map[string][]Execution{}
+	for _, x := range execs {
+		if x.TenantID == "" {
+			continue // an order's
+		}
+		s := x
+		s.OrderID = TenantSlot(x.TenantID, x.Permit) // Overlaps' key: the (tenant, permit)
+		bySlot[x.TenantID] = append(bySlot[x.TenantID], s)
+		byTenant[x.TenantID] = append(byTenant[x.TenantID], x)
+	}
+	var errs []error
+	for _, xs := range bySlot {
+		errs = append(errs, Overlaps(xs)...)
+	}
+	for tenant, xs := range byTenant {
+		type edge struct {
+			at    int64
+			delta int
+		}
+		var edges []edge
+		for _, x := range xs {
+			edges = append(edges, edge{x.StartedMS, 1}, edge{x.FinishedMS, -1})
+		}
+		// Ends before starts at one instant: a hand-off's next run may start
+		// in the millisecond its predecessor ended.
+		slices.SortFunc(edges, func(a, b edge) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.delta, b.delta)) })
+		n := 0
+		for _, e := range edges {
+			if n += e.delta; n > limit {
+				errs = append(errs, fmt.Errorf("tenant %s: %d executions at once at %d, above the limit %d", tenant, n, e.at, limit))
+				break
+			}
+		}
+	}
+	return errs
 }

@@ -124,10 +124,25 @@ type job struct {
 	log    bool // keep the accepted-writes log
 }
 
+// target is what one run of a demo job works on: the fenced record, the
+// name the logs give it, and the streams it records to.
+type target struct {
+	store, name    string // the fenced record; its name in the accepted-writes log
+	stream, writes string // the executions stream and the accepted-writes log
+	workMS         int64
+}
+
 func (d *job) run(ctx context.Context, j jobs.Job, payload any) error {
 	p := payload.(Payload)
+	tg := target{store: Store(d.prefix, p.OrderID), name: p.OrderID, stream: Stream(d.prefix), writes: Writes(d.prefix), workMS: p.WorkMS}
+	return d.runOn(ctx, j, tg, Execution{OrderID: p.OrderID})
+}
+
+// runOn runs one execution on tg and records it as x (its identity fields
+// set) in tg's stream.
+func (d *job) runOn(ctx context.Context, j jobs.Job, tg target, x Execution) error {
 	started := time.Now()
-	outcome, err := d.pay(ctx, j, p)
+	outcome, err := d.pay(ctx, j, tg)
 	if outcome == "" { // Redis failed: nothing to record that we know to be true
 		return err
 	}
@@ -135,11 +150,11 @@ func (d *job) run(ctx context.Context, j jobs.Job, payload any) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if recErr := d.client.XAdd(rctx, &redis.XAddArgs{
-		Stream: Stream(d.prefix),
+		Stream: tg.stream,
 		MaxLen: streamLen,
 		Approx: true,
 		Values: Execution{
-			OrderID: p.OrderID, Fence: j.Fence, Worker: d.worker, TaskID: j.ID,
+			OrderID: x.OrderID, TenantID: x.TenantID, Permit: j.Permit, Fence: j.Fence, Worker: d.worker, TaskID: j.ID,
 			StartedMS: started.UnixMilli(), FinishedMS: time.Now().UnixMilli(), Outcome: outcome,
 		}.values(),
 	}).Err(); recErr != nil && outcome != OutcomeOK {
@@ -153,11 +168,11 @@ func (d *job) run(ctx context.Context, j jobs.Job, payload any) error {
 
 // pay begins, works (honouring ctx), then commits; it returns the outcome,
 // or "" when Redis failed.
-func (d *job) pay(ctx context.Context, j jobs.Job, p Payload) (string, error) {
+func (d *job) pay(ctx context.Context, j jobs.Job, p target) (string, error) {
 	if ok, other, err := d.fenced(ctx, scriptBegin, "begin", j, p); err != nil || !ok {
 		return d.refused(ctx, "begin", j, p, other, err)
 	}
-	work := time.NewTimer(time.Duration(p.WorkMS) * time.Millisecond)
+	work := time.NewTimer(time.Duration(p.workMS) * time.Millisecond)
 	defer work.Stop()
 	select {
 	case <-ctx.Done():
@@ -176,13 +191,13 @@ func (d *job) pay(ctx context.Context, j jobs.Job, p Payload) (string, error) {
 
 // fenced runs begin or commit; ok reports acceptance, other the fence that
 // stood in the way.
-func (d *job) fenced(ctx context.Context, s *redis.Script, op string, j jobs.Job, p Payload) (ok bool, other int64, err error) {
-	keys := []string{Store(d.prefix, p.OrderID)}
+func (d *job) fenced(ctx context.Context, s *redis.Script, op string, j jobs.Job, p target) (ok bool, other int64, err error) {
+	keys := []string{p.store}
 	if d.log {
-		keys = append(keys, Writes(d.prefix))
+		keys = append(keys, p.writes)
 	}
 	reply, err := script.Run(ctx, d.client, s, "demo "+op, keys,
-		j.Fence, j.ID, d.worker, writesLen, p.OrderID)
+		j.Fence, j.ID, d.worker, writesLen, p.name)
 	if err != nil {
 		return false, 0, err
 	}
@@ -194,15 +209,15 @@ func (d *job) fenced(ctx context.Context, s *redis.Script, op string, j jobs.Job
 	return vals[0] == int64(1), other, nil
 }
 
-func (d *job) refused(ctx context.Context, op string, j jobs.Job, p Payload, other int64, err error) (string, error) {
+func (d *job) refused(ctx context.Context, op string, j jobs.Job, p target, other int64, err error) (string, error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			return ended(ctx)
 		}
 		return "", err
 	}
-	return OutcomeFenceRejected, fmt.Errorf("demo: order %s: %s with fence %d refused: fence %d began since",
-		p.OrderID, op, j.Fence, other)
+	return OutcomeFenceRejected, fmt.Errorf("demo: %s: %s with fence %d refused: fence %d began since",
+		p.name, op, j.Fence, other)
 }
 
 // ended is the outcome of a run whose context ended.
@@ -217,8 +232,10 @@ func ended(ctx context.Context) (string, error) {
 // Execution is one entry of the executions stream.
 type Execution struct {
 	ID         string // the stream entry's id
-	OrderID    string
-	Fence      int64
+	OrderID    string // demo:order.pay's
+	TenantID   string // demo:tenant.sync's (then OrderID is "")
+	Permit     int    // the permit a tenant's run held (0 for an order's lock, not recorded)
+	Fence      int64  // the permit's fence
 	Worker     string
 	TaskID     string // the asynq task id (a redelivered task shows twice)
 	StartedMS  int64
@@ -227,8 +244,11 @@ type Execution struct {
 }
 
 func (e Execution) values() []any {
-	return []any{
-		"order_id", e.OrderID,
+	id := []any{"order_id", e.OrderID}
+	if e.TenantID != "" { // a limited resource's run: the tenant and its permit
+		id = []any{"tenant_id", e.TenantID, "permit", strconv.Itoa(e.Permit)}
+	}
+	return append(id,
 		"fence", strconv.FormatInt(e.Fence, 10),
 		"worker", e.Worker,
 		"started_ms", strconv.FormatInt(e.StartedMS, 10),
@@ -237,7 +257,7 @@ func (e Execution) values() []any {
 		// Not in the contract's field list; added so that readers can tell a
 		// redelivered task (asynq delivers at least once) apart.
 		"task_id", e.TaskID,
-	}
+	)
 }
 
 // Write is one entry of the accepted-writes log.
@@ -253,9 +273,14 @@ type Write struct {
 
 // ReadExecutions returns every entry of the executions stream, oldest first.
 func ReadExecutions(ctx context.Context, c redis.UniversalClient, prefix string) ([]Execution, error) {
-	return readStream(ctx, c, Stream(prefix), func(id string, f fields) Execution {
+	return readExecutions(ctx, c, Stream(prefix))
+}
+
+func readExecutions(ctx context.Context, c redis.UniversalClient, stream string) ([]Execution, error) {
+	return readStream(ctx, c, stream, func(id string, f fields) Execution {
 		return Execution{
-			ID: id, OrderID: f.s("order_id"), Fence: f.n("fence"), Worker: f.s("worker"), TaskID: f.s("task_id"),
+			ID: id, OrderID: f.s("order_id"), TenantID: f.s("tenant_id"), Permit: int(f.n("permit")),
+			Fence: f.n("fence"), Worker: f.s("worker"), TaskID: f.s("task_id"),
 			StartedMS: f.n("started_ms"), FinishedMS: f.n("finished_ms"), Outcome: f.s("outcome"),
 		}
 	})
@@ -263,7 +288,11 @@ func ReadExecutions(ctx context.Context, c redis.UniversalClient, prefix string)
 
 // ReadWrites returns every entry of the accepted-writes log, oldest first.
 func ReadWrites(ctx context.Context, c redis.UniversalClient, prefix string) ([]Write, error) {
-	return readStream(ctx, c, Writes(prefix), func(id string, f fields) Write {
+	return readWrites(ctx, c, Writes(prefix))
+}
+
+func readWrites(ctx context.Context, c redis.UniversalClient, stream string) ([]Write, error) {
+	return readStream(ctx, c, stream, func(id string, f fields) Write {
 		return Write{ID: id, OrderID: f.s("order_id"), Fence: f.n("fence"), TaskID: f.s("task_id"),
 			Worker: f.s("worker"), Op: f.s("op"), AtMS: f.n("at_ms")}
 	})

@@ -238,3 +238,99 @@ func TestRecordsExecutions(t *testing.T) {
 		t.Errorf("the lost run took %d ms: the deletion was not noticed at once", lost.FinishedMS-lost.StartedMS)
 	}
 }
+
+// demo:tenant.sync runs at most 3 syncs of a tenant at once, each on its
+// permit, records them with their permit, and fences its store per
+// (tenant, permit): a stale holder of a permit is refused, not another
+// permit's holder.
+func TestTenantSyncRunsThreeAtOnceFencedPerPermit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	l := lock.New(c)
+	wd := watchdog.New(watchdog.Options{})
+	if err := wd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := jobs.NewRegistry([]jobs.Spec{TenantSpec(c, "lockstep:", "w1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := jobs.NewServer(jobs.Params{Client: c, Locker: l, Watchdog: wd, Registry: reg,
+		Config: jobs.Config{Concurrency: 8, LockTTL: 2 * time.Second}})
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = s.Stop(ctx)
+		_ = wd.Stop(ctx)
+	}()
+	enq := asynq.NewClientFromRedisClient(srv.Client())
+	defer enq.Close()
+	const n = 9
+	for i := range n {
+		if _, err := enq.Enqueue(asynq.NewTask(TenantType, []byte(`{"tenant_id":"7","work_ms":150}`)), asynq.TaskID(fmt.Sprint("s", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var execs []Execution
+	redistest.WaitFor(t, 20*time.Second, "9 tenant syncs recorded", func() bool {
+		execs, err = ReadTenantExecutions(ctx, c, "lockstep:")
+		return err == nil && len(execs) == n
+	})
+	permits := map[int]bool{}
+	for _, x := range execs {
+		if x.TenantID != "7" || x.Outcome != OutcomeOK || x.Fence <= 0 {
+			t.Fatalf("execution %+v", x)
+		}
+		permits[x.Permit] = true
+	}
+	if len(permits) != TenantLimit {
+		t.Fatalf("permits used %v, want 0 to %d", permits, TenantLimit-1)
+	}
+	for _, err := range PermitOverlaps(execs, TenantLimit) {
+		t.Error(err)
+	}
+	if errs := PermitOverlaps(execs, TenantLimit-1); len(errs) == 0 {
+		t.Error("9 syncs of 150ms on 3 permits never ran 3 at once")
+	}
+	writes, err := ReadTenantWrites(ctx, c, "lockstep:")
+	if err != nil || len(writes) != 2*n {
+		t.Fatalf("%d tenant writes (%v), want a begin and a commit per sync", len(writes), err)
+	}
+	for _, err := range StaleWrites(writes) {
+		t.Error(err)
+	}
+	// The store is per permit: a begin with permit 2's last fence is
+	// refused on permit 2, and that same fence begins on permit 1's record
+	// only if it is above permit 1's.
+	last := map[int]int64{}
+	for _, x := range execs {
+		last[x.Permit] = max(last[x.Permit], x.Fence)
+	}
+	v, err := script.Run(ctx, c, scriptBegin, "begin", []string{TenantStore("lockstep:", "7", 2)}, last[2], "stale", "w9", 1000, TenantSlot("7", 2))
+	if err != nil || v.([]any)[0] != int64(0) {
+		t.Fatalf("a stale begin on permit 2: %v %v, want refused", v, err)
+	}
+}
+
+func TestPermitOverlapsFindsViolations(t *testing.T) {
+	t.Parallel()
+	x := func(permit int, fence, from, to int64) Execution {
+		return Execution{TenantID: "7", Permit: permit, Fence: fence, StartedMS: from, FinishedMS: to, Outcome: OutcomeOK}
+	}
+	ok := []Execution{x(0, 10, 0, 100), x(1, 5, 0, 100), x(2, 7, 0, 100), x(0, 11, 100, 200)}
+	if errs := PermitOverlaps(ok, 3); len(errs) != 0 {
+		t.Fatalf("a clean history: %v", errs)
+	}
+	for name, bad := range map[string][]Execution{
+		"four at once":           append(ok[:3:3], x(3, 1, 50, 60)),
+		"two on one permit":      {x(1, 5, 0, 100), x(1, 6, 50, 150)},
+		"a permit's fence drops": {x(2, 7, 0, 100), x(2, 6, 100, 200)},
+	} {
+		if errs := PermitOverlaps(bad, 3); len(errs) == 0 {
+			t.Errorf("%s: not found", name)
+		}
+	}
+}

@@ -47,7 +47,7 @@ const asynqRedelivery = 2 * time.Minute
 // hand-off, already done, or busy (then, with join, the task is among the
 // waiters).
 func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool) (lock.Taken, error) {
-	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx))
+	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1))
 	if err != nil {
 		return r, err
 	}
@@ -144,7 +144,7 @@ func (s *Server) lockAcquire(result string) { s.metrics.LockAcquire.WithLabelVal
 // release that hands it the lock. It returns nil, nil when the wait ended
 // without the lock; the caller then parks the task, at the end of the queue.
 func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Duration) (*lock.Lease, error) {
-	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(maxWait))
+	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(maxWait), lock.Permits(max(job.limit, 1)))
 	switch {
 	case err == nil:
 		// Recoverable as a taken lock is (recovery.go).

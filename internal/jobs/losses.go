@@ -31,7 +31,7 @@ func (s *Server) recordLoss(ctx context.Context, job Job, lease *lock.Lease, los
 	defer cancel()
 	err := s.client.XAdd(ctx, &redis.XAddArgs{
 		Stream: lease.Locker().LossesKey(), MaxLen: lossesLen, Approx: true,
-		Values: []any{"resource", job.Resource, "reason", reason, "fence", job.Fence,
+		Values: []any{"resource", job.Resource, "reason", reason, "fence", job.Fence, "permit", job.Permit,
 			"holder", lock.ParseToken(lease.Token()).Holder, "task_id", job.ID, "type", job.Type,
 			"queue", job.Queue, "at_ms", strconv.FormatInt(time.Now().UnixMilli(), 10)},
 	}).Err()

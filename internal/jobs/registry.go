@@ -17,7 +17,10 @@ type Job struct {
 	Attempt  int // 1 on the first run; each failed run adds one, contention requeues do not
 	MaxRetry int
 	Resource string // the lock's resource name, "" for a handler without a lock
-	Fence    int64  // the lock's fencing token, 0 without a lock
+	Fence    int64  // the lock's fencing token, 0 without a lock (per permit with a Limit)
+	Permit   int    // which of the Limit permits the task holds, 0-based (0 for a lock)
+
+	limit int // the Spec's Limit (1: a lock), for the take
 }
 
 // Contention is what a handler's task does when its lock is busy.
@@ -49,6 +52,10 @@ type Spec struct {
 	Resource func(payload any) string
 	// TTL of the lock; 0 takes the server's default.
 	TTL time.Duration
+	// Limit is how many tasks may hold the resource at once, each on a
+	// permit with its own fence (lock.Permits); 0 or 1 is a lock. The
+	// contention policy applies when every permit is held.
+	Limit int
 	// Contention says what a busy lock means for this type (default Requeue).
 	Contention Contention
 	// ContentionWait bounds the wait of the Wait policy.
@@ -82,6 +89,9 @@ func NewRegistry(specs []Spec) (*Registry, error) {
 			continue
 		case s.TTL < 0:
 			errs = append(errs, fmt.Errorf("jobs: task type %q: negative lock TTL %v", s.Type, s.TTL))
+			continue
+		case s.Limit < 0 || (s.Limit > 1 && s.Resource == nil):
+			errs = append(errs, fmt.Errorf("jobs: task type %q: limit %d needs a lock and must be at least 1", s.Type, s.Limit))
 			continue
 		case s.Contention < Requeue || s.Contention > Wait:
 			errs = append(errs, fmt.Errorf("jobs: task type %q: unknown contention policy %d", s.Type, s.Contention))

@@ -315,6 +315,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, errors.New("the lock's resource name is empty"))
 	}
 	ttl := cmp.Or(spec.TTL, s.cfg.LockTTL)
+	job.limit = max(spec.Limit, 1)
 	ctx = lock.WithJob(ctx, job.ID, job.Type)     // the lock's value names the job, for `lockstep locks`
 	ctx, _ = s.trace.StartWait(ctx, job.Resource) // tracing: ended by the hold, or by the job's end
 	if !s.handsOff {
@@ -371,7 +372,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 // requeued with the backoff, and a release wakes no one (waiters come back
 // at their backoff).
 func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Spec, job Job, payload any, ttl time.Duration) error {
-	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl)
+	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl, lock.Permits(job.limit))
 	if errors.Is(err, lock.ErrNotAcquired) {
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
 		switch spec.Contention {
@@ -382,12 +383,12 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 			}
 			return nil
 		case Wait:
-			lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff))
+			lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))
 		}
 		if errors.Is(err, lock.ErrNotAcquired) && ctx.Err() == nil {
 			if job.Attempt > job.MaxRetry {
 				// No retries left to requeue with: wait for the lock.
-				lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff))
+				lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))
 			} else {
 				return &ContendedError{Resource: job.Resource, Delay: s.cfg.Backoff.Nth(job.Attempt)}
 			}
@@ -468,11 +469,14 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	var span *tracing.Hold
 	if lease != nil {
 		ctx, span = s.trace.StartHold(ctx, job.Resource, lease.Fence()) // tracing
+		if job.limit > 1 || lease.Permit() > 0 {
+			span.Permit(lease.Permit())
+		}
 		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
 		span.Watch(hctx) // tracing: a loss is an event at once
 		s.track(hold)
 		defer s.untrack(hold)
-		job.Fence = lease.Fence()
+		job.Fence, job.Permit = lease.Fence(), lease.Permit()
 	}
 	start := time.Now()
 	debug := s.log.Enabled(ctx, slog.LevelDebug) // the lines below cost allocations even when off

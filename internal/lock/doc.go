@@ -139,6 +139,10 @@
 // owner id to hold count; while Acquire calls wait, the queue P{R}:queue (a
 // zset of waiter ids by arrival), each waiter's hash P{R}:queue:W (its token,
 // TTL and owner) and wake list P{R}:queue:W:wake, all with TTLs. All share the hash tag {R}.
+// A resource with a limit N > 1 (Permits) has N permits: permit 0 is P{R}
+// itself, permit k > 0 is P{R}:p<k> with its own counter P{R}:fence:<k> and
+// owners hash P{R}:owners:<k>; the hash P{R}:limit keeps the resource's
+// limit (lua/lib.lua says how).
 // Redlock uses the same lock, counter and owners keys on every node.
 //
 // The counter's lifetime: every acquire, hand-off, fence raise and renewal

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,8 @@ import (
 // (cmd/lockstep) shows and what Break takes.
 type Held struct {
 	Resource string
+	Permit   int           // which permit of a resource with a limit (0 for a lock)
+	Limit    int           // the resource's limit (1 for a lock)
 	Token    string        // the holder's token; ParseToken says who holds it
 	Fence    int64         // the holder's fence
 	TTL      time.Duration // left until it expires unless renewed; -1: no expiry (not written by Lockstep)
@@ -31,8 +34,9 @@ type Held struct {
 type inspector interface {
 	// locks returns every lock held under prefix (prefix + "{"), in no order.
 	locks(ctx context.Context, l *Locker) ([]Held, error)
-	// heldOne returns the lock on resource, or nil when it is free.
-	heldOne(ctx context.Context, l *Locker, resource string) (*Held, error)
+	// heldOne returns permit k of the lock on resource (0: the lock), or
+	// nil when it is free.
+	heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error)
 	// breakLock deletes h's lock, only where it still holds h's token, and
 	// reports whether the lock is broken (no longer held with that token).
 	breakLock(ctx context.Context, l *Locker, h Held) (bool, error)
@@ -42,9 +46,15 @@ type inspector interface {
 func (l *Locker) Locks(ctx context.Context) ([]Held, error) { return l.be.(inspector).locks(ctx, l) }
 
 // Held returns the lock on resource as its back end holds it, or nil when
-// the resource is free.
+// the resource is free; for a resource with a limit, its permit 0.
 func (l *Locker) Held(ctx context.Context, resource string) (*Held, error) {
-	return l.be.(inspector).heldOne(ctx, l, resource)
+	return l.be.(inspector).heldOne(ctx, l, resource, 0)
+}
+
+// HeldPermit returns permit k of resource (a resource with a limit; permit
+// 0 is Held), or nil when it is free. Only the single back end has permits.
+func (l *Locker) HeldPermit(ctx context.Context, resource string, k int) (*Held, error) {
+	return l.be.(inspector).heldOne(ctx, l, resource, k)
 }
 
 // Break deletes the lock h (as Held or Locks returned it) if it still holds
@@ -74,21 +84,27 @@ const scanBatch = 500
 // master of a Cluster), scanBatch at a time.
 func scanLocks(ctx context.Context, l *Locker, node redis.UniversalClient, fn func(context.Context, redis.Cmdable, []string) error) error {
 	each := func(ctx context.Context, n redis.Cmdable) error {
-		iter := n.Scan(ctx, 0, l.ScanPattern(), scanBatch).Iterator()
+		// Lock keys (permit 0s), and the limits of resources with permits,
+		// whose permit 0 may be free while others are held.
 		var batch []string
-		for iter.Next(ctx) {
-			if r, ok := resourceOf(l.prefix, iter.Val()); ok {
-				batch = append(batch, r)
-			}
-			if len(batch) == scanBatch {
-				if err := fn(ctx, n, batch); err != nil {
-					return err
+		seen := map[string]bool{}
+		for _, pattern := range []string{l.ScanPattern(), l.LimitPattern()} {
+			iter := n.Scan(ctx, 0, pattern, scanBatch).Iterator()
+			for iter.Next(ctx) {
+				if r, ok := resourceOf(l.prefix, strings.TrimSuffix(iter.Val(), ":limit")); ok && !seen[r] {
+					seen[r] = true
+					batch = append(batch, r)
 				}
-				batch = batch[:0]
+				if len(batch) == scanBatch {
+					if err := fn(ctx, n, batch); err != nil {
+						return err
+					}
+					batch = batch[:0]
+				}
 			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
+			if err := iter.Err(); err != nil {
+				return err
+			}
 		}
 		if len(batch) == 0 {
 			return nil
@@ -107,29 +123,59 @@ func scanLocks(ctx context.Context, l *Locker, node redis.UniversalClient, fn fu
 // what Redlock's view needs); one that is not a string is left out.
 func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []string, free bool) ([]Held, error) {
 	type cmds struct {
+		r, k       int
 		val, fence *redis.StringCmd
 		ttl        *redis.DurationCmd
 		queued     *redis.IntCmd
+		limit      *redis.SliceCmd
+	}
+	read := func(p redis.Pipeliner, k keys, c *cmds) {
+		c.val, c.ttl, c.fence = p.Get(ctx, k.lock), p.PTTL(ctx, k.lock), p.Get(ctx, k.fence)
 	}
 	cs := make([]cmds, len(resources))
 	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range resources {
 			k := l.keysFor(r)
-			cs[i] = cmds{val: p.Get(ctx, k.lock), ttl: p.PTTL(ctx, k.lock), fence: p.Get(ctx, k.fence), queued: p.ZCard(ctx, k.queue)}
+			cs[i].r = i
+			read(p, k, &cs[i])
+			cs[i].queued, cs[i].limit = p.ZCard(ctx, k.queue), p.HMGet(ctx, k.limitKey(), "n", "h")
 		}
 		return nil
 	})
+	// A resource with a limit: its permits 1 to h-1, in a second pipeline.
+	limits := make([]int, len(resources))
+	var more []cmds
+	for i, c := range cs {
+		limits[i] = 1
+		v := c.limit.Val()
+		if len(v) != 2 || v[0] == nil {
+			continue
+		}
+		n, _ := strconv.Atoi(fmt.Sprint(v[0]))
+		h, _ := strconv.Atoi(fmt.Sprint(v[1]))
+		limits[i] = max(n, 1)
+		for k := 1; k < h; k++ {
+			more = append(more, cmds{r: i, k: k, queued: c.queued})
+		}
+	}
+	if len(more) > 0 {
+		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j := range more {
+				read(p, l.keysFor(resources[more[j].r]).permitKeys(more[j].k), &more[j])
+			}
+			return nil
+		})
+	}
 	var out []Held
-	for i, r := range resources {
-		c := cs[i]
+	for _, c := range append(cs, more...) {
 		switch err := c.val.Err(); {
-		case errors.Is(err, redis.Nil) && free:
+		case errors.Is(err, redis.Nil) && free && c.k == 0:
 		case errors.Is(err, redis.Nil), err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
 			continue // gone since the scan, or not a lock
 		case err != nil:
 			return nil, fmt.Errorf("redis: %w", err)
 		}
-		h := Held{Resource: r, Token: c.val.Val(), TTL: -1, Queued: c.queued.Val()}
+		h := Held{Resource: resources[c.r], Permit: c.k, Limit: limits[c.r], Token: c.val.Val(), TTL: -1, Queued: c.queued.Val()}
 		h.Fence, _ = c.fence.Int64()
 		if d := c.ttl.Val(); d > 0 {
 			h.TTL = d
@@ -152,16 +198,21 @@ func (b *single) locks(ctx context.Context, l *Locker) ([]Held, error) {
 	return out, err
 }
 
-func (b *single) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+func (b *single) heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error) {
 	hs, err := readRedis(ctx, l, b.client, []string{resource}, false)
-	if err != nil || len(hs) == 0 {
+	if err != nil {
 		return nil, err
 	}
-	return &hs[0], nil
+	for _, h := range hs {
+		if h.Permit == k {
+			return &h, nil
+		}
+	}
+	return nil, nil
 }
 
 func (b *single) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
-	return deleteIfHolds(ctx, b.client, l.keysFor(h.Resource).lock, h.Token)
+	return deleteIfHolds(ctx, b.client, l.keysFor(h.Resource).permitKeys(h.Permit).lock, h.Token)
 }
 
 // deleteIfHolds deletes key on node if it still holds token (WATCH, GET,
@@ -263,7 +314,7 @@ func (r *redlock) agreed(resource string, reads []redlockRead) *Held {
 		if len(nodes) < r.quorum {
 			continue
 		}
-		h := Held{Resource: resource, Token: token, Fence: -1}
+		h := Held{Resource: resource, Limit: 1, Token: token, Fence: -1}
 		var ttls []time.Duration
 		highest := int64(0)
 		for _, i := range nodes {
@@ -323,7 +374,10 @@ func (r *redlock) locks(ctx context.Context, l *Locker) ([]Held, error) {
 	return out, nil
 }
 
-func (r *redlock) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+func (r *redlock) heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error) {
+	if k > 0 {
+		return nil, nil // no permits on Redlock (CheckLimit)
+	}
 	reads, err := r.readAll(ctx, func(ctx context.Context, _ int, n redis.UniversalClient) ([]Held, error) {
 		return readRedis(ctx, l, n, []string{resource}, true)
 	})
@@ -384,7 +438,7 @@ func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
 }
 
 func (b *etcdBackend) heldFrom(ctx context.Context, r string, val []byte, rev, lease int64, ttls map[int64]time.Duration) (Held, error) {
-	h := Held{Resource: r, Token: string(val), Fence: rev, TTL: -1}
+	h := Held{Resource: r, Limit: 1, Token: string(val), Fence: rev, TTL: -1}
 	if lease == 0 {
 		return h, nil
 	}
@@ -401,7 +455,10 @@ func (b *etcdBackend) heldFrom(ctx context.Context, r string, val []byte, rev, l
 	return h, nil
 }
 
-func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string) (*Held, error) {
+func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error) {
+	if k > 0 {
+		return nil, nil // no permits on etcd (CheckLimit)
+	}
 	resp, err := b.cl.Get(ctx, l.keysFor(resource).lock)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
@@ -434,3 +491,18 @@ var (
 	_ inspector = (*redlock)(nil)
 	_ inspector = (*etcdBackend)(nil)
 )
+
+// Limit returns how many permits of resource may be held (its limit, or the
+// higher one its holders declared before a lowered limit): 1 for a lock, on
+// back ends without permits, and for a resource that has no holder.
+func (l *Locker) Limit(ctx context.Context, resource string) (int, error) {
+	b, ok := l.be.(*single)
+	if !ok {
+		return 1, nil
+	}
+	h, err := b.client.HGet(ctx, l.keysFor(resource).limitKey(), "h").Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("redis: %w", err)
+	}
+	return max(h, 1), nil
+}

@@ -2,17 +2,38 @@ package lock
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 )
 
 // keys are the Redis keys of one resource. They share the hash tag {resource}
 // so that every script touching them runs on one Cluster slot.
 type keys struct {
-	lock   string // the token, with the lease's TTL
-	fence  string // the fencing counter
-	owners string // reentrancy: owner id -> hold count
+	lock   string // the token, with the lease's TTL (of permit k: base + ":p<k>")
+	fence  string // the fencing counter (of permit k: ":fence:<k>")
+	owners string // reentrancy: owner id -> hold count (of permit k: ":owners:<k>")
 	queue  string // waiters of Acquire, in arrival order (see acquire.lua)
+	base   string // the resource's own lock key, prefix{R}, whatever the permit
+	permit int    // the permit these keys are (0: the lock itself)
 }
+
+// permitKeys returns the keys of permit p of the resource of k (lua/lib.lua):
+// permit 0 is the lock itself, permit p > 0 has keys of its own.
+func (k keys) permitKeys(p int) keys {
+	if p == k.permit {
+		return k
+	}
+	b := k.base
+	out := keys{lock: b, fence: b + ":fence", owners: b + ":owners", queue: k.queue, base: b, permit: p}
+	if p > 0 {
+		n := strconv.Itoa(p)
+		out.lock, out.fence, out.owners = b+":p"+n, out.fence+":"+n, out.owners+":"+n
+	}
+	return out
+}
+
+// limitKey is the hash of a resource's limit (lua/lib.lua).
+func (k keys) limitKey() string { return k.base + ":limit" }
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
 // The four keys are cut from one string: one allocation per lease.
@@ -29,7 +50,7 @@ func (l *Locker) keysFor(resource string) keys {
 	}
 	all := b.String()
 	f, o := n+len(":fence"), 2*n+len(":fence:owners")
-	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:]}
+	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:], base: all[:n]}
 }
 
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):
@@ -48,6 +69,9 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:queue:W:wake   its wake list
 //	prefix{R}:done:<q>:<id>  a done marker: task id of queue q ran under a hand-off
 //	prefix{R}:granted        the pub/sub channel of grants to parked tasks
+//	prefix{R}:p<k>           permit k > 0 of a resource with a limit (permitKeys),
+//	                         with prefix{R}:fence:<k> and prefix{R}:owners:<k>
+//	prefix{R}:limit          the resource's limit: hash n (limit), h (permits to look at)
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
@@ -76,6 +100,14 @@ func (l *Locker) DoneKey(resource, queue, id string) string {
 
 // ScanPattern matches every key of this Locker's resources (SCAN MATCH).
 func (l *Locker) ScanPattern() string { return globEscape(l.prefix) + "{*}" }
+
+// LimitPattern matches the limit hash of every resource with permits
+// (SCAN MATCH): a resource whose permit 0 is free may hold others.
+func (l *Locker) LimitPattern() string { return globEscape(l.prefix) + "{*}:limit" }
+
+// LimitKey returns the key of resource's limit hash (lua/lib.lua): fields n
+// (the limit) and h (the permits that may be held).
+func (l *Locker) LimitKey(resource string) string { return l.keysFor(resource).limitKey() }
 
 func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
 

@@ -201,6 +201,7 @@ type Lease struct {
 	owner    string     // reentrant owner id, "" for a plain lease
 	wait     *waitState // the waiting Acquire that takes it; nil for TryAcquire
 	reentry  bool       // this lease entered a lock its owner already held
+	limit    int        // the limit the acquire declared: 1 for a lock (see Permits)
 	sent     time.Time
 
 	state leaseState
@@ -232,6 +233,10 @@ func (s *Lease) TTL() time.Duration { return s.ttl }
 // until at most AcquiredAt + TTL unless renewed.
 func (s *Lease) AcquiredAt() time.Time { return s.sent }
 
+// Permit returns which of the resource's permits the lease holds, from 0 to
+// the limit - 1; a lock (limit 1) is permit 0. Fences are per permit.
+func (s *Lease) Permit() int { return s.keys.permit }
+
 // Reentrant reports whether the lease entered a lock its owner already held.
 func (s *Lease) Reentrant() bool { return s.reentry }
 
@@ -239,18 +244,28 @@ func (s *Lease) Reentrant() bool { return s.reentry }
 // returns ErrNotAcquired when another holder has it. When ctx carries an owner
 // (WithOwner) and that owner already holds the lock, the hold count grows and
 // the returned lease shares the holder's token and fence.
-func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Duration) (*Lease, error) {
-	return l.tryAcquire(ctx, resource, ttl, nil)
+//
+// Of the options only Permits applies (the others tune waiting).
+func (l *Locker) TryAcquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
+	w := waitConfig{limit: 1}
+	for _, o := range opts {
+		o(&w)
+	}
+	return l.tryAcquire(ctx, resource, ttl, nil, w.limit)
 }
 
 // tryAcquire is TryAcquire for the waiter of an Acquire ("" for none), which
-// a busy lock queues (see wait.go).
-func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, wait *waitState) (*Lease, error) {
+// a busy lock queues (see wait.go), declaring limit (1: a lock).
+func (l *Locker) tryAcquire(ctx context.Context, resource string, ttl time.Duration, wait *waitState, limit int) (*Lease, error) {
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("lock: acquire %q: ttl %v is below 1ms", resource, ttl)
 	}
+	if err := l.CheckLimit(limit); err != nil {
+		return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
+	}
 	now := time.Now()
 	lease := l.newLease(ctx, resource, ttl, wait, now)
+	lease.limit = limit
 	ok, err := l.be.acquire(ctx, lease) // a back end may move lease.sent earlier: see AcquiredAt
 	l.metrics.LockAcquireDuration.Observe(time.Since(now).Seconds())
 	switch {
@@ -288,9 +303,12 @@ func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duratio
 // that gives up leaves the queue. On Redlock and etcd, and with
 // WaitReplicas, Acquire retries TryAcquire with the backoff.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
-	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait}
+	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait, limit: 1}
 	for _, o := range opts {
 		o(&w)
+	}
+	if err := l.CheckLimit(w.limit); err != nil {
+		return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
 	}
 	if w.maxWait > 0 {
 		var cancel context.CancelFunc
@@ -309,8 +327,12 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 		}
 	}
 	var delay time.Duration
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
-		lease, err := l.tryAcquire(ctx, resource, ttl, wait)
+		lease, err := l.tryAcquire(ctx, resource, ttl, wait, w.limit)
+		if err == nil && attempt > 1 && w.limit > 1 {
+			l.metrics.PermitWait.Observe(time.Since(start).Seconds())
+		}
 		if !errors.Is(err, ErrNotAcquired) {
 			if err != nil {
 				giveUp()
@@ -328,9 +350,13 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 			// Woken by the release that hands the lock over; the backoff's
 			// longest delay bounds the wait, the fallback for a lost wake-up.
 			lease := l.newLease(ctx, resource, ttl, wait, time.Now())
+			lease.limit = w.limit
 			ok, err := fw.waitTurn(ctx, lease, max(delay, w.backoff.Max))
 			if ok {
 				l.acquired.Inc()
+				if w.limit > 1 {
+					l.metrics.PermitWait.Observe(time.Since(start).Seconds())
+				}
 				return lease, nil
 			}
 			if err != nil && ctx.Err() == nil {
@@ -364,6 +390,28 @@ type waitConfig struct {
 	backoff  backoff.Jitter
 	maxWait  time.Duration
 	attempts *int
+	limit    int
+}
+
+// Permits makes the resource one of n permits (a limit): at most n leases
+// hold it at once, each on a permit of its own (Lease.Permit) with its own
+// strictly increasing fence, renewed, lost and handed on like a lock. 1 is a
+// lock (the default). The limit is the resource's: each acquire declares its
+// own, and the latest declared is the one that holds (see lua/lib.lua). A
+// lowered limit cancels no one; no one gets a permit until fewer than it
+// are held. Only the single back end has permits (see CheckLimit).
+func Permits(n int) AcquireOption { return func(w *waitConfig) { w.limit = n } }
+
+// CheckLimit reports whether this Locker takes leases of limit n: n ≥ 1, and
+// n > 1 only on the single back end (Redlock and etcd keep locks alone).
+func (l *Locker) CheckLimit(n int) error {
+	switch {
+	case n < 1:
+		return fmt.Errorf("limit %d is below 1 (1 is a lock)", n)
+	case n > 1 && l.kind != "single":
+		return fmt.Errorf("a limit of %d needs permits, which only the single Redis back end has (this one is %s)", n, l.kind)
+	}
+	return nil
 }
 
 // MaxWait bounds how long Acquire waits (0: until the context ends).
@@ -459,6 +507,18 @@ func (s *Lease) reentrantFlag() string {
 		return "1"
 	}
 	return ""
+}
+
+// renewFlags are renew_batch.lua's flags of the lease: "1" reentrant, "p" a
+// permit k > 0 (its limit hash is renewed too), "1p" both.
+func (s *Lease) renewFlags() string {
+	switch {
+	case s.keys.permit == 0:
+		return s.reentrantFlag()
+	case s.owner != "":
+		return "1p"
+	}
+	return "p"
 }
 
 // tokenBytes is the random part of a token (128 bits).

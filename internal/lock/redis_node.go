@@ -22,6 +22,7 @@ type grant struct {
 	token  string
 	fence  int64
 	at     int64 // server time in µs: of a hand-off (3), or of a waiter's busy attempt (0)
+	permit int   // the permit taken (0: the lock itself)
 	err    error
 }
 
@@ -32,7 +33,7 @@ func counterTTL(ttl, fenceTTL time.Duration) int64 { return (ttl + fenceTTL).Mil
 
 func acquireArgs(s *Lease, fenceTTL time.Duration) ([]string, []any) {
 	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
-		[]any{s.token, s.ttl.Milliseconds(), counterTTL(s.ttl, fenceTTL), s.owner, s.waiterID()}
+		[]any{s.token, s.ttl.Milliseconds(), counterTTL(s.ttl, fenceTTL), s.owner, s.waiterID(), s.limit}
 }
 
 // parseGrant reads acquire.lua's reply for one lock, taken with token.
@@ -52,6 +53,20 @@ func parseGrant(node int, token string, reply any, err error) grant {
 			return g
 		}
 	case []any:
+		if len(v) == 3 { // a permit k > 0: {fence, k, "p"} afresh, {token, fence, k} re-entered
+			if f, ok := v[0].(int64); ok && f > 0 {
+				k, _ := v[1].(int64)
+				g.status, g.token, g.fence, g.permit = 1, token, f, int(k)
+				return g
+			}
+			g.token, _ = v[0].(string)
+			g.fence, _ = v[1].(int64)
+			k, _ := v[2].(int64)
+			if g.token != "" && k > 0 {
+				g.status, g.permit = 2, int(k)
+				return g
+			}
+		}
 		if len(v) == 2 {
 			if busy, ok := v[0].(int64); ok && busy == 0 { // a waiter's busy attempt: {0, now}
 				g.at, _ = v[1].(int64)
@@ -69,23 +84,32 @@ func parseGrant(node int, token string, reply any, err error) grant {
 	return g
 }
 
-// parseHandoff reads a hand-off "fence|at|token" (acquire.lua) into g.
+// parseHandoff reads a hand-off "fence|at|token" (acquire.lua), or
+// "fence|at:k|token" of permit k > 0, into g.
 func parseHandoff(g *grant, v string) bool {
 	f, rest, ok1 := strings.Cut(v, "|")
 	at, token, ok2 := strings.Cut(rest, "|")
+	k := 0
+	if a, p, ok := strings.Cut(at, ":"); ok {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 {
+			return false
+		}
+		at, k = a, n
+	}
 	fence, err1 := strconv.ParseInt(f, 10, 64)
 	t, err2 := strconv.ParseInt(at, 10, 64)
 	if !ok1 || !ok2 || err1 != nil || err2 != nil || token == "" {
 		return false
 	}
-	g.status, g.token, g.fence, g.at = 3, token, fence, t
+	g.status, g.token, g.fence, g.at, g.permit = 3, token, fence, t, k
 	return true
 }
 
 // releaseArgs: counter is the counter's TTL (counterTTL) should the release
 // hand the lock to a waiter; ttl is the lock ttl of a grant to a parked task.
 func releaseArgs(k keys, token, owner string, counter int64, ttl time.Duration) ([]string, []any) {
-	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds()}
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds(), k.permit}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
@@ -130,7 +154,10 @@ func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTT
 			if s.owner != "" {
 				keys = append(keys, s.keys.owners)
 			}
-			args = append(args, s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL))
+			if s.keys.permit > 0 {
+				keys = append(keys, s.keys.limitKey())
+			}
+			args = append(args, s.token, s.ttl.Milliseconds(), s.renewFlags(), counterTTL(s.ttl, fenceTTL))
 		}
 		calls = append(calls, scriptCall{keys, args})
 	}
@@ -163,8 +190,11 @@ func renewEachOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTTL
 	statuses, errs := make([]int64, len(leases)), make([]error, len(leases))
 	calls := make([]scriptCall, len(leases))
 	for i, s := range leases {
-		calls[i] = scriptCall{[]string{s.keys.lock, s.keys.owners, s.keys.fence},
-			[]any{s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL)}}
+		keys := []string{s.keys.lock, s.keys.owners, s.keys.fence}
+		if s.keys.permit > 0 {
+			keys = append(keys, s.keys.limitKey())
+		}
+		calls[i] = scriptCall{keys, []any{s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL)}}
 	}
 	cmds, err := runPipelined(ctx, c, scriptRenew, calls, nil)
 	for i := range leases {

@@ -78,6 +78,7 @@ func (b *single) acquire(ctx context.Context, s *Lease) (bool, error) {
 		s.sent = s.wait.handedAt(g.at)
 	}
 	s.token, s.fence, s.reentry = g.token, g.fence, g.status == 2
+	s.keys = s.keys.permitKeys(g.permit)
 	return true, nil
 }
 

@@ -59,11 +59,15 @@ type Taken struct {
 // done marker), or it is busy; then, with join, the task keeps or takes its
 // place in the waiter queue, which outlives its last join by queueTTL.
 // When holds is not "" (HoldsKey of this process), a lock taken adds the
-// task's hold record to it (HoldRecord), for a recoverer to find.
-func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string) (Taken, error) {
+// task's hold record to it (HoldRecord), for a recoverer to find. limit is
+// the task's limit (1: a lock; see Permits); the lease says which permit.
+func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string, limit int) (Taken, error) {
 	b, err := l.redis()
 	if err != nil {
 		return Taken{}, err
+	}
+	if err := l.CheckLimit(limit); err != nil {
+		return Taken{}, fmt.Errorf("lock: acquire %q: %w", resource, err)
 	}
 	k := l.keysFor(resource)
 	sent := time.Now()
@@ -78,7 +82,7 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		keys = append(keys, holds)
 	}
 	v, err := run(ctx, b.client, scriptTake, keys,
-		token, ttl.Milliseconds(), counterTTL(ttl, b.fenceTTL), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record)
+		token, ttl.Milliseconds(), counterTTL(ttl, b.fenceTTL), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record, limit)
 	l.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
 		l.failed.Inc()
@@ -92,9 +96,15 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 	switch vals[0] {
 	case int64(1), int64(2):
 		tok, _ := vals[1].(string)
-		var fence int64
+		var fence, permit int64
 		if len(vals) > 2 {
 			fence, _ = vals[2].(int64)
+		}
+		if len(vals) > 3 {
+			permit, _ = vals[3].(int64)
+		}
+		if len(vals) > 4 { // a permit's grant taken over: the task waited since its arrival
+			l.observeWait(vals[4])
 		}
 		l.acquired.Inc()
 		if holds != "" && !b.oneNode() {
@@ -103,7 +113,7 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 				return Taken{}, fmt.Errorf("lock: record the hold of %q: %w", resource, err)
 			}
 		}
-		return Taken{Lease: l.adopt(resource, tok, fence, ttl, sent), Granted: vals[0] == int64(2)}, nil
+		return Taken{Lease: l.adopt(resource, int(permit), tok, fence, ttl, sent), Granted: vals[0] == int64(2)}, nil
 	case int64(3):
 		out, _ := vals[1].(string)
 		return Taken{Done: true, Outcome: out}, nil
@@ -162,7 +172,9 @@ type HandedOn struct {
 // TaskGrant is a lock handed on to a parked task, held under Token.
 type TaskGrant struct {
 	Resource  string
-	Member    string // the waiter (TaskWaiter)
+	Permit    int       // the permit handed on (0: the lock itself)
+	Since     time.Time // a permit's: when the task joined the queue (server clock); zero for a lock
+	Member    string    // the waiter (TaskWaiter)
 	Queue, ID string
 	Token     string
 	Fence     int64
@@ -183,17 +195,17 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		return HandedOn{}, err
 	}
 	k := lease.keys
-	marker := k.lock + ":done:"
+	marker := k.base + ":done:"
 	outcome := ""
 	if h.ID != "" {
 		marker, outcome = l.DoneKey(lease.resource, h.Queue, h.ID), h.Outcome
 	}
-	drop, dropFlag := k.lock+":done:", ""
+	drop, dropFlag := k.base+":done:", ""
 	if h.Drop != "" {
 		drop, dropFlag = h.Drop, "1"
 	}
 	keep := ""
-	if strings.HasPrefix(h.Keep, k.lock) { // one of this resource's markers: its slot
+	if strings.HasPrefix(h.Keep, k.base) { // one of this resource's markers: its slot
 		keep = h.Keep
 	}
 	sent := time.Now()
@@ -215,7 +227,7 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	}
 	v, err := run(ctx, b.client, scriptHandOn, keys,
 		lease.token, next, lease.ttl.Milliseconds(), counterTTL(lease.ttl, b.fenceTTL), outcome, mark, h.MarkerTTL.Milliseconds(), dropFlag,
-		recovery, lease.resource+"\n", keep)
+		recovery, lease.resource+"\n", k.permit, keep)
 	if err != nil {
 		return HandedOn{}, fmt.Errorf("lock: release %q: %w", lease.resource, err)
 	}
@@ -235,7 +247,14 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		lease.state.set(errReleased)
 		m, _ := vals[1].(string)
 		fence, _ := vals[2].(int64)
-		g := &TaskGrant{Resource: lease.resource, Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
+		var permit int64
+		if len(vals) > 3 {
+			permit, _ = vals[3].(int64)
+		}
+		g := &TaskGrant{Resource: lease.resource, Permit: int(permit), Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
+		if len(vals) > 4 {
+			g.Since = l.observeWait(vals[4])
+		}
 		g.Queue, g.ID, _ = ParseTaskWaiter(m)
 		if h.Holds != "" && !b.oneNode() {
 			if err := b.client.SAdd(ctx, h.Holds, HoldRecord(g.Resource, g.Queue, g.ID)).Err(); err != nil {
@@ -249,14 +268,28 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	}
 }
 
-// Adopt returns the lease of a TaskGrant, for the task it was handed to.
-func (l *Locker) Adopt(g *TaskGrant, ttl time.Duration) *Lease {
-	return l.adopt(g.Resource, g.Token, g.Fence, ttl, g.Sent)
+// observeWait records the wait of a task for a permit since its arrival in
+// the queue, v (server µs, as a script's string; "" unknown), and returns
+// the arrival.
+func (l *Locker) observeWait(v any) time.Time {
+	s, _ := v.(string)
+	us, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || us <= 0 {
+		return time.Time{}
+	}
+	at := time.UnixMicro(us)
+	l.metrics.PermitWait.Observe(max(time.Since(at), 0).Seconds())
+	return at
 }
 
-func (l *Locker) adopt(resource, token string, fence int64, ttl time.Duration, sent time.Time) *Lease {
-	return &Lease{locker: l, keys: l.keysFor(resource), resource: resource,
-		token: token, fence: fence, ttl: ttl, sent: sent}
+// Adopt returns the lease of a TaskGrant, for the task it was handed to.
+func (l *Locker) Adopt(g *TaskGrant, ttl time.Duration) *Lease {
+	return l.adopt(g.Resource, g.Permit, g.Token, g.Fence, ttl, g.Sent)
+}
+
+func (l *Locker) adopt(resource string, permit int, token string, fence int64, ttl time.Duration, sent time.Time) *Lease {
+	return &Lease{locker: l, keys: l.keysFor(resource).permitKeys(permit), resource: resource,
+		token: token, fence: fence, ttl: ttl, sent: sent, limit: 1}
 }
 
 // Grant leaves the lock of g, which the caller holds, to g's task for asynq
@@ -267,7 +300,14 @@ func (l *Locker) Grant(ctx context.Context, g *TaskGrant) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	v, err := run(ctx, b.client, scriptGrant, []string{l.keysFor(g.Resource).lock}, g.Token, g.Member, g.TTL.Milliseconds(), g.Fence)
+	fence := strconv.FormatInt(g.Fence, 10)
+	switch { // the grant of a permit names it (lua/lib.lua's handoff)
+	case !g.Since.IsZero():
+		fence += "/" + strconv.Itoa(g.Permit) + "/" + strconv.FormatInt(g.Since.UnixMicro(), 10)
+	case g.Permit > 0:
+		fence += "/" + strconv.Itoa(g.Permit)
+	}
+	v, err := run(ctx, b.client, scriptGrant, []string{l.keysFor(g.Resource).permitKeys(g.Permit).lock}, g.Token, g.Member, g.TTL.Milliseconds(), fence)
 	if err != nil {
 		return false, fmt.Errorf("lock: grant %q: %w", g.Resource, err)
 	}
@@ -278,8 +318,9 @@ func (l *Locker) Grant(ctx context.Context, g *TaskGrant) (bool, error) {
 // prefix{R}:granted.
 type GrantNotice struct {
 	Resource  string
+	Permit    int // the permit granted (0: the lock itself)
 	Queue, ID string
-	value     string // the lock's value while granted: "g:<member>:<fence>"
+	value     string // the lock's value while granted: "g:<member>:<fence>[/<permit>]"
 }
 
 func parseGrantNotice(l *Locker, channel, payload string) (GrantNotice, bool) {
@@ -289,8 +330,17 @@ func parseGrantNotice(l *Locker, channel, payload string) (GrantNotice, bool) {
 	if !ok || !ok2 || i < 0 {
 		return GrantNotice{}, false
 	}
+	permit := 0
+	if _, k, found := strings.Cut(rest[i+1:], "/"); found { // "<fence>/<k>[/<arrival>]"
+		k, _, _ = strings.Cut(k, "/")
+		n, err := strconv.Atoi(k)
+		if err != nil || n < 0 {
+			return GrantNotice{}, false
+		}
+		permit = n
+	}
 	q, id, ok := ParseTaskWaiter(rest[:i])
-	return GrantNotice{Resource: r, Queue: q, ID: id, value: payload}, ok
+	return GrantNotice{Resource: r, Permit: permit, Queue: q, ID: id, value: payload}, ok
 }
 
 // Grants calls f for every grant to a parked task, on any resource of this
@@ -330,7 +380,7 @@ func (l *Locker) Grants(ctx context.Context, f func(GrantNotice)) error {
 // Pass releases a grant whose task is gone (deleted, completed): the lock
 // goes on to the next waiter.
 func (l *Locker) Pass(ctx context.Context, n GrantNotice, ttl time.Duration) error {
-	return l.adopt(n.Resource, n.value, 0, ttl, time.Now()).Release(ctx)
+	return l.adopt(n.Resource, n.Permit, n.value, 0, ttl, time.Now()).Release(ctx)
 }
 
 // Waiter is one waiter of a resource, in the order they are served.
@@ -414,18 +464,72 @@ func (l *Locker) ProcessesKey() string { return l.prefix + "processes" }
 // Process is this process's name in lock tokens and hold records (host:pid).
 func Process() string { return ParseToken(tokenFor(context.Background(), time.Time{})).Holder }
 
-// HeldBy reports whether resource's lock is held by a token of process.
+// HeldBy reports whether resource's lock, or one of its permits, is held by
+// a token of process.
 func (l *Locker) HeldBy(ctx context.Context, resource, process string) (bool, error) {
 	b, err := l.redis()
 	if err != nil {
 		return false, err
 	}
-	v, err := b.client.Get(ctx, l.keysFor(resource).lock).Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return false, nil
-	case err != nil:
+	holds, _, err := l.permitsOn(ctx, b.client, resource)
+	if err != nil {
 		return false, fmt.Errorf("lock: read %q: %w", resource, err)
 	}
-	return ParseToken(v).Holder == process, nil
+	for _, v := range holds {
+		if v != "" && ParseToken(v).Holder == process {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// permitsOn reads the values of resource's permits that may be held: one for
+// a lock, the limit hash's h for a limited resource ("" for a free one), and
+// the resource's limit (1 for a lock).
+func (l *Locker) permitsOn(ctx context.Context, c redis.Cmdable, resource string) ([]string, int, error) {
+	k := l.keysFor(resource)
+	var lock *redis.StringCmd
+	var lim *redis.SliceCmd
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		lock = p.Get(ctx, k.lock)
+		lim = p.HMGet(ctx, k.limitKey(), "n", "h")
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, err
+	}
+	n, h := 1, 1
+	if v := lim.Val(); len(v) == 2 && v[0] != nil {
+		n, _ = strconv.Atoi(fmt.Sprint(v[0]))
+		h, _ = strconv.Atoi(fmt.Sprint(v[1]))
+		h = max(h, 1)
+	}
+	out := make([]string, h)
+	out[0] = lock.Val()
+	if h > 1 {
+		cmds := make([]*redis.StringCmd, h)
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := 1; i < h; i++ {
+				cmds[i] = p.Get(ctx, k.permitKeys(i).lock)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, 0, err
+		}
+		for i := 1; i < h; i++ {
+			out[i] = cmds[i].Val()
+		}
+	}
+	return out, max(n, 1), nil
+}
+
+// PermitKey returns the key of permit k of resource (permit 0: Key).
+func (l *Locker) PermitKey(resource string, k int) string {
+	return l.keysFor(resource).permitKeys(k).lock
+}
+
+// PermitFenceKey returns the fencing counter's key of permit k of resource.
+func (l *Locker) PermitFenceKey(resource string, k int) string {
+	return l.keysFor(resource).permitKeys(k).fence
 }

@@ -127,6 +127,7 @@ func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool,
 		return false, nil
 	}
 	s.token, s.fence, s.sent = g.token, g.fence, s.wait.handedAt(g.at)
+	s.keys = s.keys.permitKeys(g.permit)
 	return true, nil
 }
 
@@ -147,7 +148,7 @@ func (b *single) leave(ctx context.Context, s *Lease) {
 func (b *single) releaseHandoff(ctx context.Context, s *Lease, handoff string) {
 	var g grant
 	if parseHandoff(&g, handoff) {
-		given := &Lease{keys: s.keys, resource: s.resource, token: g.token, owner: s.owner, ttl: s.ttl}
+		given := &Lease{keys: s.keys.permitKeys(g.permit), resource: s.resource, token: g.token, owner: s.owner, ttl: s.ttl}
 		_ = b.release(ctx, given)
 	}
 }

@@ -48,6 +48,7 @@ type Metrics struct {
 	LockLost            *prometheus.CounterVec // reason
 	LockHeld            prometheus.Histogram
 	LockNotices         prometheus.Counter
+	PermitWait          prometheus.Histogram
 
 	JobsProcessed *prometheus.CounterVec // type, result
 	JobContended  *prometheus.CounterVec // type
@@ -83,6 +84,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			"How long leases were held, from acquire to release or loss.", prometheus.ExponentialBuckets(0.01, 4, 10)),
 		LockNotices: c.counter("lockstep_lock_notices_total",
 			"Server notices (client tracking) on held keys that no write of this process explained; each makes the watchdog renew those leases at once."),
+		PermitWait: c.histogram("lockstep_permit_wait_seconds",
+			"How long acquires of a resource with a limit waited in its queue for a permit: parked tasks, from joining the queue to the permit, and waiting tasks and goroutines.",
+			prometheus.ExponentialBuckets(0.001, 4, 10)),
 		JobsProcessed: c.counterVec("lockstep_jobs_processed_total",
 			"Jobs processed by type and result (success, failure, lock_lost, invalid, skipped).", "type", "result"),
 		JobContended: c.counterVec("lockstep_job_contended_total",

@@ -256,6 +256,14 @@ func (t *Tracer) StartHold(ctx context.Context, resource string, fence int64) (c
 	return ctx, &Hold{span: s}
 }
 
+// Permit records which permit of a resource with a limit the hold is
+// (lockstep.permit); a lock's hold has none.
+func (h *Hold) Permit(k int) {
+	if h != nil {
+		h.span.SetAttributes(AttrPermit.Int(k))
+	}
+}
+
 // Watch adds the loss event at the moment hctx, the holder's context, ends
 // with a lost lock as its cause.
 func (h *Hold) Watch(hctx context.Context) {

@@ -42,7 +42,7 @@ function fill(tbody, rows) {
 function renderLocks(o) {
   const rows = o.locks.map((l) =>
     el("tr", { "data-resource": l.resource },
-      el("td", {}, l.resource), el("td", {}, l.holder || "-"), el("td", {}, taskLink(l.task_id)),
+      el("td", {}, l.limit > 1 ? l.resource + " [" + l.permit + "/" + l.limit + "]" : l.resource), el("td", {}, l.holder || "-"), el("td", {}, taskLink(l.task_id)),
       el("td", {}, l.type || "-"), el("td", { class: "num" }, l.fence), el("td", { class: "num" }, duration(l.ttl_ms)),
       el("td", { class: "num" }, duration(l.held_ms)), el("td", { class: "num" }, l.waiters)));
   fill($("locks").tBodies[0], rows);

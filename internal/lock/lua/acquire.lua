@@ -3,16 +3,17 @@
 -- Cluster or a Redlock node; on one server, concurrent acquires of different
 -- locks share a call (see batch.go).
 --
--- For the i-th lock (i from 1), four keys and five values:
+-- For the i-th lock (i from 1), four keys and six values:
 -- KEYS[4i-3]  lock key            lockstep:{R}
 -- KEYS[4i-2]  fencing counter     lockstep:{R}:fence
 -- KEYS[4i-1]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
 -- KEYS[4i]    wait queue          lockstep:{R}:queue   (see below)
--- ARGV[5i-4]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
--- ARGV[5i-3]  lock ttl in milliseconds
--- ARGV[5i-2]  fencing counter ttl in milliseconds
--- ARGV[5i-1]  owner id for a reentrant acquire, or ""
--- ARGV[5i]    waiter id W of an Acquire that waits, or "" (TryAcquire)
+-- ARGV[6i-5]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
+-- ARGV[6i-4]  lock ttl in milliseconds
+-- ARGV[6i-3]  fencing counter ttl in milliseconds
+-- ARGV[6i-2]  owner id for a reentrant acquire, or ""
+-- ARGV[6i-1]  waiter id W of an Acquire that waits, or "" (TryAcquire)
+-- ARGV[6i]    the caller's limit n: 1 for a lock, n > 1 for n permits (lib.lua)
 --
 -- Returns one reply per lock, in order (for one lock, that reply alone):
 --   fence              acquired afresh: fence (> 0) is the new fencing token
@@ -21,6 +22,14 @@
 --   {0, now}           busy (waiter W): queued; now is the server's TIME in µs
 --   "fence|at|token"   (waiter W) a release handed the lock to W's earlier
 --                      attempt, taken with token, at the server's time at (µs)
+-- and, for a resource with permits (a limit, lib.lua), when the permit is k > 0:
+--   {fence, k, "p"}    acquired permit k afresh
+--   {token, fence, k}  re-entered permit k
+--   "fence|at:k|token" (waiter W) permit k was handed to W
+-- A lock (n = 1) on a resource that never had a limit runs the lock's own
+-- path; with a limit, the caller takes the lowest free permit below the
+-- resource's limit when fewer than that many are held and nobody waits
+-- ahead, re-enters a permit its owner holds, or else waits in the one queue.
 --
 -- The queue: the zset lockstep:{R}:queue holds waiter ids by arrival (server
 -- µs); each live waiter W keeps the hash lockstep:{R}:queue:W (its latest
@@ -38,16 +47,13 @@
 -- by more than the time between the two acquires.
 -- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
 
-local out = {}
-for i = 0, #KEYS / 4 - 1 do
-  local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
-  local token, ttl, fencettl, owner, waiter =
-    ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4], ARGV[5 * i + 5]
+-- lockone is a lock's acquire; queued tells whether the queue exists.
+local function lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, queued)
   local reply = 0
   local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
   if granted then
     reply = granted
-  elseif redis.call('EXISTS', q) == 0 then
+  elseif not queued then
     if redis.call('SET', lock, token, 'NX', 'PX', ttl) then
       own(owners, token, ttl, owner)
       reply = nextfence(fencekey, fencettl)
@@ -70,6 +76,68 @@ for i = 0, #KEYS / 4 - 1 do
       redis.call('HINCRBY', owners, 'o:' .. owner, 1)
       reply = {cur, tonumber(redis.call('GET', fencekey))}
     end
+  end
+  return reply
+end
+
+-- permitone is lockone for a resource with permits (lib.lua).
+local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit)
+  local n, h = declare(lock, limit, fencettl)
+  local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+  if granted then
+    return granted
+  end
+  if owner ~= '' then
+    for k = 0, h - 1 do
+      local pl, pf, po = permit(lock, fencekey, owners, k)
+      local cur = redis.call('GET', pl)
+      if cur and redis.call('HGET', po, 't') == cur
+          and redis.call('HEXISTS', po, 'o:' .. owner) == 1 then
+        redis.call('HINCRBY', po, 'o:' .. owner, 1)
+        local fence = tonumber(redis.call('GET', pf))
+        if k == 0 then
+          return {cur, fence}
+        end
+        return {cur, fence, k}
+      end
+    end
+  end
+  local count, free = holders(lock, n, h)
+  if count < n and free then
+    if redis.call('EXISTS', q) == 0 then
+      local pl, pf, po = permit(lock, fencekey, owners, free)
+      redis.call('SET', pl, token, 'PX', ttl)
+      own(po, token, ttl, owner)
+      local fence = nextfence(pf, fencettl)
+      if free == 0 then
+        return fence
+      end
+      return {fence, free, 'p'}
+    end
+    -- Free permits with waiters queued: theirs, in order, perhaps the caller's.
+    serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, nil)
+    if waiter ~= '' then
+      granted = redis.call('LPOP', q .. ':' .. waiter .. ':wake')
+      if granted then
+        return granted
+      end
+    end
+  end
+  return 0
+end
+
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+  local token, ttl, fencettl, owner, waiter, limit =
+    ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], ARGV[6 * i + 5], tonumber(ARGV[6 * i + 6])
+  local reply
+  -- One call tells a free lock without waiters or a limit, the common case.
+  local others = redis.call('EXISTS', q, lock .. ':limit')
+  if limit == 1 and (others == 0 or redis.call('EXISTS', lock .. ':limit') == 0) then
+    reply = lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, others > 0)
+  else
+    reply = permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit)
   end
   if reply == 0 and waiter ~= '' then
     redis.call('ZADD', q, 'NX', string.format('%.0f', time()), waiter)

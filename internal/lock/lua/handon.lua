@@ -22,7 +22,8 @@
 -- ARGV[9]  ttl in milliseconds of the finished task's marker when it is not
 --          marked above, "" for none (kept for a recoverer: the task ran,
 --          whatever asynq shows if this process dies before completing it)
--- ARGV[11] a done marker (of this resource) to keep alive for ARGV[7] ms:
+-- ARGV[11] the lease's permit k (0 for a lock; KEYS[1..3] are the permit's)
+-- ARGV[12] a done marker (of this resource) to keep alive for ARGV[7] ms:
 --          the chain's delivered task, still held by asynq; "" none
 -- KEYS[7]  (optional) the holds set of the releasing process: the hold record
 --          ARGV[10] .. <task waiter> of a task handed on for the caller to run
@@ -32,6 +33,10 @@
 --   {1}                  released; no one was waiting
 --   {2, member, fence}   handed on to the task waiter member, which the
 --                        caller now holds the lock for under ARGV[2]
+--   {2, member, fence, k[, arrival]}  the same, of permit k (a limited resource:
+--                        free permits go to the longest waiters while fewer
+--                        than the limit are held, lib.lua's serve; arrival
+--                        is when the task joined the queue, server µs)
 --   {3}                  handed to a goroutine waiter, or granted to a task
 --   {0}                  the key is gone: the lease had expired (nothing changed)
 --   {-1}                 the key holds another token (left alone)
@@ -50,12 +55,22 @@ end
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[6])
 end
-if ARGV[11] ~= '' then
-  redis.call('PEXPIRE', ARGV[11], ARGV[7])
+if ARGV[12] ~= '' then
+  redis.call('PEXPIRE', ARGV[12], ARGV[7])
+end
+local k = tonumber(ARGV[11])
+local base, bf, bo = unpermit(KEYS[1], KEYS[2], KEYS[3], k)
+local others = redis.call('EXISTS', KEYS[4], base .. ':limit') -- without a limit, > 0 is the queue
+local n, lh
+if others > 0 then
+  n, lh = limitof(base)
 end
 local h = false
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  h = handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[3], ARGV[2])
+if n then
+  redis.call('DEL', KEYS[1])
+  h = serve(base, bf, bo, KEYS[4], ARGV[4], ARGV[3], ARGV[2], n, lh, k)
+elseif others > 0 then
+  h = handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[3], ARGV[2], k, base)
 end
 if ARGV[5] ~= '' and (ARGV[6] == 'a' or type(h) == 'table') then
   redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[7])
@@ -66,10 +81,17 @@ if KEYS[7] and type(h) == 'table' then
   redis.call('SADD', KEYS[7], ARGV[10] .. h[1])
 end
 if not h then
-  redis.call('DEL', KEYS[1])
+  if not n then
+    redis.call('DEL', KEYS[1])
+  end
   return {1}
 end
 if type(h) == 'table' then
+  if h[4] then
+    return {2, h[1], h[2], h[3], h[4]}
+  elseif h[3] then
+    return {2, h[1], h[2], h[3]}
+  end
   return {2, h[1], h[2]}
 end
 return {3}

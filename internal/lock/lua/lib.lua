@@ -51,12 +51,25 @@ end
 -- handoff gives the free lock to the first live waiter of q, whoever it is.
 -- ttl is the lock ttl of a grant to a task; nexttoken, when not "", is the
 -- token under which the caller runs a task head itself (a chain).
+-- k is the permit that lock is (0, or nil: the lock key itself) and base the
+-- resource's lock key (see permit below); a permit k > 0 is named in the
+-- hand-off ("fence|at:k|token"), the grant ("g:<member>:<fence>/k") and the
+-- chain's {member, fence, k}; limited (serve's hand-offs) names the permit
+-- even when it is 0 and adds the task's arrival in the queue (server µs):
+-- "g:<member>:<fence>/<k>/<arrival>" and {member, fence, k, arrival}.
 -- Returns false (no live waiter: the lock is left as it was), true (a
 -- goroutine waiter holds it now), the member (a task was granted it), or
 -- {member, fence} (a task head, for the caller to run under nexttoken).
-local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken)
+local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, base, limited)
+  local pk = ''
+  if k and k > 0 then
+    pk = ':' .. k
+  else
+    base = lock
+  end
   for _ = 1, 16 do
-    local first = redis.call('ZPOPMIN', q)[1]
+    local popped = redis.call('ZPOPMIN', q)
+    local first = popped[1]
     if not first then
       return false
     end
@@ -64,11 +77,21 @@ local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken)
       local fence = nextfence(fencekey, fencettl)
       if nexttoken ~= '' then
         redis.call('SET', lock, nexttoken, 'PX', ttl)
+        if limited then
+          return {first, fence, k, string.format('%.0f', tonumber(popped[2]))}
+        elseif pk ~= '' then
+          return {first, fence, k}
+        end
         return {first, fence}
       end
       local g = 'g:' .. first .. ':' .. string.format('%.0f', fence)
+      if limited then
+        g = g .. '/' .. k .. '/' .. string.format('%.0f', tonumber(popped[2]))
+      elseif pk ~= '' then
+        g = g .. '/' .. k
+      end
       redis.call('SET', lock, g, 'PX', ttl)
-      redis.call('PUBLISH', lock .. ':granted', g)
+      redis.call('PUBLISH', base .. ':granted', g)
       return first
     end
     local w = redis.call('HMGET', q .. ':' .. first, 'token', 'ttl', 'owner')
@@ -78,10 +101,113 @@ local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken)
       local fence = nextfence(fencekey, fencettl)
       redis.call('DEL', q .. ':' .. first)
       local wake = q .. ':' .. first .. ':wake'
-      redis.call('RPUSH', wake, string.format('%.0f|%.0f|', fence, time()) .. w[1])
+      redis.call('RPUSH', wake, string.format('%.0f|%.0f', fence, time()) .. pk .. '|' .. w[1])
       redis.call('PEXPIRE', wake, w[2])
       return true
     end
   end
   return false
+end
+
+-- Permits: a resource with a limit n > 1 has n permits, each a lock of its
+-- own with its own fence and reentrancy hash. Permit 0 is the lock key itself
+-- (a lock is a resource of one permit, in the very same keys); permit k > 0
+-- is lock:p<k>, with fence:<k> and owners:<k>. The hash lock:limit holds the
+-- resource's limit: n, the latest declarer's (every acquire and take with a
+-- limit, or on a limited resource, writes its own), and h, the most permits
+-- any declarer allowed while the hash lives: the permits that may be held.
+-- A lowered limit makes no one lose a permit; no one gets one until fewer
+-- than the new n are held. The hash lives as long as a fence counter of its
+-- permits: every acquire, hand-off and renewal of a permit gives it the
+-- counter's ttl when it had less.
+local function permit(lock, fencekey, owners, k)
+  if k == 0 then
+    return lock, fencekey, owners
+  end
+  return lock .. ':p' .. k, fencekey .. ':' .. k, owners .. ':' .. k
+end
+
+-- unpermit returns the resource's own keys (permit 0's) from permit k's.
+local function unpermit(lock, fencekey, owners, k)
+  if k == 0 then
+    return lock, fencekey, owners
+  end
+  local a, b = #(':p' .. k), #(':' .. k)
+  return string.sub(lock, 1, -a - 1), string.sub(fencekey, 1, -b - 1), string.sub(owners, 1, -b - 1)
+end
+
+local function keeplimit(key, pttl)
+  if redis.call('PTTL', key) < tonumber(pttl) then
+    redis.call('PEXPIRE', key, pttl)
+  end
+end
+
+-- limitof returns the resource's limit n and permit count h, or nil when it
+-- has no limit (a lock, or a limited resource whose permits all expired).
+local function limitof(base)
+  local v = redis.call('HMGET', base .. ':limit', 'n', 'h')
+  if not v[1] then
+    return nil
+  end
+  return tonumber(v[1]), tonumber(v[2])
+end
+
+-- declare makes n the resource's limit; the hash lives at least pttl.
+local function declare(base, n, pttl)
+  local key = base .. ':limit'
+  local h = math.max(n, tonumber(redis.call('HGET', key, 'h') or '0'))
+  redis.call('HSET', key, 'n', n, 'h', h)
+  keeplimit(key, pttl)
+  return n, h
+end
+
+-- holders counts the held permits among the first h and finds the lowest
+-- free one below n (nil when none).
+local function holders(base, n, h)
+  local count, free = 0, nil
+  for k = 0, h - 1 do
+    local key = base
+    if k > 0 then
+      key = base .. ':p' .. k
+    end
+    if redis.call('EXISTS', key) == 1 then
+      count = count + 1
+    elseif k < n and not free then
+      free = k
+    end
+  end
+  return count, free
+end
+
+-- serve hands free permits to the longest waiters of q while fewer than n
+-- are held, preferring the permit just freed (prefer, or nil), each with
+-- handoff. At most one task head goes to nexttoken (a chain). Returns the
+-- chain's {member, fence[, k]} if there was one, else the first hand-off's
+-- result, or false.
+local function serve(base, fencekey, owners, q, fencettl, ttl, nexttoken, n, h, prefer)
+  local first, chain = false, nil
+  while redis.call('EXISTS', q) == 1 do
+    local count, free = holders(base, n, h)
+    if count >= n or not free then
+      break
+    end
+    if prefer and prefer < n and prefer ~= free then
+      local pl = permit(base, fencekey, owners, prefer)
+      if redis.call('EXISTS', pl) == 0 then
+        free = prefer
+      end
+    end
+    prefer = nil
+    local pl, pf, po = permit(base, fencekey, owners, free)
+    local r = handoff(pl, pf, po, q, fencettl, ttl, nexttoken, free, base, true)
+    if not r then
+      break
+    end
+    keeplimit(base .. ':limit', fencettl)
+    first = first or r
+    if type(r) == 'table' then
+      chain, nexttoken = r, ''
+    end
+  end
+  return chain or first
 end

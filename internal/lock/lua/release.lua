@@ -4,15 +4,19 @@
 -- lock per call on a Cluster or a Redlock node; on one server, concurrent
 -- releases share a call.
 --
--- For the i-th lock (i from 1), four keys and four values:
--- KEYS[4i-3]  lock key
--- KEYS[4i-2]  fencing counter (for a hand-off)
--- KEYS[4i-1]  reentrancy hash (see acquire.lua; ignored when the owner is "")
+-- For the i-th lock (i from 1), four keys and five values:
+-- KEYS[4i-3]  lock key (of the lease's permit: lib.lua)
+-- KEYS[4i-2]  fencing counter (for a hand-off; the permit's)
+-- KEYS[4i-1]  reentrancy hash (see acquire.lua; ignored when the owner is ""; the permit's)
 -- KEYS[4i]    wait queue (see acquire.lua)
--- ARGV[4i-3]  token
--- ARGV[4i-2]  owner id of a reentrant lease, or ""
--- ARGV[4i-1]  fencing counter ttl in milliseconds
--- ARGV[4i]    lock ttl in milliseconds (of a grant to a parked task at the head)
+-- ARGV[5i-4]  token
+-- ARGV[5i-3]  owner id of a reentrant lease, or ""
+-- ARGV[5i-2]  fencing counter ttl in milliseconds
+-- ARGV[5i-1]  lock ttl in milliseconds (of a grant to a parked task at the head)
+-- ARGV[5i]    the lease's permit k (0 for a lock)
+--
+-- On a resource with a limit (lib.lua) the permit is freed, and free permits
+-- go to the longest waiters while fewer than the limit are held (serve).
 --
 -- Returns one status per lock, in order (for one lock, that status alone):
 --   1   released (the key is gone, or handed to the first waiter)
@@ -24,7 +28,8 @@
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
-  local token, owner, fencettl, ttl = ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4]
+  local token, owner, fencettl, ttl, k =
+    ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4], tonumber(ARGV[5 * i + 5])
   local cur = redis.call('GET', lock)
   local status
   if not cur then
@@ -40,7 +45,20 @@ for i = 0, #KEYS / 4 - 1 do
     status = 1
   end
   if status == 0 or status == 1 then
-    if redis.call('EXISTS', q) == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '') then
+    local base, bf, bo = unpermit(lock, fencekey, owners, k)
+    -- One call tells a lock without waiters or a limit, the common case;
+    -- without a limit, others > 0 is the queue.
+    local others = redis.call('EXISTS', q, base .. ':limit')
+    local n, h
+    if others > 0 then
+      n, h = limitof(base)
+    end
+    if n then
+      if status == 1 then
+        redis.call('DEL', lock)
+      end
+      serve(base, bf, bo, q, fencettl, ttl, '', n, h, k)
+    elseif others == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
       if status == 1 then
         redis.call('DEL', lock)
       end

@@ -7,6 +7,8 @@
 -- ARGV[2]  new ttl in milliseconds
 -- ARGV[3]  "1" when the lease is reentrant (the hash expires with the lock)
 -- ARGV[4]  the fencing counter's new ttl in milliseconds (ttl + fence ttl)
+-- KEYS[4]  (a permit k > 0 only) the resource's limit hash lockstep:{R}:limit,
+--          which lives at least as long as the counter (lib.lua)
 --
 -- Returns
 --   1   renewed
@@ -21,6 +23,9 @@ if cur ~= ARGV[1] then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if KEYS[4] and redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+end
 if ARGV[3] ~= '' then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end

@@ -2,11 +2,13 @@
 -- of different locks live in different Cluster slots).
 --
 -- KEYS     for each lease: its lock key and its fencing counter, followed by
---          its reentrancy hash when the lease is reentrant
--- ARGV     for each lease, four values: token, ttl in milliseconds, "1" for a
---          reentrant lease (its hash is the next key) or "" for a plain one,
---          and the counter's ttl in milliseconds (ttl + fence ttl: the
---          counter outlives the lock)
+--          its reentrancy hash when the lease is reentrant, then by its
+--          resource's limit hash when the lease is a permit k > 0 (lib.lua)
+-- ARGV     for each lease, four values: token, ttl in milliseconds, flags
+--          ("1": reentrant, its hash is the next key; "p": a permit, its
+--          limit hash follows; "1p" both; "" a plain lock), and the
+--          counter's ttl in milliseconds (ttl + fence ttl: the counter
+--          outlives the lock; the limit hash gets it too)
 --
 -- Returns  one status per lease, in order, with the values of renew.lua:
 --          1 renewed, 0 expired, -1 held by another token
@@ -14,7 +16,9 @@ local out = {}
 local k = 1
 for i = 1, #ARGV, 4 do
   local key = KEYS[k]
-  local reentrant = ARGV[i + 2] ~= ''
+  local flags = ARGV[i + 2]
+  local reentrant = flags == '1' or flags == '1p'
+  local limited = flags == 'p' or flags == '1p'
   local cur = redis.call('GET', key)
   local status
   if not cur then
@@ -27,12 +31,23 @@ for i = 1, #ARGV, 4 do
     if reentrant then
       redis.call('PEXPIRE', KEYS[k + 2], ARGV[i + 1])
     end
+    if limited then
+      local lk = KEYS[k + 2]
+      if reentrant then
+        lk = KEYS[k + 3]
+      end
+      if redis.call('PTTL', lk) < tonumber(ARGV[i + 3]) then
+        redis.call('PEXPIRE', lk, ARGV[i + 3])
+      end
+    end
     status = 1
   end
+  k = k + 2
   if reentrant then
-    k = k + 3
-  else
-    k = k + 2
+    k = k + 1
+  end
+  if limited then
+    k = k + 1
   end
   out[#out + 1] = status
 end

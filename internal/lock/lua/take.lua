@@ -18,6 +18,12 @@
 -- KEYS[6]  (optional) the holds set of the taking process (lockstep:holds:<process>):
 --          the task's hold record, ARGV[7], is added when it gets the lock, so that
 --          a recoverer finds the task if the process dies (see tasks.go)
+-- ARGV[8]  the task's limit n: 1 for a lock, n > 1 for n permits (lib.lua);
+--          with a limit, or on a limited resource, the replies {1..} and
+--          {2..} end with the permit k taken and the task's arrival in the
+--          queue ({s, token, fence, k, arrival}: server µs, "" for a task
+--          that did not wait), and the
+--          lock's pttl of a busy reply is the shortest of the held permits'
 --
 -- Returns
 --   {1, token, fence}   acquired afresh (same fence rule as acquire.lua)
@@ -67,6 +73,84 @@ if done then
   end
   return {3, done}
 end
+-- takepermit: the task takes permit k (free, or granted to it).
+local function takepermit(k, status, fresh)
+  local pl, pf = permit(lock, fencekey, owners, k)
+  redis.call('SET', pl, token, 'PX', ttl)
+  local fence
+  if fresh then
+    fence = nextfence(pf, fencettl)
+  else
+    fence = tonumber(redis.call('GET', pf))
+  end
+  local arrival = redis.call('ZSCORE', q, me)
+  if arrival then
+    arrival = string.format('%.0f', tonumber(arrival))
+    redis.call('ZREM', q, me)
+  end
+  held()
+  return {status, token, fence, k, arrival or ''}
+end
+
+local function minpttl(h)
+  local best = -2
+  for k = 0, h - 1 do
+    local p = redis.call('PTTL', (permit(lock, fencekey, owners, k)))
+    if p >= 0 and (best < 0 or p < best) then
+      best = p
+    end
+  end
+  return best
+end
+
+local function grantedto(h)
+  local granted = 'g:' .. me .. ':'
+  for k = 0, h - 1 do
+    local cur = redis.call('GET', (permit(lock, fencekey, owners, k)))
+    if cur and string.sub(cur, 1, #granted) == granted then
+      return k, string.match(cur, '/%d+/(%d+)$')
+    end
+  end
+  return nil
+end
+
+local limit = tonumber(ARGV[8])
+if limit > 1 or redis.call('EXISTS', lock .. ':limit') == 1 then
+  local n, h = declare(lock, limit, fencettl)
+  local k, arrival = grantedto(h)
+  if k then
+    local r = takepermit(k, 2, false)
+    r[5] = arrival or r[5]
+    return r
+  end
+  local count, free = holders(lock, n, h)
+  if count < n and free then
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head or head == me then
+      return takepermit(free, 1, true)
+    end
+    -- Others wait longer (their holders died, so no one handed on): the
+    -- free permits are theirs, in order, perhaps this task's too.
+    local r = serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, nil)
+    k = grantedto(h)
+    if k then
+      return takepermit(k, 1, false)
+    end
+    count, free = holders(lock, n, h)
+    head = redis.call('ZRANGE', q, 0, 0)[1]
+    if count < n and free and (not head or head == me) then
+      return takepermit(free, 1, true)
+    end
+    local since, ahead = join()
+    if type(r) == 'string' then
+      return {4, minpttl(h), since, ahead, r}
+    end
+    return {0, minpttl(h), since, ahead}
+  end
+  local since, ahead = join()
+  return {0, minpttl(h), since, ahead}
+end
+
 local cur = redis.call('GET', lock)
 if cur then
   local granted = 'g:' .. me .. ':'
