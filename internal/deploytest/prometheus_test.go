@@ -54,6 +54,7 @@ func observeAll(m *metrics.Metrics) {
 		m.LockAcquire.WithLabelValues(r).Inc()
 	}
 	m.LockAcquireDuration.Observe(0.002)
+	m.PermitWait.Observe(0.004)
 	for _, r := range []string{metrics.RenewalRenewed, metrics.RenewalLost, metrics.RenewalError, metrics.RenewalPanic} {
 		m.Renewals.WithLabelValues(r).Inc()
 	}
