@@ -23,8 +23,8 @@ const attribution = 10 * time.Second
 // maxEvidence caps the violations listed one by one in a report.
 const maxEvidence = 50
 
-// Report is what Check finds. The first integer fields are DESIGN.md section
-// 11's contract; a count is NotAvailable (-1) when its check could not be made.
+// Report is what Check finds. The first integer fields are a contract
+// (docs/chaos.md); a count is NotAvailable (-1) when its check could not be made.
 type Report struct {
 	Seed                          uint64         `json:"seed"`
 	Lock                          string         `json:"lock_backend"`
