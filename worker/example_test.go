@@ -61,6 +61,37 @@ func ExampleHandlerOf_OnContention() {
 	)
 }
 
+// Requeue, the default: a busy lock puts the task in the resource's queue, in
+// arrival order, without using its retries; the holder's release hands the
+// lock to it.
+func ExampleRequeue() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second).
+			OnContention(worker.Requeue()),
+	)
+}
+
+// Skip: a task whose lock is busy is a duplicate of the run in progress; it
+// completes without running, recorded as skipped.
+func ExampleSkip() {
+	worker.Main(
+		worker.Handle("cache:rebuild", rebuild).
+			Lock(func(p Rebuild) string { return "lock:cache:" + p.Cache }, time.Minute).
+			OnContention(worker.Skip()),
+	)
+}
+
+// Wait: a task whose lock is busy waits in its worker for up to two seconds,
+// woken by the release that hands it the lock; then it is requeued.
+func ExampleWait() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second).
+			OnContention(worker.Wait(2 * time.Second)),
+	)
+}
+
 // ledger stands for the store the handler writes to.
 var ledger interface {
 	Charge(ctx context.Context, orderID string, cents, fence int64) error
