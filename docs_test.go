@@ -276,7 +276,7 @@ func TestMetricsAreDocumented(t *testing.T) {
 // collectors is a Registerer that keeps what is registered.
 type collectors []prometheus.Collector
 
-func (c *collectors) Register(x prometheus.Collector) error { *c = append(*c, x); return nil }
+func (c *collectors) Register(x prometheus.Collector) error   { *c = append(*c, x); return nil }
 func (c *collectors) MustRegister(xs ...prometheus.Collector) { *c = append(*c, xs...) }
 func (c *collectors) Unregister(prometheus.Collector) bool    { return false }
 
