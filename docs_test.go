@@ -329,3 +329,22 @@ func TestCommentsNameExistingFiles(t *testing.T) {
 		t.Fatalf("checked %d file names in comments; the pattern no longer matches them", checked)
 	}
 }
+
+// TestREADMEIsShortAndHoldsTheOnlyGuarantees: the README stays within 200
+// lines, and its guarantees table (G1 to G9) is the only copy in the docs.
+func TestREADMEIsShortAndHoldsTheOnlyGuarantees(t *testing.T) {
+	t.Parallel()
+	readme := read(t, "README.md")
+	if n := strings.Count(readme, "\n"); n > 200 {
+		t.Errorf("README.md has %d lines; at most 200", n)
+	}
+	row := regexp.MustCompile(`(?m)^\| G[1-9] \|`)
+	if n := len(row.FindAllString(readme, -1)); n != 9 {
+		t.Errorf("README.md has %d rows G1..G9 in its guarantees table, want 9", n)
+	}
+	for _, f := range docFiles(t) {
+		if f != "README.md" && row.MatchString(read(t, f)) {
+			t.Errorf("%s copies a row of the guarantees table; link to README.md#what-it-guarantees instead", f)
+		}
+	}
+}
