@@ -55,7 +55,7 @@ func (s *Lease) Key() string { return s.l.Key() }
 // Fence returns the fencing token: it strictly increases with every fresh
 // acquire of the same key (also across expiry, restarts and failovers), so a
 // store that remembers the highest fence that began can refuse a holder
-// whose lock has passed on. See "Fencing your own store" in the README.
+// whose lock has passed on. See "Fencing your own store" in docs/workers.md.
 func (s *Lease) Fence() int64 { return s.l.Fence() }
 
 // Token returns the random value that identifies this holder in Redis.
@@ -123,7 +123,7 @@ type lockerConfig struct {
 // trace (the span in WithLock's context): a lockstep.lock.wait span for
 // taking the lock and a lockstep.lock.hold span for running fn under it, fn's
 // context being the hold's. A lost lock is an event on the hold span. The
-// span and attribute names are listed in the README. Without this option
+// span and attribute names are listed in docs/operations.md (Tracing). Without this option
 // (or with a nil or no-op tp) WithLock traces nothing.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *lockerConfig) { c.tracing = tp }

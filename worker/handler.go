@@ -135,8 +135,8 @@ func (h HandlerOf[T]) OnContention(c Contention) HandlerOf[T] {
 // validator is what a payload type may implement to check itself.
 type validator interface{ Validate() error }
 
-// DemoJob registers Lockstep's built-in demo job, demo:order.pay (see the
-// README): it pays an order under the order's lock with a fenced store and
+// DemoJob registers Lockstep's built-in demo job, demo:order.pay (see
+// docs/workers.md): it pays an order under the order's lock with a fenced store and
 // records every execution. The cmd/worker binary and `make run` register it;
 // a worker of your own registers it only with DemoJob or with worker.demo:
 // true in its configuration.

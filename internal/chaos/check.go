@@ -36,7 +36,7 @@ type Report struct {
 	TicksMissing                  int            `json:"ticks_missing"`
 	Faults                        map[string]int `json:"faults"`
 
-	// Counts the README explains, and the sizes of what was checked.
+	// Counts docs/chaos.md explains, and the sizes of what was checked.
 	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
 	JobsCompletedTwiceExplained int `json:"jobs_completed_twice_explained"`
 	// ExecutionRecordsDuplicated counts ok records repeating a task's fence:
