@@ -34,7 +34,7 @@ func payOrder(ctx context.Context, job worker.Job, p PayOrder) error {
 // hand over to worker.Main, which reads --config, --http-addr and LOCKSTEP_*
 // variables, serves /metrics, /healthz and /readyz, and shuts down on
 // SIGTERM after releasing every lock.
-func Example() {
+func ExampleHandle() {
 	worker.Main(
 		worker.Handle("order:pay", payOrder).
 			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second),
