@@ -198,12 +198,12 @@ func keys(v reflect.Value, prefix string, out map[string][]string) {
 
 func format(v reflect.Value) string {
 	if d, ok := v.Interface().(time.Duration); ok {
-		s := d.String()
-		for _, zero := range []string{"0m0s", "0s"} {
-			if strings.HasSuffix(s, zero) && s != "0s" && strings.TrimSuffix(s, zero) != "" &&
-				strings.ContainsAny(strings.TrimSuffix(s, zero)[len(strings.TrimSuffix(s, zero))-1:], "hm") {
-				s = strings.TrimSuffix(s, zero)
-			}
+		s := d.String() // 24h0m0s, written 24h
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
 		}
 		return s
 	}
