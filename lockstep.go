@@ -1,7 +1,12 @@
 // Package lockstep locks any code with Redis: a migration, a report, a cache
-// rebuild. WithLock takes the lock (waiting if asked), runs a function under a
-// watchdog that renews the lease and cancels the function's context the moment
-// the lock is lost, and releases the lock when the function returns or panics.
+// rebuild. It is for code that is not a job; job handlers declare their locks
+// through package worker, and schedules are changed through package
+// schedules.
+//
+// WithLock takes the lock (at once, or waiting its turn in the resource's
+// queue when given Wait), runs a function under a watchdog that renews the
+// lease and cancels the function's context the moment the lock is lost, and
+// releases the lock when the function returns or panics.
 //
 //	locker := lockstep.NewLocker(redisClient)
 //	defer locker.Close(context.Background())
@@ -10,16 +15,20 @@
 //	}, lockstep.TTL(30*time.Second), lockstep.Wait(time.Minute))
 //
 // The lease's Fence is a fencing token: it strictly increases with every
-// fresh acquire of the same key, so a store that remembers the highest fence
-// it accepted can refuse a write from a holder whose lock has passed on.
+// acquire of the same key, so a store that remembers the highest fence it
+// accepted can refuse a write from a holder whose lock has passed on.
 //
-// What it guarantees, and what it does not, is the lock package's promise:
-// with one healthy Redis master, two holders of a key never overlap; a holder
-// whose lock is lost sees its context cancelled (cause ErrLockLost) before
-// another can take it. A failover with asynchronous replication can lose a
-// lock; fencing protects the store in that case.
+// What it guarantees: while the Redis master is healthy, two holders of a key
+// never overlap; a holder whose lock is lost sees its context cancelled
+// (cause ErrLockLost) before another can take it; waiters are served in
+// arrival order, together with the jobs that wait for the same resource; a
+// function that returned nil is done, even if its lock turns out lost
+// afterwards (Lease.Lost reports it). These are G3 to G6 and G8 of the
+// guarantees in the repository's README.
 //
-// Job handlers declare their locks through the worker package instead.
+// What it does not: a failover with asynchronous replication can lose a
+// lock (WaitReplicas narrows the window); then only a store that checks
+// fences is protected. docs/locking.md says how to choose a back end.
 package lockstep
 
 import (
@@ -46,7 +55,7 @@ func (s *Lease) Key() string { return s.l.Key() }
 // Fence returns the fencing token: it strictly increases with every fresh
 // acquire of the same key (also across expiry, restarts and failovers), so a
 // store that remembers the highest fence that began can refuse a holder
-// whose lock has passed on. See "Fencing your own store" in the README.
+// whose lock has passed on. See "Fencing your own store" in docs/workers.md.
 func (s *Lease) Fence() int64 { return s.l.Fence() }
 
 // Permit returns which of the key's permits the lease holds, 0 to n - 1 for
@@ -119,7 +128,7 @@ type lockerConfig struct {
 // trace (the span in WithLock's context): a lockstep.lock.wait span for
 // taking the lock and a lockstep.lock.hold span for running fn under it, fn's
 // context being the hold's. A lost lock is an event on the hold span. The
-// span and attribute names are listed in the README. Without this option
+// span and attribute names are listed in docs/operations.md (Tracing). Without this option
 // (or with a nil or no-op tp) WithLock traces nothing.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *lockerConfig) { c.tracing = tp }
@@ -128,10 +137,8 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // WithoutNotices turns off the server notices (Redis client tracking) that
 // let the watchdog see a lost lock within milliseconds; losses are then found
 // at the next renewal (every TTL/3). For servers that refuse CLIENT TRACKING
-// this happens on its own. The notices run only while some lease of the
-// Locker has been held for 50ms or more (and 10s after): shorter holds cost
-// nothing for them, and a loss in a lease's first 50ms is seen a few
-// milliseconds after it turns 50ms old.
+// this happens on its own. When the notices run is in docs/design.md
+// (section 5, Watchdog).
 func WithoutNotices() Option { return func(c *lockerConfig) { c.noNotices = true } }
 
 // KeyPrefix sets the prefix of every Redis key (default "lockstep:"); the

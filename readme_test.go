@@ -8,15 +8,25 @@ import (
 	"testing"
 )
 
-// The README's snippets are copied from files that the build checks: every
-// Go block from an example test (which compiles), every YAML block from a
-// config in configs/ (which the config tests load), and every make target it
-// names exists. Each paragraph of a block (lines between blank lines) must
-// appear in its source as it is, up to indentation.
+// The snippets of the README and of every page in docs/ are copied from
+// files that the build checks: every Go block from an example test (which
+// compiles), every YAML block from a config in configs/ (which the config
+// tests load), and every make target they name exists. Each paragraph of a
+// block (lines between blank lines) must appear in its source as it is, up to
+// indentation.
 func TestREADMESnippetsComeFromCheckedFiles(t *testing.T) {
 	t.Parallel()
-	readme := read(t, "README.md")
-	blocks := regexp.MustCompile("(?s)```(go|yaml|sh)\n(.*?)```").FindAllStringSubmatch(readme, -1)
+	for _, f := range docFiles(t) {
+		counted := snippets(t, f)
+		if f == "README.md" && (counted["go"] < 2 || counted["yaml"] < 1) {
+			t.Fatalf("found %v snippets in README.md; the pattern no longer matches them", counted)
+		}
+	}
+}
+
+func snippets(t *testing.T, file string) map[string]int {
+	t.Helper()
+	blocks := regexp.MustCompile("(?s)```(go|yaml|sh)\n(.*?)```").FindAllStringSubmatch(read(t, file), -1)
 	sources := map[string][]string{
 		"go":   glob(t, "example_test.go", "*/example_test.go"),
 		"yaml": glob(t, "configs/*.yaml"),
@@ -28,7 +38,7 @@ func TestREADMESnippetsComeFromCheckedFiles(t *testing.T) {
 		if lang == "sh" {
 			for _, target := range regexp.MustCompile(`(?m)^make (\w+)`).FindAllStringSubmatch(body, -1) {
 				if !regexp.MustCompile(`(?m)^` + target[1] + `:`).MatchString(read(t, "Makefile")) {
-					t.Errorf("README runs `make %s`, which the Makefile does not define", target[1])
+					t.Errorf("%s runs `make %s`, which the Makefile does not define", file, target[1])
 				}
 			}
 			continue
@@ -45,13 +55,11 @@ func TestREADMESnippetsComeFromCheckedFiles(t *testing.T) {
 				}
 			}
 			if !found {
-				t.Errorf("README %s snippet is in none of %v:\n%s", lang, sources[lang], para)
+				t.Errorf("%s: %s snippet is in none of %v:\n%s", file, lang, sources[lang], para)
 			}
 		}
 	}
-	if counted["go"] < 3 || counted["yaml"] < 1 {
-		t.Fatalf("found %v snippets in README.md; the pattern no longer matches them", counted)
-	}
+	return counted
 }
 
 // normalize drops indentation and trailing spaces.

@@ -1,5 +1,7 @@
 // Package schedules changes Lockstep's cron schedules while the scheduler
-// replicas run: add, update, remove, pause, resume, and trigger one tick now.
+// replicas run: add, update, remove, pause, resume, trigger one tick now, and
+// backfill a past range. It is the Go side of `lockstep schedules`; the
+// schedules of the scheduler's config file need neither.
 //
 //	c := schedules.New(redisClient)
 //	err := c.Add(ctx, schedules.Schedule{
@@ -30,6 +32,15 @@
 //     latest; all: up to max_catch_up), as after an outage.
 //   - Remove: the watermark stays (for its TTL), so a schedule added again
 //     under the name never enqueues a tick twice.
+//
+// # Overlap and backfill
+//
+// A schedule's Overlap (allow, skip, buffer_one, cancel_previous) decides a
+// tick while an earlier run is queued or running; triggers and backfills
+// follow it too. Backfill enqueues each past tick of a range that was not
+// enqueued yet, with the tick's own task id, so that no tick runs twice; a
+// range older than the scheduler's task retention is refused
+// (ErrBadBackfill). docs/scheduler.md says more.
 //
 // # Trigger
 //

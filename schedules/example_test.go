@@ -51,3 +51,23 @@ func Example() {
 		log.Println(t.Tick, t.TaskID, t.Result) // enqueued, exists, skipped_overlap or scheduler
 	}
 }
+
+// Add stores a run-time schedule; every scheduler replica runs it within a
+// second. A bad schedule is refused, naming the field, and nothing is stored.
+func ExampleClient_Add() {
+	ctx := context.Background()
+	c := schedules.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}))
+
+	err := c.Add(ctx, schedules.Schedule{
+		Name:     "report-acme",
+		Cron:     "0 0 6 * * *", // 06:00:00 every day
+		Timezone: "Europe/Berlin",
+		Task:     "report:build",
+		Payload:  json.RawMessage(`{"customer":"acme"}`),
+		CatchUp:  "once", // after an outage or a pause: the latest missed tick
+		Overlap:  "skip", // no tick while the previous run is queued or running
+	})
+	if err != nil {
+		log.Fatal(err) // e.g. schedule (report-acme).cron: invalid cron expression ...
+	}
+}

@@ -27,38 +27,27 @@
 //
 // # What a handler can rely on
 //
-//   - While one Redis master is healthy, two handlers holding the same
-//     resource lock never run at the same time, on any number of workers.
-//   - When the lock is lost (the key expired, was deleted or taken, or Redis
-//     could not be reached to renew it), the handler's context is cancelled
-//     with a cause matching lockstep.ErrLockLost, before another holder can
-//     take it: within milliseconds of a change to the key (a server notice;
-//     the notices run while some lock of the worker is 50ms old or more, so
-//     a loss in a lock's first 50ms is seen a few milliseconds after it
-//     turns 50ms old), at the local deadline when Redis is unreachable, and
-//     at the first check after the process itself was paused past that
-//     deadline.
+// The guarantees G3 to G8 in the repository's README; in short:
+//
+//   - Two handlers holding the same resource lock never run at the same
+//     time, on any number of workers, while the lock's back end is healthy.
+//   - When the lock is lost, the handler's context is cancelled with a cause
+//     matching lockstep.ErrLockLost, before another holder can take it; after
+//     the process itself was paused past its deadline, at its first check.
 //   - The handler's return value decides the outcome: nil is done, and the
 //     task is never run again by Lockstep, even if its lock turns out lost
-//     afterwards (that loss is counted in lockstep_lock_lost_total and
-//     logged with the task id); an error is retried, soon and recorded
-//     lock_lost when the lock was lost too. Retrying work that returned nil
-//     cannot undo its side effects, only repeat them.
-//   - Job.Fence strictly increases with each acquire of the resource, also
-//     across worker restarts, so a store that checks it refuses a stale
-//     holder's writes.
-//   - A task whose lock is busy is put back in its queue with jittered
-//     backoff, and offered again as soon as the holder releases the lock. It
-//     does not count as a failure and does not use the task's retries (its
-//     Attempt does not grow); no worker waits on a busy lock. One exception:
-//     a task with no retries left (asynq would archive it on any error)
-//     waits for the lock in the worker, until its deadline. This is the
-//     Requeue policy; OnContention selects Skip (a duplicate of running work
-//     completes without running) or Wait (wait a bounded moment in the
-//     worker first) per handler.
-//   - A worker that crashes holding a lock frees it within one lock TTL; the
-//     task is delivered again once asynq sees that the worker's lease on it
-//     has expired (asynq's fixed timing: about a minute to two).
+//     afterwards (that loss is counted and logged); an error is retried.
+//   - Job.Fence strictly increases with each acquire of the resource, so a
+//     store that checks it refuses a stale holder's writes.
+//   - A task whose lock is busy waits its turn in the resource's queue, in
+//     arrival order, without failing and without using its retries; the
+//     holder's release hands the lock to it (Requeue, the default).
+//     OnContention selects Skip (a duplicate of running work completes
+//     without running) or Wait (wait a bounded moment in the worker first).
+//   - A worker that crashes holding a lock frees it within one lock TTL, and
+//     its task runs again on a live worker within TTL + 3s (where the
+//     hand-off runs; with Redlock, etcd or lock.wait_replicas, once asynq's
+//     own lease on the task expires).
 //   - A payload that does not decode, or whose Validate method fails, is
 //     archived at once with the reason as the task's last error.
 //   - SIGTERM (or the end of Run's context) stops taking tasks, lets running
@@ -71,6 +60,6 @@
 // A Redis master failover with asynchronous replication can lose a lock
 // (lock.wait_replicas narrows the window; fencing protects the store). A
 // handler that ignores its context keeps running after its lock is lost;
-// only the fence then protects the store. Retries of failed handlers are at
-// least once: make handlers idempotent, or check the fence.
+// only the fence then protects the store. asynq delivers at least once: make
+// handlers idempotent under their fence. docs/workers.md says more.
 package worker

@@ -34,7 +34,7 @@ func payOrder(ctx context.Context, job worker.Job, p PayOrder) error {
 // hand over to worker.Main, which reads --config, --http-addr and LOCKSTEP_*
 // variables, serves /metrics, /healthz and /readyz, and shuts down on
 // SIGTERM after releasing every lock.
-func Example() {
+func ExampleHandle() {
 	worker.Main(
 		worker.Handle("order:pay", payOrder).
 			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second),
@@ -59,6 +59,57 @@ func ExampleHandlerOf_OnContention() {
 			Lock(func(p Rebuild) string { return "lock:cache:" + p.Cache }, time.Minute).
 			OnContention(worker.Skip()),
 	)
+}
+
+// Requeue, the default: a busy lock puts the task in the resource's queue, in
+// arrival order, without using its retries; the holder's release hands the
+// lock to it.
+func ExampleRequeue() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second).
+			OnContention(worker.Requeue()),
+	)
+}
+
+// Skip: a task whose lock is busy is a duplicate of the run in progress; it
+// completes without running, recorded as skipped.
+func ExampleSkip() {
+	worker.Main(
+		worker.Handle("cache:rebuild", rebuild).
+			Lock(func(p Rebuild) string { return "lock:cache:" + p.Cache }, time.Minute).
+			OnContention(worker.Skip()),
+	)
+}
+
+// Wait: a task whose lock is busy waits in its worker for up to two seconds,
+// woken by the release that hands it the lock; then it is requeued.
+func ExampleWait() {
+	worker.Main(
+		worker.Handle("order:pay", payOrder).
+			Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second).
+			OnContention(worker.Wait(2 * time.Second)),
+	)
+}
+
+// SyncPayload is the payload of "tenant.sync" tasks.
+type SyncPayload struct {
+	TenantID string `json:"tenant_id"`
+}
+
+// syncTenant runs holding one of its tenant's 3 permits: job.Permit says which,
+// and job.Fence is that permit's fence.
+func syncTenant(ctx context.Context, job worker.Job, p SyncPayload) error {
+	return ledger.Charge(ctx, p.TenantID, 0, job.Fence)
+}
+
+// Limit: at most 3 syncs run at once per tenant; a fourth waits its turn
+// as for a lock (the contention policy applies when all 3 permits are held).
+func ExampleHandlerOf_Limit() {
+	handler := worker.Handle("tenant.sync", syncTenant).
+		Lock(func(p SyncPayload) string { return "lock:tenant:" + p.TenantID }, 30*time.Second).
+		Limit(3)
+	worker.Main(handler)
 }
 
 // ledger stands for the store the handler writes to.

@@ -156,7 +156,7 @@ func (h HandlerOf[T]) OnContention(c Contention) HandlerOf[T] {
 // validator is what a payload type may implement to check itself.
 type validator interface{ Validate() error }
 
-// DemoJob registers Lockstep's built-in demo jobs (see the README):
+// DemoJob registers Lockstep's built-in demo jobs (see docs/workers.md):
 // demo:order.pay pays an order under the order's lock with a fenced store and
 // records every execution; demo:tenant.sync syncs a tenant under its
 // resource of 3 permits (on the redis back end only: Redlock and etcd have

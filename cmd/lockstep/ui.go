@@ -30,7 +30,7 @@ const uiAbout = `Serves one live page (refreshed every second) of the held locks
 schedules and their recent ticks, and the recent lock losses with their reason; each
 job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside
 network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?resource=R,
-/api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see the README).`
+/api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see docs/operations.md).`
 
 func cmdUI(ctx context.Context, a *app, args []string) int {
 	fs := a.flags("ui", "ui [--http-addr ADDR] [--asynqmon URL]", uiAbout)
@@ -83,7 +83,7 @@ type ui struct {
 	asynqmon string // base URL, "" for none
 }
 
-// newUI returns the page's handler; see the README's "Operating Lockstep".
+// newUI returns the page's handler; see "The page and its API" in docs/operations.md.
 func newUI(a *app, asynqmon string) http.Handler {
 	u := &ui{a: a, asynqmon: strings.TrimSuffix(asynqmon, "/")}
 	static, _ := fs.Sub(uiFiles, "ui")

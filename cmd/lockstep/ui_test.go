@@ -93,7 +93,7 @@ func setScene(t *testing.T, c *cluster) {
 	}
 }
 
-// The JSON endpoints the page reads (documented in the README) against a
+// The JSON endpoints the page reads (documented in docs/operations.md) against a
 // real worker and scheduler.
 func TestUIEndpoints(t *testing.T) {
 	t.Parallel()

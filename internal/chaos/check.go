@@ -24,8 +24,8 @@ const attribution = 10 * time.Second
 // maxEvidence caps the violations listed one by one in a report.
 const maxEvidence = 50
 
-// Report is what Check finds. The first integer fields are DESIGN.md section
-// 11's contract; a count is NotAvailable (-1) when its check could not be made.
+// Report is what Check finds. The first integer fields are a contract
+// (docs/chaos.md); a count is NotAvailable (-1) when its check could not be made.
 type Report struct {
 	Seed                          uint64         `json:"seed"`
 	Lock                          string         `json:"lock_backend"`
@@ -45,7 +45,7 @@ type Report struct {
 	TenantSyncs     int `json:"tenant_syncs_checked"`
 	TenantMaxAtOnce int `json:"tenant_max_at_once"`
 
-	// Counts the README explains, and the sizes of what was checked.
+	// Counts docs/chaos.md explains, and the sizes of what was checked.
 	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
 	JobsCompletedTwiceExplained int `json:"jobs_completed_twice_explained"`
 	// ExecutionRecordsDuplicated counts ok records repeating a task's fence:

@@ -1,5 +1,5 @@
 // Package chaos is the seeded fault harness and the history checker behind
-// `make chaos` (DESIGN.md section 1 and 11).
+// `make chaos` (the README's guarantees; docs/chaos.md).
 //
 // Run starts the real binaries (3 cmd/scheduler replicas, 3 cmd/worker
 // processes, each worker behind its own TCP proxy) on a redis-server that

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Report file names inside the OUT folder (DESIGN.md section 11).
+// Report file names inside the OUT folder (docs/chaos.md).
 const (
 	ReportJSON     = "chaos-report.json"
 	ReportMarkdown = "chaos-report.md"

@@ -41,7 +41,7 @@ const (
 // before the cut, so a TTL of renew interval + 2 × election timeout expires
 // nothing there before it steps down. With ttl/3 renewals that is 3 ×
 // election timeout. No TTL covers a leader whose process stalls for longer
-// than the TTL on etcd 3.4.23: see the README (etcd).
+// than the TTL on etcd 3.4.23: see docs/locking.md (etcd).
 func MinEtcdTTL(renew, election time.Duration) time.Duration {
 	if renew == 0 {
 		return 3 * election

@@ -2,9 +2,9 @@
 // working for work_ms under the order's lock, with its writes fenced, and
 // records every execution. The demo, the tests, the benchmarks and the chaos
 // checker enqueue it and read what it records; its names are contracts
-// (docs/design.md section 11).
+// (docs/workers.md, "The demo job").
 //
-// A run fences its store at both ends, the pattern the README teaches for
+// A run fences its store at both ends, the pattern docs/workers.md teaches for
 // one's own store:
 //
 //  1. begin: the run's fence is recorded in the order's hash before any work,

@@ -19,7 +19,7 @@ import (
 )
 
 // The hand-off chain. A worker that releases a lock someone waits for grants
-// it to the longest waiting task (handoff.lua) and runs that task itself, in
+// it to the longest waiting task (handon.lua) and runs that task itself, in
 // the same worker slot, then the next, until no one waits:
 //
 //	run T1 (delivered by asynq) ──► handoff: lock → T2, T1 marked done

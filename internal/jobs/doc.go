@@ -1,6 +1,6 @@
 // Package jobs runs registered handlers for asynq tasks, each under the
 // resource lock its Spec declares: the registry, the lock middleware, the
-// contention requeue and the built-in demo job (DESIGN.md section 6).
+// contention requeue and the built-in demo job (docs/design.md, section 6).
 //
 // # Flow of one task
 //
@@ -10,17 +10,17 @@
 //	                        │                 │
 //	                        │ busy            │ acquired (or granted)
 //	                        ▼                 ▼
-//	        joins the waiters (FIFO)     watchdog.Hold ──► handler(ctx, job{fence}) ──► Finish: handoff.lua
+//	        joins the waiters (FIFO)     watchdog.Hold ──► handler(ctx, job{fence}) ──► Finish: handon.lua
 //	        ContendedError (no failure)                                                   │
 //	        parked in the retry set                      no one waits: released ◄─────────┤
 //	                                      a waiter: the lock is granted to it in the same step,
 //	                                      and this slot claims and runs it (the chain, chain.go)
 //
-// # Hand-off (G6, DESIGN.md section 6)
+// # Hand-off (G6; docs/design.md, section 6)
 //
 // A busy lock puts the task among the resource's waiters, in first-
 // contention order, and back in asynq's retry set (no failure). The
-// holder's release (handoff.lua, run by watchdog.Hold.Finish through
+// holder's release (handon.lua, run by watchdog.Hold.Finish through
 // ReleaseWith: still the one end-of-hold path) grants the lock to the
 // longest waiting task in the same step, so no one barges in and the next
 // holder needs no acquire; the releasing worker then claims that task from
@@ -97,7 +97,7 @@
 //
 //   - Lock lost while the handler ran (the watchdog cancelled its context,
 //     or the release found the key gone or taken): the handler's return
-//     value decides (DESIGN.md G8). nil is done: the task completes and is
+//     value decides (G8 in the README's guarantees). nil is done: the task completes and is
 //     never run again by Lockstep; the loss is counted
 //     (lockstep_lock_lost_total) and logged with the task id. An error fails
 //     the run as lock_lost (lockstep_jobs_processed_total{result=

@@ -29,7 +29,7 @@ type Contention int
 const (
 	// Requeue puts the task back in its queue with jittered backoff, to be
 	// woken by the next release, without counting a failure or using its
-	// retry budget (DESIGN.md G6). It is the default.
+	// retry budget (G6 in the README's guarantees). It is the default.
 	Requeue Contention = iota
 	// Skip completes the task without running the handler: the busy
 	// resource means the same work is running already.

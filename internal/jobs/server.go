@@ -457,7 +457,7 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 
 // run runs the handler, under the watchdog when it holds lease, and turns the
 // outcome into asynq's result. The handler's return value decides
-// (DESIGN.md G8): nil is done, even when the lock turns out lost afterwards
+// (G8 in the README's guarantees): nil is done, even when the lock turns out lost afterwards
 // (counted and logged, never a reason to run the work again); an error is
 // retried, soon and recorded lock_lost when the lock was lost.
 //

@@ -15,7 +15,7 @@ import (
 )
 
 // TestSentinelFailoverWhileLockHeld measures what a Sentinel failover does to
-// a held lock (DESIGN.md: a failover with asynchronous replication can lose a
+// a held lock (the README's guarantees: a failover with asynchronous replication can lose a
 // lock; WaitReplicas narrows the window). A holds a lock under the watchdog
 // through a go-redis failover client; the sentinels fail the master over; B,
 // another process, then tries the same lock on the new master.

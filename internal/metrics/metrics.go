@@ -2,8 +2,9 @@
 // HTTP server that exposes them with /healthz and /readyz.
 //
 // All parts of a process share one *Metrics, so one registry holds every
-// series. The names are contracts (docs/design.md section 9): dashboards and alert
-// rules in deploy/ use exactly these.
+// series. The names are contracts, listed in docs/operations.md (the root
+// package's docs_test.go checks both ways): dashboards and alert rules in
+// deploy/ use exactly these.
 package metrics
 
 import (

@@ -27,7 +27,7 @@
 // skip enqueues the tick only with no live run; buffer_one with no queued
 // run; cancel_previous removes every live run and deletes the run lock, so
 // the running run's watchdog cancels its context with ErrLockLost at once
-// (the same path as a lost lock, DESIGN.md G4) and the next run's fence is
+// (the same path as a lost lock, the README's guarantee G4) and the next run's fence is
 // higher: a fenced store refuses the cancelled run's late writes. A tick
 // that runs is registered "q <ms>" before it is enqueued, so a slow enqueue
 // does not look like no run. A trigger and each tick of a backfill are
@@ -43,7 +43,7 @@
 // handler returns, finish.lua removes the run, or queues it again if asynq
 // will retry it, before the run lock is released.
 //
-// # Guarantees (DESIGN.md G9)
+// # Guarantees (G9 in the README's guarantees)
 //
 //   - skip: no tick is enqueued while another run is queued or running;
 //     buffer_one: at most one run is queued behind the running one. A

@@ -186,7 +186,7 @@ func (s *Scheduler) fire(ctx context.Context, e *entry, t time.Time, k kind) (er
 	}
 
 	// The claim and enqueue lines are each replica's own record of its ticks
-	// (the chaos checker reads them; DESIGN.md G1).
+	// (the chaos checker reads them; G1 in the README's guarantees).
 	s.log.Debug("tick claimed", "schedule", e.name, "tick", tick, "kind", k.String())
 	if h := s.hooks.afterClaim; h != nil && h(e.name, t) {
 		s.crash()

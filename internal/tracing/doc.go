@@ -1,6 +1,6 @@
 // Package tracing is Lockstep's OpenTelemetry tracing: the provider that the
 // standard OTEL_* variables configure, the span and attribute names (contracts,
-// listed in the README), the W3C trace context carried in asynq task headers,
+// listed in docs/operations.md), the W3C trace context carried in asynq task headers,
 // and the spans of a tick, a job and a hold.
 //
 // Off costs nothing: a nil *Tracer (what New returns for a nil or no-op

@@ -5,7 +5,7 @@ import "go.opentelemetry.io/otel/attribute"
 // ScopeName is the instrumentation scope of every Lockstep span.
 const ScopeName = "github.com/lockstep-dev/lockstep"
 
-// Span names (contracts: README "Tracing").
+// Span names (contracts: docs/operations.md, Tracing).
 const (
 	SpanTick     = "lockstep.tick"
 	SpanEnqueue  = "lockstep.enqueue"

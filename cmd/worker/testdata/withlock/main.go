@@ -1,6 +1,6 @@
 // Command withlock is a user's program that locks a piece of its own code
 // with lockstep.WithLock, for the worker's process tests: it waits for key
-// (on LOCKSTEP_REDIS_ADDR) as the README's "Locking any code" shows, holds
+// (on LOCKSTEP_REDIS_ADDR) as docs/locking.md shows, holds
 // it for -hold, and prints one JSON line per event (waiting, acquired,
 // released) with the server-independent wall clock in Unix ms and the fence.
 package main
