@@ -48,6 +48,9 @@ import (
 type handoff struct {
 	chained bool   // the finished task was itself handed on (mark it done always: asynq completes it later)
 	keep    string // the delivered task's done marker, kept alive while the chain runs
+	// release, when set, releases instead of the hand-off (a lock taken
+	// through the Locker), given the run's outcome.
+	release func(ctx context.Context, outcome string) error
 	drop    string // done marker to drop in the same call (its task is complete), "" none
 	outcome string // the finished run's outcome, set by run before the release; "" none (interrupted)
 

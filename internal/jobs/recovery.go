@@ -68,6 +68,9 @@ func newRecovery(l *lock.Locker) *recovery {
 // returned to asynq, or a chain completed it) for removal at the next beat,
 // once asynq has recorded it.
 func (r *recovery) left(resource, queue, id string) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	r.done = append(r.done, lock.HoldRecord(resource, queue, id))
 	r.mu.Unlock()
@@ -76,6 +79,9 @@ func (r *recovery) left(resource, queue, id string) {
 // forget queues a done marker for deletion at the next beat: its task left
 // this process's hands, and asynq has recorded it by then.
 func (r *recovery) forget(marker string) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	r.markers = append(r.markers, marker)
 	r.mu.Unlock()
@@ -87,10 +93,49 @@ func (r *recovery) forget(marker string) {
 // and the schedule's next tick runs; a recovered run would run beside the
 // runs the policy let in meanwhile.
 func (s *Server) holdsFor(ctx context.Context) string {
-	if ctx.Value(inRunKey{}) != nil {
+	if s.recovery == nil || ctx.Value(inRunKey{}) != nil {
 		return ""
 	}
 	return s.recovery.holds
+}
+
+// Recovery on the back ends without the hand-off (Redlock, etcd,
+// wait_replicas): the locks live elsewhere, so the hold record and the done
+// marker are written beside the queue, in their own commands: the record
+// once the lock is taken, the marker before the lock is released.
+
+// ranBefore reports the outcome of an earlier run of job that a dead worker
+// had finished (its done marker), read beside the queue.
+func (s *Server) ranBefore(ctx context.Context, job Job) (string, bool) {
+	if s.holdsFor(ctx) == "" {
+		return "", false
+	}
+	v, err := s.client.Get(ctx, s.locker.DoneKey(job.Resource, job.Queue, job.ID)).Result()
+	return v, err == nil && v == outcomeOK
+}
+
+// runRecoverable runs job under lease (taken through the Locker) with its
+// hold recorded for recovery.
+func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
+	holds := s.holdsFor(ctx)
+	if holds == "" {
+		return s.run(ctx, spec, job, payload, lease, nil)
+	}
+	if err := s.client.SAdd(ctx, holds, lock.HoldRecord(job.Resource, job.Queue, job.ID)).Err(); err != nil {
+		s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
+	}
+	defer s.recovery.left(job.Resource, job.Queue, job.ID)
+	marker := s.locker.DoneKey(job.Resource, job.Queue, job.ID)
+	h := &handoff{release: func(ctx context.Context, outcome string) error {
+		if outcome == outcomeOK {
+			if err := s.client.Set(ctx, marker, outcomeOK, s.recoveryTTL()).Err(); err != nil {
+				s.log.Debug("done marker for recovery not written", "id", job.ID, "err", err)
+			}
+			s.recovery.forget(marker)
+		}
+		return lease.Release(ctx)
+	}}
+	return s.run(ctx, spec, job, payload, lease, h)
 }
 
 // runRecovery beats and recovers until ctx ends.
@@ -205,6 +250,9 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // held is released and every task given back to asynq, so it has nothing
 // left to recover.
 func (s *Server) leaveRecovery() {
+	if s.recovery == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {

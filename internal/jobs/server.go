@@ -100,9 +100,10 @@ type Server struct {
 	srv      *asynq.Server
 	store    *asynqstore.Store // asynq's tasks, for the hand-off
 	handsOff bool              // tasks park in the resource's queue and releases hand on to them
+	recovers bool              // a dead worker's locked tasks are brought back once their locks expire (recovery.go)
 	grants   context.CancelFunc
 	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set; recovery
-	recovery *recovery
+	recovery *recovery // nil: no recovery (an asynq whose layout asynqstore does not know)
 
 	hooks hooks // zero outside tests
 
@@ -134,10 +135,11 @@ func NewServer(p Params) *Server {
 		grants:   func() {},
 		recovery: newRecovery(p.Locker),
 	}
-	s.handsOff = s.locker.HasQueue()
-	if linked, ok := linkedAsynq(); s.handsOff && !ok {
-		s.handsOff = false
-		s.log.Warn("hand-off off: this worker is linked against an asynq whose task layout asynqstore does not know; contended tasks are requeued with backoff",
+	linked, known := linkedAsynq()
+	s.handsOff, s.recovers = s.locker.HasQueue() && known, known
+	if !known {
+		s.recovery = nil
+		s.log.Warn("hand-off and recovery off: this worker is linked against an asynq whose task layout asynqstore does not know; contended tasks are requeued with backoff, a dead worker's tasks come back with asynq's lease",
 			"asynq", linked, "known", asynqstore.Version)
 	}
 	// Every series at zero from the start, so the first event shows in rate().
@@ -189,13 +191,15 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 // Start after Stop fails.
 func (s *Server) Start(context.Context) error {
 	return s.life.Start(func() error {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.grants = cancel
 		if s.handsOff {
-			ctx, cancel := context.WithCancel(context.Background())
 			if err := s.watchGrants(ctx); err != nil {
 				cancel()
 				return fmt.Errorf("jobs: start: %w", err)
 			}
-			s.grants = cancel
+		}
+		if s.recovers {
 			s.bg.Go(func() { s.runRecovery(ctx) })
 		}
 		if err := s.srv.Start(s.handler()); err != nil {
@@ -372,6 +376,9 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 // requeued with the backoff, and a release wakes no one (waiters come back
 // at their backoff).
 func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Spec, job Job, payload any, ttl time.Duration) error {
+	if out, ok := s.ranBefore(ctx, job); ok {
+		return s.replay(job, out)
+	}
 	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl, lock.Permits(job.limit))
 	if errors.Is(err, lock.ErrNotAcquired) {
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
@@ -397,7 +404,7 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 	if err != nil {
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
 	}
-	return s.run(ctx, spec, job, payload, lease, nil)
+	return s.runRecoverable(ctx, spec, job, payload, lease)
 }
 
 func (s *Server) invalid(job Job, err error) error {
@@ -491,7 +498,11 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		var opts []watchdog.FinishOption
 		if h != nil {
 			h.outcome = outcomeOf(ctx, err)
-			opts = append(opts, watchdog.ReleaseWith(s.release(lease, job, h)))
+			release := s.release(lease, job, h)
+			if h.release != nil { // a lock taken through the Locker: no hand-off
+				release = func(ctx context.Context) error { return h.release(ctx, h.outcome) }
+			}
+			opts = append(opts, watchdog.ReleaseWith(release))
 		}
 		var relErr error
 		if lost, relErr = hold.Finish(ctx, opts...); relErr != nil {
