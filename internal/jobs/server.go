@@ -103,7 +103,7 @@ type Server struct {
 	recovers bool              // a dead worker's locked tasks are brought back once their locks expire (recovery.go)
 	grants   context.CancelFunc
 	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set; recovery
-	recovery *recovery // nil: no recovery (an asynq whose layout asynqstore does not know)
+	recovery *recovery      // nil: no recovery (an asynq whose layout asynqstore does not know)
 
 	hooks hooks // zero outside tests
 
