@@ -29,6 +29,7 @@ test: deps
 bench: deps
 	$(GO) test -run '^$$' -bench 'Cycle' -benchtime 3s -count 3 ./internal/lock
 	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
+	$(GO) test -run '^$$' -bench 'MemoryReleased' -benchtime 1000000x ./internal/lock
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs
