@@ -183,10 +183,16 @@ func TestModesReachRealDeployments(t *testing.T) {
 				if l.Quorum() != 2 || len(l.Nodes()) != 3 {
 					t.Errorf("quorum %d of %d nodes, want 2 of 3", l.Quorum(), len(l.Nodes()))
 				}
-				for i, n := range nodes {
-					if got := n.Client().Get(ctx, lease.RedisKey()).Val(); got != lease.Token() {
-						t.Errorf("node %d holds %q, want the token", i, got)
+				// The acquire returns once a quorum holds the lock: the third
+				// node's answer may still be on its way.
+				holding := 0
+				for _, n := range nodes {
+					if n.Client().Get(ctx, lease.RedisKey()).Val() == lease.Token() {
+						holding++
 					}
+				}
+				if holding < l.Quorum() {
+					t.Errorf("%d of %d nodes hold the token, want at least the quorum %d", holding, len(nodes), l.Quorum())
 				}
 				if n := main.Client().Exists(ctx, lease.RedisKey()).Val(); n != 0 {
 					t.Error("the redis section's server holds a Redlock lock")
