@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +12,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // order records the order in which handlers start.
@@ -333,5 +337,38 @@ func TestTaskEnqueuedAgainAfterHandOffRuns(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return runs["holder"] == 2 && runs["plain"] == 2 && runs["kept"] == 2
+	})
+}
+
+// A recoverer that finds two dead processes forgets only the one whose
+// records are all recovered: the other, whose lock has not expired yet,
+// stays listed, and its task is recovered once the lock is gone.
+func TestRecoveryForgetsOnlyTheProcessItFinished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testConfig())
+	ctx := context.Background()
+	past := float64(time.Now().Add(-time.Minute).UnixMilli())
+	done, waiting := "host-a:1", "host-b:2"
+	for _, p := range []string{done, waiting} {
+		e.admin.ZAdd(ctx, e.locker.ProcessesKey(), redis.Z{Score: past, Member: p})
+	}
+	e.admin.SAdd(ctx, e.locker.HoldsKey(done), lock.HoldRecord("ra", "default", "ta"))
+	e.admin.SAdd(ctx, e.locker.HoldsKey(waiting), lock.HoldRecord("rb", "default", "tb"))
+	// waiting's lock is still its own, for a while: not yet recoverable.
+	e.admin.Set(ctx, e.locker.Key("rb"), "00|1|"+url.QueryEscape(waiting)+"|tb|t", 3*time.Second)
+	e.srv.recoverDead(ctx)
+	if n := e.admin.SCard(ctx, e.locker.HoldsKey(done)).Val(); n != 0 {
+		t.Fatalf("the finished process has %d hold records left", n)
+	}
+	left := e.admin.ZRange(ctx, e.locker.ProcessesKey(), 0, -1).Val()
+	if slices.Contains(left, done) || !slices.Contains(left, waiting) {
+		t.Fatalf("processes listed after one look: %v; want %s forgotten and %s kept", left, done, waiting)
+	}
+	if n := e.admin.SCard(ctx, e.locker.HoldsKey(waiting)).Val(); n != 1 {
+		t.Fatalf("the waiting process's record was taken before its lock expired (%d left)", n)
+	}
+	e.admin.Del(ctx, e.locker.Key("rb")) // its lock is gone now
+	waitFor(t, 5*time.Second, "the waiting process's record recovered", func() bool {
+		return e.admin.SCard(ctx, e.locker.HoldsKey(waiting)).Val() == 0
 	})
 }

@@ -239,8 +239,11 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		}
 	}
 	if waiting == 0 {
-		// Forget p, unless it beat again meanwhile (a paused process resumed).
-		s.client.ZRemRangeByScore(ctx, s.locker.ProcessesKey(), "-inf", itoa(time.Now().UnixMilli()))
+		// Forget p (p alone: other dead processes may still have records),
+		// unless it beat again meanwhile (a paused process resumed).
+		if score, err := s.client.ZScore(ctx, s.locker.ProcessesKey(), p).Result(); err == nil && score <= float64(time.Now().UnixMilli()) {
+			s.client.ZRem(ctx, s.locker.ProcessesKey(), p)
+		}
 	}
 }
 
