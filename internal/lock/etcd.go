@@ -556,6 +556,7 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 		for {
 			select {
 			case <-stalled:
+				delay = 0 // a hung member, not a lost cluster: the next stream goes to another at once
 				break read
 			case resp, ok := <-wch:
 				if !ok {
@@ -584,7 +585,7 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 			for range wch {
 			}
 		}()
-		delay = backoff.Reconnect.Next(delay) // a lost leader or cluster: do not spin
+		delay = backoff.Reconnect.Next(delay) // a lost leader or cluster: do not spin (from Min after a stall)
 		backoff.Sleep(ctx, delay)
 	}
 }
