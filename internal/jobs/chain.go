@@ -195,7 +195,7 @@ func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, d
 				return nil, true, nil
 			}
 			wait = parking.Next(wait)
-			time.Sleep(wait)
+			backoff.Sleep(ctx, wait)
 			continue
 		}
 		return nil, false, nil
@@ -281,7 +281,7 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 		var wait time.Duration
 		for wctx.Err() == nil {
 			wait = parking.Next(wait)
-			time.Sleep(wait)
+			backoff.Sleep(wctx, wait)
 			if w, err := s.store.Wake(wctx, g.Queue, g.ID); err != nil || w != asynqstore.WokenActive {
 				return
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // Recovery of a dead worker's locked jobs, driven by their locks (see
@@ -60,7 +61,7 @@ type recovery struct {
 }
 
 func newRecovery(l *lock.Locker) *recovery {
-	p := lock.Process()
+	p := procid.Self() // the holder in this process's lock tokens
 	return &recovery{process: p, holds: l.HoldsKey(p)}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -404,7 +405,7 @@ func TestTasksTakePermitsAndChainsHandThemOn(t *testing.T) {
 	if v := c.Exists(ctx, l.PermitKey("tasks", 1)).Val(); v != 0 {
 		t.Fatal("a passed grant still holds permit 1")
 	}
-	if held, err := l.HeldBy(ctx, "tasks", lock.Process()); err != nil || !held {
+	if held, err := l.HeldBy(ctx, "tasks", procid.Self()); err != nil || !held {
 		t.Fatalf("HeldBy: %v %v, want a's permit 0 held by this process", held, err)
 	}
 }

@@ -461,9 +461,6 @@ func (l *Locker) HoldsKey(process string) string { return l.prefix + "holds:" + 
 // last beat (Unix ms).
 func (l *Locker) ProcessesKey() string { return l.prefix + "processes" }
 
-// Process is this process's name in lock tokens and hold records (host:pid).
-func Process() string { return ParseToken(tokenFor(context.Background(), time.Time{})).Holder }
-
 // HeldBy reports whether resource's lock, or one of its permits, is held by
 // a token of process.
 func (l *Locker) HeldBy(ctx context.Context, resource, process string) (bool, error) {
