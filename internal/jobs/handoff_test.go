@@ -356,6 +356,7 @@ func TestRecoveryForgetsOnlyTheProcessItFinished(t *testing.T) {
 	e.admin.SAdd(ctx, e.locker.HoldsKey(waiting), lock.HoldRecord("rb", "default", "tb"))
 	// waiting's lock is still its own, for a while: not yet recoverable.
 	e.admin.Set(ctx, e.locker.Key("rb"), "00|1|"+url.QueryEscape(waiting)+"|tb|t", 3*time.Second)
+	waitFor(t, 10*time.Second, "the server's beats landing for a deadline", e.srv.judging)
 	e.srv.recoverDead(ctx)
 	if n := e.admin.SCard(ctx, e.locker.HoldsKey(done)).Val(); n != 0 {
 		t.Fatalf("the finished process has %d hold records left", n)
@@ -371,4 +372,33 @@ func TestRecoveryForgetsOnlyTheProcessItFinished(t *testing.T) {
 	waitFor(t, 5*time.Second, "the waiting process's record recovered", func() bool {
 		return e.admin.SCard(ctx, e.locker.HoldsKey(waiting)).Val() == 0
 	})
+}
+
+// A recoverer whose own beats could not land (Redis stalled) judges no one
+// dead until its beats have landed again for a whole deadline: a stall
+// longer than the deadline leaves every live process overdue for a moment
+// when Redis comes back, and their records must not be taken then.
+func TestRecoveryJudgesNoOneRightAfterRedisStalled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, testConfig())
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the server's beats landing for a deadline", e.srv.judging)
+	e.redis.Pause()
+	waitFor(t, 10*time.Second, "a beat failing while Redis is stalled", func() bool { return !e.srv.judging() })
+	e.redis.Resume()
+	// Overdue, with a record whose lock is gone: what a live process looks
+	// like the moment Redis is back, before its next beat lands.
+	p := "host-c:3"
+	e.admin.ZAdd(ctx, e.locker.ProcessesKey(), redis.Z{Score: float64(time.Now().Add(-time.Second).UnixMilli()), Member: p})
+	e.admin.SAdd(ctx, e.locker.HoldsKey(p), lock.HoldRecord("rc", "default", "tc"))
+	e.srv.recoverDead(ctx)
+	if n := e.admin.SCard(ctx, e.locker.HoldsKey(p)).Val(); n != 1 {
+		t.Fatalf("a record was taken right after Redis stalled (%d left)", n)
+	}
+	// Once this server's beats have landed for a deadline, p is judged.
+	waitFor(t, 10*time.Second, "the server's beats landing again", e.srv.judging)
+	e.srv.recoverDead(ctx)
+	if n := e.admin.SCard(ctx, e.locker.HoldsKey(p)).Val(); n != 0 {
+		t.Fatalf("the overdue process's record was not taken once the server judged (%d left)", n)
+	}
 }

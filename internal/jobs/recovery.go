@@ -21,7 +21,9 @@ import (
 //     record one beat after the task left its hands;
 //   - beats: its entry in the processes zset says until when it is alive
 //     (three beats ahead);
-//   - looks, every recoverPoll, for processes whose beat is overdue, and for
+//   - looks, every recoverPoll, for processes whose beat is overdue (once
+//     its own beats have landed for longer than a beat's deadline: see
+//     judging), and for
 //     each hold record of such a process whose lock that process no longer
 //     holds (it expired: the holder is gone; a live holder is cancelled
 //     before its lease can expire, G4), brings the task back at once to the
@@ -56,8 +58,9 @@ type recovery struct {
 	holds   string // its holds set
 
 	mu      sync.Mutex
-	done    []any    // hold records to remove at the next beat
-	markers []string // done markers to delete at the next beat
+	done    []any     // hold records to remove at the next beat
+	markers []string  // done markers to delete at the next beat
+	landed  time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
 }
 
 func newRecovery(l *lock.Locker) *recovery {
@@ -169,7 +172,8 @@ func (s *Server) beat(ctx context.Context) {
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
-	until := time.Now().Add(3 * s.beatInterval()).UnixMilli()
+	sent := time.Now()
+	until := sent.Add(3 * s.beatInterval()).UnixMilli()
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, s.locker.ProcessesKey(), redis.Z{Score: float64(until), Member: r.process})
 		if len(done) > 0 {
@@ -180,18 +184,41 @@ func (s *Server) beat(ctx context.Context) {
 		}
 		return nil
 	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err != nil {
 		s.log.Debug("recovery beat failed", "err", err)
-		r.mu.Lock()
 		r.done = append(r.done, done...)
 		r.markers = append(r.markers, markers...)
-		r.mu.Unlock()
+		r.landed = time.Time{}
+		return
 	}
+	if r.landed.IsZero() {
+		r.landed = sent
+	}
+}
+
+// judging reports whether this process may judge others dead now: its own
+// beats have all landed for longer than a beat's deadline (three beats) and
+// one more beat. A process whose beat is overdue then failed to beat while
+// Redis took this one's: it is itself stopped, cut off or dead. Without
+// this, a Redis that stalls for longer than the deadline (paused, loading,
+// a failover) would make every live process look dead at once when it
+// comes back, before their next beats land, and a live worker's task that
+// its lock had lost meanwhile could be brought back while it runs again.
+func (s *Server) judging() bool {
+	r := s.recovery
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.landed.IsZero() && time.Since(r.landed) > 4*s.beatInterval()
 }
 
 // recoverDead brings back the locked tasks of every process whose beat is
 // overdue and whose locks have expired.
 func (s *Server) recoverDead(ctx context.Context) {
+	if !s.judging() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	now := time.Now().UnixMilli()
@@ -226,6 +253,9 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 			waiting++ // its lease is not over yet (a paused process is not dead before it is)
 			continue
 		}
+		if !s.stillDead(ctx, p) {
+			return // it beat again meanwhile, or this process lost Redis for a moment
+		}
 		if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
 			continue // another recoverer has it
 		}
@@ -246,6 +276,13 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 			s.client.ZRem(ctx, s.locker.ProcessesKey(), p)
 		}
 	}
+}
+
+// stillDead reports, just before a record of p is taken, that p's beat is
+// still overdue and that this process may still judge.
+func (s *Server) stillDead(ctx context.Context, p string) bool {
+	score, err := s.client.ZScore(ctx, s.locker.ProcessesKey(), p).Result()
+	return err == nil && score <= float64(time.Now().UnixMilli()) && s.judging()
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
