@@ -45,9 +45,9 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("chaos: %d faults %v; %d executions %v; %d jobs enqueued, %d completed; %d ticks checked",
 		len(h.Faults), rep.Faults, len(h.Executions), rep.Executions, rep.JobsEnqueued, rep.JobsCompleted, rep.TicksChecked)
-	t.Logf("chaos: overlaps %d, stale_writes_accepted %d, jobs_lost %d, jobs_completed_twice_unexplained %d (explained %d), ticks_claimed_twice %d, ticks_enqueued_twice %d, ticks_missing %d",
+	t.Logf("chaos: overlaps %d, stale_writes_accepted %d, jobs_lost %d, jobs_completed_twice_unexplained %d (explained %d), ticks_claimed_twice %d, ticks_enqueued_twice %d, ticks_missing %d, recovered_from_live_workers %d",
 		rep.Overlaps, rep.StaleWritesAccepted, rep.JobsLost, rep.JobsCompletedTwiceUnexplained, rep.JobsCompletedTwiceExplained,
-		rep.TicksClaimedTwice, rep.TicksEnqueuedTwice, rep.TicksMissing)
+		rep.TicksClaimedTwice, rep.TicksEnqueuedTwice, rep.TicksMissing, rep.RecoveredFromLive)
 	for _, s := range rep.NotChecked {
 		t.Logf("chaos: not checked: %s", s)
 	}

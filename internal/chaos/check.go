@@ -27,15 +27,19 @@ const maxEvidence = 50
 // Report is what Check finds. The first integer fields are a contract
 // (docs/chaos.md); a count is NotAvailable (-1) when its check could not be made.
 type Report struct {
-	Seed                          uint64         `json:"seed"`
-	Lock                          string         `json:"lock_backend"`
-	Overlaps                      int            `json:"overlaps"`
-	StaleWritesAccepted           int            `json:"stale_writes_accepted"`
-	JobsLost                      int            `json:"jobs_lost"`
-	JobsCompletedTwiceUnexplained int            `json:"jobs_completed_twice_unexplained"`
-	TicksClaimedTwice             int            `json:"ticks_claimed_twice"`
-	TicksMissing                  int            `json:"ticks_missing"`
-	Faults                        map[string]int `json:"faults"`
+	Seed                          uint64 `json:"seed"`
+	Lock                          string `json:"lock_backend"`
+	Overlaps                      int    `json:"overlaps"`
+	StaleWritesAccepted           int    `json:"stale_writes_accepted"`
+	JobsLost                      int    `json:"jobs_lost"`
+	JobsCompletedTwiceUnexplained int    `json:"jobs_completed_twice_unexplained"`
+	TicksClaimedTwice             int    `json:"ticks_claimed_twice"`
+	TicksMissing                  int    `json:"ticks_missing"`
+	// RecoveredFromLive counts tasks a worker brought back from a worker it
+	// judged dead while that worker was neither killed, paused nor cut off
+	// (G7's recovery may act only on a holder that is gone).
+	RecoveredFromLive int            `json:"recovered_from_live_workers"`
+	Faults            map[string]int `json:"faults"`
 	// OverLimit counts instants when more ok syncs of one tenant ran than
 	// its limit (3) while Redis was healthy (G3 for permits; two syncs on
 	// one permit at once count in Overlaps).
@@ -99,7 +103,7 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive} {
 		if v > 0 {
 			n += v
 		}
@@ -154,6 +158,7 @@ func Check(h History) *Report {
 	r.OverLimit, r.TenantSyncs, r.TenantMaxAtOnce = checkLimit(h, add)
 	r.StaleWritesAccepted = checkWrites(h, r, add)
 	checkJobs(h, r, add)
+	r.RecoveredFromLive = checkRecoveries(h, add)
 	checkTicks(h, r, add)
 	perFault(h, r, found)
 
@@ -278,6 +283,30 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 			r.JobsCompletedTwiceExplained++
 		}
 	}
+}
+
+// recoverySlack is how long after a paused or cut-off worker came back a
+// recovery of its tasks may still have been decided while it was away.
+const recoverySlack = time.Second
+
+// checkRecoveries counts recoveries of a worker that no fault had stopped:
+// killed before the recovery, or paused or cut off until shortly before it.
+func checkRecoveries(h History, add func(Violation)) int {
+	n := 0
+	for _, rc := range h.Recoveries {
+		if slices.ContainsFunc(h.Faults, func(f Fault) bool {
+			if f.Worker != rc.Dead || f.Start.After(rc.At) {
+				return false
+			}
+			return workerKill(f.Kind) || !f.End.Add(recoverySlack).Before(rc.At)
+		}) {
+			continue
+		}
+		n++
+		add(Violation{Check: "recovered_from_live_workers", At: rc.At, Detail: fmt.Sprintf(
+			"task %s was brought back from worker %s, judged dead, but no fault had killed, paused or cut it off", rc.TaskID, rc.Dead)})
+	}
+	return n
 }
 
 // loggedBetween reports whether one of times lies between from (less a

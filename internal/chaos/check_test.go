@@ -284,3 +284,41 @@ func TestCheckPermits(t *testing.T) {
 			r.OverLimit, r.Overlaps, r.StaleWritesAccepted, r.Violations(), r.Evidence)
 	}
 }
+
+// A recovery of a worker is a violation unless a fault had stopped that
+// worker: killed at any time before, or paused or cut off until just before.
+func TestCheckRecoveriesFromLiveWorkers(t *testing.T) {
+	h := clean()
+	t0 := h.Start
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	h.Faults = append(h.Faults,
+		Fault{Kind: FaultWorkerKill, Worker: "h:1", Start: at(1_000), End: at(3_000)},
+		Fault{Kind: FaultWorkerPauseLong, Worker: "h:2", Start: at(5_000), End: at(9_000)},
+	)
+	line := func(ms int, id, dead string) string {
+		return `{"time":"` + at(ms).UTC().Format(time.RFC3339Nano) + `","level":"INFO","msg":"dead worker's task recovered: its lock expired; back at the head of its queue","id":"` +
+			id + `","type":"demo:order.pay","resource":"lock:order:1","worker":"` + dead + `"}`
+	}
+	for _, c := range []struct {
+		name, log string
+		live      int
+	}{
+		{"of a killed worker, long after", line(40_000, "a", "h:1"), 0},
+		{"of a paused worker, as it resumed", line(9_500, "b", "h:2"), 0},
+		{"of a killed worker, before the kill", line(100, "c", "h:1"), 1},
+		{"of a paused worker, long after it resumed", line(15_000, "d", "h:2"), 1},
+		{"of a worker no fault touched", line(6_000, "e", "h:3"), 1},
+	} {
+		h := h
+		h.Recoveries = nil
+		if err := ReadWorkerLog(strings.NewReader("not json\n"+c.log+"\n"), &h); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Recoveries) != 1 {
+			t.Fatalf("%s: read %d recoveries, want 1", c.name, len(h.Recoveries))
+		}
+		if r := Check(h); r.RecoveredFromLive != c.live || r.Violations() != c.live {
+			t.Errorf("%s: recovered_from_live_workers %d (violations %d), want %d", c.name, r.RecoveredFromLive, r.Violations(), c.live)
+		}
+	}
+}

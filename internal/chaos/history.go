@@ -51,6 +51,17 @@ type History struct {
 	// loading when the handler returned): asynq then delivers the task
 	// again once its lease passes, its at-least-once, as after a kill.
 	CompletionsNotRecorded map[string][]time.Time
+
+	// Recoveries are the tasks a worker logged it brought back from a
+	// worker it judged dead ("dead worker's task recovered").
+	Recoveries []Recovery
+}
+
+// Recovery is one task a worker brought back from a worker it judged dead.
+type Recovery struct {
+	At     time.Time
+	TaskID string
+	Dead   string // the worker judged dead (host:pid)
 }
 
 // Execution is one entry of the demo's executions stream.

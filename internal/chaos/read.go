@@ -90,15 +90,25 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 
 // ReadWorkerLog adds to h.CompletionsNotRecorded the tasks whose completion
 // asynq logged it could not record, from a worker's log (JSON lines):
-// `Could not move task id=<id> type=... from "...:active" to "...:completed"`.
+// `Could not move task id=<id> type=... from "...:active" to "...:completed"`,
+// and to h.Recoveries the tasks it brought back from a worker it judged dead.
 func ReadWorkerLog(r io.Reader, h *History) error {
 	const lead = "Could not move task id="
 	return eachLine(r, func(line []byte) {
 		var rec struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
+			Time   time.Time `json:"time"`
+			Msg    string    `json:"msg"`
+			ID     string    `json:"id"`
+			Worker string    `json:"worker"`
 		}
-		if json.Unmarshal(line, &rec) != nil || !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
+		if json.Unmarshal(line, &rec) != nil {
+			return
+		}
+		if strings.HasPrefix(rec.Msg, "dead worker's task recovered") {
+			h.Recoveries = append(h.Recoveries, Recovery{At: rec.Time, TaskID: rec.ID, Dead: rec.Worker})
+			return
+		}
+		if !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
 			return
 		}
 		id, _, ok := strings.Cut(rec.Msg[len(lead):], " ")

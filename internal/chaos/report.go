@@ -65,6 +65,8 @@ func Markdown(r *Report, h History, replay string) string {
 		count(r.JobsLost), r.JobsEnqueued, r.JobsCompleted, r.JobsArchived, r.JobsUnfinished)
 	p("| `jobs_completed_twice_unexplained` | G8 | %s | %d tasks completed twice after a worker was killed once its handler had returned, or after asynq could not record the completion (asynq delivers at least once: README) |\n",
 		count(r.JobsCompletedTwiceUnexplained), r.JobsCompletedTwiceExplained)
+	p("| `recovered_from_live_workers` | G7, G8 | %d | %d tasks brought back from a worker judged dead; each must follow a kill, a pause or a cut-off of that worker |\n",
+		r.RecoveredFromLive, len(h.Recoveries))
 	p("| `ticks_claimed_twice` | G1 | %s | %d claims, %d enqueues logged by the replicas; %d takeovers of unfinished ticks |\n",
 		count(r.TicksClaimedTwice), len(h.Claims), len(h.Enqueues), r.TicksTakenOver)
 	p("| `ticks_enqueued_twice` | G1 | %s | fresh enqueues of one tick by two replicas |\n", count(r.TicksEnqueuedTwice))
