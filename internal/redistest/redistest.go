@@ -50,8 +50,18 @@ type Server struct {
 func Start(tb testing.TB, directives ...string) *Server {
 	tb.Helper()
 	return launch(tb, func(port int, dir string) []string {
-		return append(serverArgs(port, dir), expand(directives)...)
+		return append(append(serverArgs(port, dir), noStrayReplication...), expand(directives)...)
 	})
+}
+
+// noStrayReplication hides REPLICAOF and SLAVEOF on a server of its own (a
+// replica of StartWithReplica follows its master by its configuration): the
+// sentinels of another test that run in parallel keep trying to reach the
+// master they lost, and, finding a new server on its freed port, would make
+// it their replica (dropping its data, killing its clients).
+var noStrayReplication = []string{
+	"--rename-command", "REPLICAOF", "redistest-private-replicaof",
+	"--rename-command", "SLAVEOF", "redistest-private-slaveof",
 }
 
 // serverArgs are the flags of every data node: port on loopback, no
