@@ -220,7 +220,10 @@
 // # Metrics
 //
 // lockstep_scheduler_ticks_total{schedule,result} with result enqueued,
-// follower, duplicate, missed, caught_up or skipped_overlap; lockstep_scheduler_tick_lateness_seconds
+// follower, duplicate, missed, caught_up, skipped_overlap or backfilled (a
+// backfill counts its ticks in the schedule's state; the replica that
+// sweeps the schedule takes that count, ResultBackfilled);
+// lockstep_scheduler_tick_lateness_seconds
 // (enqueue time − T, for ticks enqueued on time or by takeover);
 // lockstep_scheduler_ticks_missed_total; lockstep_scheduler_leader_changes_total,
 // counted by the replica that wins a tick after another replica won the one

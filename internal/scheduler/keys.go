@@ -10,7 +10,7 @@ import (
 // slot; schedule names cannot contain braces (config rejects them).
 type keys struct {
 	base    string // prefix + "{schedule:<name>}"
-	state   string // hash: tick (the watermark), leader, and a lease field per pending tick (pendingField)
+	state   string // hash: tick (the watermark), leader, a lease field per pending tick (pendingField), backfilledField
 	history string // list of the latest ticks' records, newest first
 }
 
@@ -19,6 +19,10 @@ func keysFor(prefix, schedule string) keys {
 	base := prefix + "{schedule:" + schedule + "}"
 	return keys{base: base, state: base + ":state", history: base + ":history"}
 }
+
+// backfilledField of a schedule's state counts the ticks backfills enqueued
+// that no replica has counted in its metrics yet (backfilled.lua).
+const backfilledField = "backfilled"
 
 // pendingPrefix starts the state field of each tick claimed and not yet
 // done: "p:<T>" = "<lease end, Redis ms> <token>", the tick's leader lease.
