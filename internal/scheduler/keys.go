@@ -51,7 +51,7 @@ func parsePending(field, value string) (tick, leaseEnd int64, token string, ok b
 // {schedules}, so each change is one script on one Cluster slot.
 type storeKeys struct {
 	defs     string // hash: name -> definition (JSON) of each run-time schedule
-	meta     string // hash: name -> {"since","paused","spec","updated_ms"} (JSON), also for paused file schedules
+	meta     string // hash: name -> {"since","paused","spec","updated_ms","paused_ms","resumed_ms"} (JSON), also for paused file schedules
 	file     string // hash: name -> definition (JSON) of the file schedules replicas started with
 	version  string // counter, incremented by every change
 	channel  string // pub/sub channel: a change's new version, published by the change's script
