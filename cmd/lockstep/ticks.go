@@ -12,7 +12,8 @@ import (
 const ticksAbout = `The schedule's latest ticks, newest first: scheduled time, state (done,
 pending, skipped, missed), leader replica, asynq task id and lateness (enqueue
 time − scheduled time). A skipped tick has a reason: overlap (an earlier run
-was queued or running) or catch_up. A tick triggered by hand has leader
+was queued or running), catch_up (missed in an outage) or paused (due while
+the schedule was paused). A tick triggered by hand has leader
 "trigger", a backfilled one "backfill". Exit codes: 0 done, 1 no such
 schedule, 2 bad usage.`
 
@@ -24,7 +25,7 @@ type tickJSON struct {
 	TaskID     string     `json:"task_id"`
 	LatenessMS *int64     `json:"lateness_ms"` // done ticks only
 	From       *time.Time `json:"from,omitempty"`
-	Reason     string     `json:"reason,omitempty"` // skipped ticks: overlap or catch_up
+	Reason     string     `json:"reason,omitempty"` // skipped ticks: overlap, catch_up or paused
 }
 
 func cmdTicks(ctx context.Context, a *app, args []string) int {

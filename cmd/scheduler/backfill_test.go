@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -72,8 +74,12 @@ func TestBackfillTwiceEnqueuesEachTickOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, backfillSchedule)}
 	started := time.Now().Truncate(time.Second)
-	p := startProc(t, nil, "--config", r.cfg, "--http-addr", "127.0.0.1:0")
-	p.waitStatus("/readyz", 200, 10*time.Second)
+	var replicas []*proc
+	for range 2 {
+		p := startProc(t, nil, "--config", r.cfg, "--http-addr", "127.0.0.1:0")
+		p.waitStatus("/readyz", 200, 10*time.Second)
+		replicas = append(replicas, p)
+	}
 	insp := asynq.NewInspectorFromRedisClient(srv.Client())
 	waitTask(t, insp, "bf", started.Add(2*time.Second), 10*time.Second)
 
@@ -133,6 +139,20 @@ func TestBackfillTwiceEnqueuesEachTickOnce(t *testing.T) {
 		}
 	}
 
+	// The replicas' /metrics count each backfilled tick once, summed over
+	// them: the replica that sweeps the schedule takes the backfills' count
+	// at a full sweep (20 sweeps of tick_lock_ttl/2: 10s here).
+	backfilled := func() int {
+		n := 0
+		for _, p := range replicas {
+			n += tickCount(t, p.waitStatus("/metrics", 200, 5*time.Second), "bf", "backfilled")
+		}
+		return n
+	}
+	redistest.WaitFor(t, 25*time.Second, fmt.Sprintf("ticks_total{result=backfilled} = %d", len(enqueued)), func() bool {
+		return backfilled() >= len(enqueued)
+	})
+
 	// Again: every tick was enqueued already.
 	_, again, _ := r.backfill("bf", "--from", rfc(from), "--to", rfc(to), "--json")
 	for _, tk := range again {
@@ -184,6 +204,26 @@ func TestBackfillTwiceEnqueuesEachTickOnce(t *testing.T) {
 	if code != 1 || !strings.Contains(out, `no schedule "nope"`) {
 		t.Errorf("backfill of no schedule: exit %d, %q; want 1", code, out)
 	}
+	if n := backfilled(); n != len(enqueued) {
+		t.Errorf("lockstep_scheduler_ticks_total{schedule=bf,result=backfilled} summed over the replicas: %d, want %d", n, len(enqueued))
+	}
+}
+
+// tickCount is lockstep_scheduler_ticks_total{schedule, result} in a
+// /metrics body (0 if absent).
+func tickCount(t *testing.T, body, schedule, result string) int {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^lockstep_scheduler_ticks_total\{result="` + regexp.QuoteMeta(result) +
+		`",schedule="` + regexp.QuoteMeta(schedule) + `"\} (\S+)$`)
+	m := re.FindStringSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("ticks_total{schedule=%q,result=%q}: %v", schedule, result, err)
+	}
+	return int(v)
 }
 
 // A backfill applies the schedule's overlap policy: with skip and no worker

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -343,12 +345,33 @@ func TestOverlapCancelPreviousCancelsTheRunningRun(t *testing.T) {
 		t.Error(err)
 	}
 	lost := 0
+	causes := map[string]string{} // a cancelled run's task id -> its context's cause
 	for _, w := range r.workers {
 		for _, line := range strings.Split(w.output(), "\n") {
 			// The tick deleted the run lock: its watchdog sees the key gone.
 			if strings.Contains(line, "lock lost") && strings.Contains(line, `"key":"schedule:nightly"`) {
 				lost++
 			}
+			// The demo handler returns its context's cause (context.Cause).
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "job finished" && rec["type"] == demo.Type {
+				id, _ := rec["id"].(string)
+				causes[id], _ = rec["err"].(string)
+			}
+		}
+	}
+	// Each cancelled run's context ends with a cause that names the tick
+	// that cancelled it: one after the run's own, at or before the next run's.
+	cancelledBy := regexp.MustCompile(`^schedule nightly: run (nightly:\d+) cancelled by tick nightly:(\d+) at \S+ \(overlap cancel_previous\): lock lost: schedule:nightly: (expired|stolen)$`)
+	for i, x := range runs[:max(len(runs)-1, 0)] {
+		m := cancelledBy.FindStringSubmatch(causes[x.TaskID])
+		if m == nil || m[1] != x.TaskID {
+			t.Errorf("run %s: cause %q, want one naming the tick that cancelled it", x.TaskID, causes[x.TaskID])
+			continue
+		}
+		by, _ := strconv.ParseInt(m[2], 10, 64)
+		if own, next := tickUnix(x.TaskID), tickUnix(runs[i+1].TaskID); by <= own || by > next {
+			t.Errorf("run %s: cancelled by tick %d, want one in (%d, %d]", x.TaskID, by, own, next)
 		}
 	}
 	ended := 0
@@ -361,6 +384,12 @@ func TestOverlapCancelPreviousCancelsTheRunningRun(t *testing.T) {
 	if len(runs) < 3 || lost < len(runs)-1 {
 		t.Errorf("%d runs, %d run locks lost; want each tick to cancel the run before", len(runs), lost)
 	}
+}
+
+// tickUnix is the tick, Unix seconds, in a tick's task id "<schedule>:<unix>".
+func tickUnix(id string) int64 {
+	u, _ := strconv.ParseInt(id[strings.LastIndexByte(id, ':')+1:], 10, 64)
+	return u
 }
 
 // endedByLaterTick returns the tasks that a worker did not run because a

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,4 +154,69 @@ func waitQueued(t *testing.T, insp *asynq.Inspector, schedule string, tick time.
 		_, err := insp.GetTaskInfo(schedule, id)
 		return err == nil
 	})
+}
+
+// A schedule paused for a few ticks and resumed: `lockstep ticks` shows the
+// ticks due while it was paused as skipped with reason paused (not
+// catch_up), with catch_up skip (none of them enqueued) and once (the
+// latest enqueued at the resume, the others skipped).
+func TestPausedTicksAreSkippedWithReasonPaused(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"skip", "once"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, "scheduler:\n  max_clock_skew: 200ms\n  tick_lock_ttl: 1s\n  task_retention: 1h\n")}
+			p := startProc(t, nil, "--config", r.cfg, "--http-addr", "127.0.0.1:0")
+			p.waitLog("scheduler started", 10*time.Second)
+			if code, out := r.lockstep("schedules", "add", "rt", "--cron", "* * * * * *", "--task", "test:tick", "--queue", "rt", "--catch-up", policy); code != 0 {
+				t.Fatalf("schedules add: exit %d: %s", code, out)
+			}
+			insp := asynq.NewInspectorFromRedisClient(srv.Client())
+			waitQueued(t, insp, "rt", time.Now().Truncate(time.Second).Add(time.Second), 5*time.Second)
+			mark := p.log.Len()
+			if code, out := r.lockstep("schedules", "pause", "rt"); code != 0 {
+				t.Fatalf("schedules pause: exit %d: %s", code, out)
+			}
+			paused := time.Now()
+			p.waitScheduleLog(mark, "schedule paused", "rt", applyBound)
+			time.Sleep(4 * time.Second) // the pause itself: four ticks
+			mark = p.log.Len()
+			if code, out := r.lockstep("schedules", "resume", "rt"); code != 0 {
+				t.Fatalf("schedules resume: exit %d: %s", code, out)
+			}
+			resumed := time.Now()
+			p.waitScheduleLog(mark, "schedule started", "rt", applyBound)
+			var skipped []cliTick
+			redistest.WaitFor(t, 5*time.Second, "a skipped tick after the resume", func() bool {
+				skipped = skipped[:0]
+				code, out := r.lockstep("ticks", "rt", "--json")
+				var ticks []cliTick
+				if code != 0 || json.Unmarshal([]byte(out), &ticks) != nil {
+					t.Fatalf("lockstep ticks rt --json: exit %d: %s", code, out)
+				}
+				slices.Reverse(ticks)
+				for _, tk := range ticks {
+					if tk.State == "skipped" {
+						skipped = append(skipped, tk)
+					}
+				}
+				return len(skipped) > 0
+			})
+			for _, tk := range skipped {
+				if tk.Reason != "paused" {
+					t.Errorf("tick %v skipped with reason %q, want paused", tk.Tick, tk.Reason)
+				}
+				if tk.Tick.Before(paused.Add(-time.Second)) || tk.Tick.After(resumed) {
+					t.Errorf("tick %v skipped (%s), outside the pause %v..%v", tk.Tick, tk.Reason, paused, resumed)
+				}
+			}
+			if policy == "once" {
+				last := skipped[len(skipped)-1].Tick
+				if _, err := insp.GetTaskInfo("rt", "rt:"+strconv.FormatInt(last.Unix()+1, 10)); err != nil {
+					t.Errorf("catch_up once: the tick after the last skipped one (%v) has no task: %v", last, err)
+				}
+			}
+		})
+	}
 }

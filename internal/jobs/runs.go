@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -37,7 +38,12 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 		}
 		return &soonError{fmt.Errorf("jobs: %s: run lock of schedule %s: %w", job.Type, schedule, err)}
 	}
-	hctx, hold := s.watchdog.Hold(ctx, run.Lease, watchdog.LogWith("task_id", job.ID, "type", job.Type, "schedule", schedule))
+	// A later tick that cancels the run (cancel_previous) deletes the run
+	// lock: the watchdog cancels the handler's context as for any lost lock,
+	// with a cause that names that tick (overlap.CancelledError).
+	explain := func(lost *lock.LostError) error { return run.Cancelled(lost, explainTimeout) }
+	hctx, hold := s.watchdog.Hold(ctx, run.Lease, watchdog.LogWith("task_id", job.ID, "type", job.Type, "schedule", schedule),
+		watchdog.Explain(explain))
 	s.track(hold)
 	defer s.untrack(hold)
 	s.log.Debug("schedule run started", "schedule", schedule, "id", job.ID, "fence", run.Lease.Fence())
@@ -52,8 +58,11 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 		s.log.Warn("recording the end of a schedule run failed; the next tick finds it ended once its lock expires",
 			"schedule", schedule, "id", job.ID, "err", ferr)
 	case !live:
-		s.log.Info("schedule run ended by a later tick while it ran (cancel_previous, or its run lock was lost)",
-			"schedule", schedule, "id", job.ID, "fence", run.Lease.Fence())
+		attrs := []any{"schedule", schedule, "id", job.ID, "fence", run.Lease.Fence()}
+		if c := (*overlap.CancelledError)(nil); errors.As(context.Cause(hctx), &c) {
+			attrs = append(attrs, "by", c.By)
+		}
+		s.log.Info("schedule run ended by a later tick while it ran (cancel_previous, or its run lock was lost)", attrs...)
 	}
 	lost, relErr := hold.Finish(ctx)
 	if relErr != nil {
@@ -62,6 +71,10 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 	s.log.Debug("schedule run finished", "schedule", schedule, "id", job.ID, "err", err, "lost", lost != nil)
 	return err
 }
+
+// explainTimeout bounds the read that names the tick which cancelled a
+// run; past it the cause is the run lock's plain loss.
+const explainTimeout = 200 * time.Millisecond
 
 type inRunKey struct{}
 

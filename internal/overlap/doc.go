@@ -7,7 +7,8 @@
 // is running holds the schedule's run lock, a resource of internal/lock
 // ("schedule:<name>"; its key is built by lock.ScheduleRun):
 //
-//	P{schedule:N}:runs  hash: task id -> "q <ms>" queued (since Redis ms), "q" queued again, "r" running
+//	P{schedule:N}:runs  hash: task id -> "q <ms>" queued (since Redis ms), "q" queued again, "r" running,
+//	                    "x <task id>" ended: cancelled for that task's tick (cancel_previous)
 //	P{schedule:N}       the run lock, held by the worker of the running run
 //
 // # At a tick (Tick; one per tick, no polling)
@@ -23,11 +24,15 @@
 //	active                           r            running while the run lock is held; else ended (its worker died)
 //	unknown to asynq                 q <ms>       queued while its tick is pending or for a grace; else ended
 //	completed, archived, unknown     -            ended
+//	any                              x <id>       ended (removed)
 //
 // skip enqueues the tick only with no live run; buffer_one with no queued
-// run; cancel_previous removes every live run and deletes the run lock, so
-// the running run's watchdog cancels its context with ErrLockLost at once
-// (the same path as a lost lock, the README's guarantee G4) and the next run's fence is
+// run; cancel_previous marks every live run ended ("x <new task id>") and
+// deletes the run lock, so the running run's watchdog cancels its context
+// at once, the same path as a lost lock (the README's guarantee G4), with
+// the cause CancelledError: it wraps the run lock's *lock.LostError
+// (errors.Is(cause, lock.ErrLockLost)) and names the new tick, read from the
+// mark (Run.Cancelled, the hold's watchdog.Explain). The next run's fence is
 // higher: a fenced store refuses the cancelled run's late writes. A tick
 // that runs is registered "q <ms>" before it is enqueued, so a slow enqueue
 // does not look like no run. A trigger and each tick of a backfill are
@@ -65,7 +70,9 @@
 //     cancel_previous cannot cancel it.
 //   - A run ended by a later tick (its worker judged dead) that asynq
 //     delivers again does not run.
-//   - The cancelled run's context ends with the watchdog's ErrLockLost for
-//     the run lock's key (reason expired: the key is gone); the cause does
-//     not name the new tick (the worker logs that a later tick ended it).
+//   - The cancelled run's cause names the new tick only if its worker reads
+//     the mark within 200 ms of finding the run lock gone, and before a
+//     later tick removes it (a worker that notices only at its next renewal,
+//     TTL/3 on, with ticks every second); otherwise it is the watchdog's
+//     plain ErrLockLost for the run lock (reason expired or stolen).
 package overlap

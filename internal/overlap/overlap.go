@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -38,7 +40,7 @@ var (
 
 // Keys are a schedule's keys for its runs.
 type Keys struct {
-	Runs     string // hash: task id -> "q <ms>", "q" or "r"
+	Runs     string // hash: task id -> "q <ms>", "q", "r" or "x <task id>" (tick.lua)
 	Resource string // the run lock's resource (internal/lock)
 	Lock     string // the run lock's key
 }
@@ -134,21 +136,22 @@ var ErrEnded = errors.New("overlap: the run has ended (a later tick superseded i
 
 // Run is a run that holds its schedule's run lock.
 type Run struct {
-	client redis.UniversalClient
-	keys   Keys
-	id     string
-	Lease  *lock.Lease
+	client   redis.UniversalClient
+	keys     Keys
+	schedule string
+	id       string
+	Lease    *lock.Lease
 }
 
 // Begin takes schedule's run lock for task id, waiting in line while
 // another run holds it, and marks the run running. It returns ErrEnded
 // (having released the lock) if the run has ended meanwhile.
 func Begin(ctx context.Context, c redis.UniversalClient, l *lock.Locker, k Keys, id string, ttl time.Duration) (*Run, error) {
-	live, err := c.HExists(ctx, k.Runs, id).Result()
-	if err != nil {
+	v, err := c.HGet(ctx, k.Runs, id).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("overlap: run %s: %w", id, err)
 	}
-	if !live { // ended before it started: do not wait for the lock
+	if err != nil || strings.HasPrefix(v, cancelledMark) { // ended before it started: do not wait for the lock
 		return nil, ErrEnded
 	}
 	lease, err := l.Acquire(ctx, k.Resource, ttl)
@@ -157,7 +160,7 @@ func Begin(ctx context.Context, c redis.UniversalClient, l *lock.Locker, k Keys,
 	}
 	res, err := script.Run(ctx, c, scriptStart, "overlap start", []string{k.Runs}, id)
 	if err == nil && res == int64(1) {
-		return &Run{client: c, keys: k, id: id, Lease: lease}, nil
+		return &Run{client: c, keys: k, schedule: schedule(k), id: id, Lease: lease}, nil
 	}
 	_ = lease.Release(context.WithoutCancel(ctx))
 	if err != nil {
@@ -177,4 +180,72 @@ func (r *Run) Finish(ctx context.Context, again bool) (live bool, err error) {
 	}
 	res, err := script.Run(ctx, r.client, scriptFinish, "overlap finish", []string{r.keys.Runs}, r.id, flag)
 	return res == int64(1), err
+}
+
+// cancelledMark starts the runs value of a run that a later tick cancelled:
+// "x <that tick's task id>" (tick.lua).
+const cancelledMark = "x "
+
+// schedule is the schedule's name in k (its run lock's resource is
+// "schedule:<name>").
+func schedule(k Keys) string { return strings.TrimPrefix(k.Resource, "schedule:") }
+
+// CancelledError is the cause of a run's context that a later tick
+// cancelled (cancel_previous): it names that tick, and wraps the run lock's
+// loss, so errors.Is(cause, lock.ErrLockLost) holds and errors.As gives the
+// *lock.LostError, as for any lost lock.
+type CancelledError struct {
+	Schedule string
+	Run      string    // the cancelled run's task id
+	By       string    // the task id of the tick that cancelled it
+	Tick     time.Time // that tick's time (a trigger's: when it was made); zero if its id has none
+	Lost     *lock.LostError
+}
+
+func (e *CancelledError) Error() string {
+	by := e.By
+	if !e.Tick.IsZero() {
+		by += " at " + e.Tick.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("schedule %s: run %s cancelled by tick %s (overlap cancel_previous): %v", e.Schedule, e.Run, by, e.Lost)
+}
+
+func (e *CancelledError) Unwrap() error { return e.Lost }
+
+// Cancelled explains the loss of r's run lock: a *CancelledError naming the
+// tick that cancelled the run, read from its mark in runs within timeout,
+// or nil (the lock was lost otherwise, or Redis did not say in time). It is
+// the run lock's watchdog.Explain.
+func (r *Run) Cancelled(lost *lock.LostError, timeout time.Duration) error {
+	if lost.Reason != lock.ReasonExpired && lost.Reason != lock.ReasonStolen {
+		return nil // unreachable, max_hold: no tick took it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	v, err := r.client.HGet(ctx, r.keys.Runs, r.id).Result()
+	by, ok := strings.CutPrefix(v, cancelledMark)
+	if err != nil || !ok {
+		return nil
+	}
+	return &CancelledError{Schedule: r.schedule, Run: r.id, By: by, Tick: tickOf(r.schedule, by), Lost: lost}
+}
+
+// tickOf is the time in a tick's task id: "<schedule>:<unix seconds>" (a
+// cron tick, a backfilled one) or "<schedule>:trigger:<unix ms>-<hex>".
+func tickOf(schedule, id string) time.Time {
+	rest, ok := strings.CutPrefix(id, schedule+":")
+	if !ok {
+		return time.Time{}
+	}
+	if ms, ok := strings.CutPrefix(rest, "trigger:"); ok {
+		ms, _, _ = strings.Cut(ms, "-")
+		if u, err := strconv.ParseInt(ms, 10, 64); err == nil {
+			return time.UnixMilli(u)
+		}
+		return time.Time{}
+	}
+	if u, err := strconv.ParseInt(rest, 10, 64); err == nil {
+		return time.Unix(u, 0)
+	}
+	return time.Time{}
 }

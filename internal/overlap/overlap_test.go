@@ -2,6 +2,8 @@ package overlap_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,10 +147,40 @@ func TestCancelPreviousEndsTheRunningRun(t *testing.T) {
 	if n, _ := c.Exists(ctx, r.keys.Lock).Result(); n != 0 {
 		t.Error("the cancelled run's lock still exists")
 	}
+	// The loss of its run lock is explained: the cause names the new tick.
+	lost := &lock.LostError{Key: "schedule:s", Reason: lock.ReasonExpired}
+	wantCause(t, run.Cancelled(lost, time.Second), lost, "s:101", time.Unix(101, 0))
 	if live, err := run.Finish(ctx, false); err != nil || live {
 		t.Fatalf("finish of the cancelled run: live %v, %v; want not live", live, err)
 	}
 	if runs := r.runs(); len(runs) != 1 || runs["s:101"] == "" {
 		t.Errorf("runs %v, want only s:101", runs)
+	}
+	// A trigger cancels too, named with the time in its task id.
+	next, err := overlap.Begin(ctx, c, l, r.keys, "s:101", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.enqueue("s:101")
+	r.tick(config.OverlapCancelPrevious, "s:trigger:101500-0a1b2c3d", time.Minute)
+	wantCause(t, next.Cancelled(lost, time.Second), lost, "s:trigger:101500-0a1b2c3d", time.UnixMilli(101500))
+	if err := next.Cancelled(&lock.LostError{Key: "schedule:s", Reason: lock.ReasonUnreachable}, time.Second); err != nil {
+		t.Errorf("an unreachable run lock explained as %v, want nil (no tick took it)", err)
+	}
+}
+
+// wantCause checks that cause is an overlap.CancelledError by the tick of
+// task id by at tick, wrapping lost.
+func wantCause(t *testing.T, cause error, lost *lock.LostError, by string, tick time.Time) {
+	t.Helper()
+	var c *overlap.CancelledError
+	var l *lock.LostError
+	switch {
+	case !errors.As(cause, &c) || c.By != by || !c.Tick.Equal(tick):
+		t.Errorf("cause %v, want one naming tick %s at %v", cause, by, tick)
+	case !errors.Is(cause, lock.ErrLockLost) || !errors.As(cause, &l) || l != lost:
+		t.Errorf("cause %v does not wrap the run lock's loss %v", cause, lost)
+	case !strings.Contains(cause.Error(), "cancelled by tick "+by+" at "+tick.UTC().Format(time.RFC3339)):
+		t.Errorf("cause %q does not name tick %s", cause, by)
 	}
 }

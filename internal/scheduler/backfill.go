@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/overlap"
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 // LeaderBackfill is the leader of a backfilled tick in the schedule's history.
@@ -176,7 +177,13 @@ func (st *Store) backfillOne(ctx context.Context, e *entry, k overlap.Keys, t ti
 	case err != nil:
 		return "", fmt.Errorf("schedules: backfill %s: tick %s: %w", e.name, t.UTC().Format(time.RFC3339), err)
 	}
-	st.record(ctx, e.name, tickRecord{Tick: t.Unix(), State: TickDone, Leader: LeaderBackfill, TaskID: id,
-		LateMS: time.Since(t).Milliseconds()})
+	// Recorded and counted in one step (backfilled.lua); a backfill that dies
+	// between the enqueue and this leaves the tick enqueued, unrecorded and
+	// uncounted.
+	rec := tickRecord{Tick: t.Unix(), State: TickDone, Leader: LeaderBackfill, TaskID: id, LateMS: time.Since(t).Milliseconds()}
+	if _, err := script.Run(ctx, st.client, scriptBackfilled, "backfilled", []string{e.keys.state, e.keys.history},
+		rec.json(), historyLen, minStateTTL.Milliseconds()); err != nil {
+		return "", fmt.Errorf("schedules: backfill %s: tick %s enqueued, its record failed: %w", e.name, t.UTC().Format(time.RFC3339), err)
+	}
 	return BackfillEnqueued, nil
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -47,9 +48,21 @@ func (s *Scheduler) catchUp(loops, fires context.Context, e *entry, cutoff time.
 	}
 	s.log.Info("catching up", "schedule", e.name, "policy", string(e.catchUp), "missed_since", w,
 		"ticks", n, "exact", exact, "enqueue", len(chosen))
-	if len(chosen) == 0 {
-		if err := s.skip(fires, e, ticks[len(ticks)-1]); err != nil {
-			return fmt.Errorf("catch-up: %w", err)
+	// The ticks the policy drops (all, or those before the chosen) are
+	// skipped first, so that they are recorded with their reason.
+	if len(chosen) < n {
+		last := ticks[len(ticks)-1]
+		if len(chosen) > 0 {
+			before, _, _ := between(e.spec, w, chosen[0].Add(-time.Second), 1)
+			last = time.Time{}
+			if len(before) == 1 {
+				last = before[0]
+			}
+		}
+		if !last.IsZero() {
+			if err := s.skip(fires, e, w, last); err != nil {
+				return fmt.Errorf("catch-up: %w", err)
+			}
 		}
 	}
 	for _, t := range chosen {
@@ -80,12 +93,18 @@ func (s *Scheduler) watermark(ctx context.Context, e *entry) (time.Time, bool, e
 	return time.Unix(u, 0).UTC(), true, nil
 }
 
-// skip moves the watermark over the ticks up to last, which the policy
-// drops, and counts those this call moved it over as missed.
-func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) (err error) {
+// skip moves the watermark over the ticks after w up to last, which the
+// policy drops, records them (reason paused for those due while the
+// schedule was paused, else catch_up), and counts those this call moved it
+// over as missed.
+func (s *Scheduler) skip(ctx context.Context, e *entry, w, last time.Time) (err error) {
 	ctx, span := s.trace.StartTick(ctx, e.name, last, s.id) // tracing: the last tick skipped
 	defer func() { span.Fail(err); span.End() }()
-	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, last.Unix(), s.stateTTL.Milliseconds(), historyLen)
+	args := []any{last.Unix(), s.stateTTL.Milliseconds(), historyLen}
+	for _, r := range s.skipReasons(ctx, e, w, last) {
+		args = append(args, r.last.Unix(), r.reason)
+	}
+	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, args...)
 	if err != nil {
 		return err
 	}
@@ -101,6 +120,58 @@ func (s *Scheduler) skip(ctx context.Context, e *entry, last time.Time) (err err
 		s.count(e, last, ResultMissed, n)
 	}
 	return nil
+}
+
+// skipRun is a run of dropped ticks that share a reason, up to last.
+type skipRun struct {
+	last   time.Time
+	reason string
+}
+
+// skipReasons splits the ticks in (w, last] into runs by reason, oldest
+// first: paused for the ticks due between the schedule's last pause and its
+// resume (the store's meta, on Redis's clock), catch_up for the others.
+// Without a pause on record (or if the meta cannot be read) there is one
+// run, catch_up.
+func (s *Scheduler) skipReasons(ctx context.Context, e *entry, w, last time.Time) []skipRun {
+	raw, err := s.client.HGet(ctx, s.store.k.meta, e.name).Result()
+	var m meta
+	if err != nil || json.Unmarshal([]byte(raw), &m) != nil || m.PausedMS == 0 {
+		return nil
+	}
+	paused := time.UnixMilli(m.PausedMS)
+	resumed := last // still paused (a pause that came while this catch-up ran)
+	if m.ResumedMS > m.PausedMS {
+		resumed = time.UnixMilli(m.ResumedMS)
+	}
+	var runs []skipRun
+	add := func(after, until time.Time, reason string) {
+		until = minTime(until, last)
+		if !until.After(after) {
+			return
+		}
+		if t, _, _ := between(e.spec, after, until, 1); len(t) == 1 {
+			runs = append(runs, skipRun{last: t[0], reason: reason})
+		}
+	}
+	add(w, paused, ReasonCatchUp)
+	add(maxTime(w, paused), resumed, ReasonPaused)
+	add(maxTime(w, resumed), last, ReasonCatchUp)
+	return runs
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // between returns the last keep ticks of s in (after, until], oldest first,

@@ -24,7 +24,7 @@
 // schedules and the replicas share the tag {schedules}:
 //
 //	P{schedules}:defs         hash: name -> definition (JSON)
-//	P{schedules}:meta         hash: name -> since, paused, spec, updated_ms (JSON)
+//	P{schedules}:meta         hash: name -> since, paused, spec, updated_ms, paused_ms, resumed_ms (JSON)
 //	P{schedules}:file         hash: name -> definition of the file schedules live replicas run
 //	P{schedules}:file:<id>    set: the file schedules replica id declares (TTL: 10 × replicaExpiry,
 //	                          refreshed by its heartbeat)
@@ -106,7 +106,10 @@
 //     schedule's policy to the ticks between the watermark and now − (
 //     max_clock_skew + 1s): skip enqueues none of them; once enqueues the
 //     latest; all enqueues the latest max_catch_up. Dropped ticks are
-//     counted as missed by the replica that moved the watermark over them.
+//     skipped first (skip.lua moves the watermark to the last of them and
+//     records them, reason paused for those due between the schedule's last
+//     pause and resume, else catch_up) and counted as missed by the replica
+//     that moved the watermark over them.
 //     Ticks within max_clock_skew + 1s of now are treated as on time.
 //
 // # Not guaranteed
@@ -220,7 +223,10 @@
 // # Metrics
 //
 // lockstep_scheduler_ticks_total{schedule,result} with result enqueued,
-// follower, duplicate, missed, caught_up or skipped_overlap; lockstep_scheduler_tick_lateness_seconds
+// follower, duplicate, missed, caught_up, skipped_overlap or backfilled (a
+// backfill counts its ticks in the schedule's state; the replica that
+// sweeps the schedule takes that count, ResultBackfilled);
+// lockstep_scheduler_tick_lateness_seconds
 // (enqueue time − T, for ticks enqueued on time or by takeover);
 // lockstep_scheduler_ticks_missed_total; lockstep_scheduler_leader_changes_total,
 // counted by the replica that wins a tick after another replica won the one

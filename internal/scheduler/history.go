@@ -24,7 +24,8 @@ const (
 // Reasons of a skipped tick.
 const (
 	ReasonOverlap = "overlap"  // an earlier run was queued or running (the schedule's overlap policy)
-	ReasonCatchUp = "catch_up" // missed in an outage or a pause, dropped by the catch-up policy
+	ReasonCatchUp = "catch_up" // missed in an outage, dropped by the catch-up policy
+	ReasonPaused  = "paused"   // due while the schedule was paused, dropped by the catch-up policy at the resume
 )
 
 // historyLen is how many records a schedule's history keeps.

@@ -10,7 +10,7 @@ import (
 // slot; schedule names cannot contain braces (config rejects them).
 type keys struct {
 	base    string // prefix + "{schedule:<name>}"
-	state   string // hash: tick (the watermark), leader, and a lease field per pending tick (pendingField)
+	state   string // hash: tick (the watermark), leader, a lease field per pending tick (pendingField), backfilledField
 	history string // list of the latest ticks' records, newest first
 }
 
@@ -19,6 +19,10 @@ func keysFor(prefix, schedule string) keys {
 	base := prefix + "{schedule:" + schedule + "}"
 	return keys{base: base, state: base + ":state", history: base + ":history"}
 }
+
+// backfilledField of a schedule's state counts the ticks backfills enqueued
+// that no replica has counted in its metrics yet (backfilled.lua).
+const backfilledField = "backfilled"
 
 // pendingPrefix starts the state field of each tick claimed and not yet
 // done: "p:<T>" = "<lease end, Redis ms> <token>", the tick's leader lease.
@@ -47,7 +51,7 @@ func parsePending(field, value string) (tick, leaseEnd int64, token string, ok b
 // {schedules}, so each change is one script on one Cluster slot.
 type storeKeys struct {
 	defs     string // hash: name -> definition (JSON) of each run-time schedule
-	meta     string // hash: name -> {"since","paused","spec","updated_ms"} (JSON), also for paused file schedules
+	meta     string // hash: name -> {"since","paused","spec","updated_ms","paused_ms","resumed_ms"} (JSON), also for paused file schedules
 	file     string // hash: name -> definition (JSON) of the file schedules replicas started with
 	version  string // counter, incremented by every change
 	channel  string // pub/sub channel: a change's new version, published by the change's script

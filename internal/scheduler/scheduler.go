@@ -34,6 +34,10 @@ const (
 	// ResultSkippedOverlap: this replica won the tick and skipped it: an
 	// earlier run was queued or running (overlap skip or buffer_one).
 	ResultSkippedOverlap = "skipped_overlap"
+	// ResultBackfilled: ticks a backfill enqueued (Store.Backfill, in the
+	// CLI or the Go client), counted by the replica that sweeps the
+	// schedule once the backfill has counted them in its state (sweepOnce).
+	ResultBackfilled = "backfilled"
 )
 
 const (
@@ -426,6 +430,9 @@ func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
 	}
 	h.report(nil)
 	for i, e := range entries {
+		if _, ok := cmds[i].Val()[backfilledField]; ok {
+			s.takeBackfilled(ctx, e)
+		}
 		var ticks []int64
 		for field, value := range cmds[i].Val() {
 			if u, _, _, ok := parsePending(field, value); ok {
@@ -441,6 +448,29 @@ func (s *Scheduler) sweepOnce(ctx context.Context, h *health, full bool) {
 				s.log.Warn("takeover failed", "schedule", e.name, "tick", u, "err", err)
 			}
 		}
+	}
+}
+
+// takeBackfilled takes the count of e's backfilled ticks from its state
+// (backfilled.lua) and adds it to this replica's ticks_total{result=
+// "backfilled"}: HGET and HDEL in one MULTI, so that of two replicas
+// sweeping e at once (their views of the live set differ) one counts them,
+// and a backfill's increment meanwhile is counted by the next sweep.
+func (s *Scheduler) takeBackfilled(ctx context.Context, e *entry) {
+	var n *redis.StringCmd
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		n = p.HGet(ctx, e.keys.state, backfilledField)
+		p.HDel(ctx, e.keys.state, backfilledField)
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+			s.log.Warn("taking the count of backfilled ticks failed; the next sweep takes it", "schedule", e.name, "err", err)
+		}
+		return
+	}
+	if v, err := n.Int(); err == nil {
+		s.count(e, s.clock.Now(), ResultBackfilled, v)
 	}
 }
 

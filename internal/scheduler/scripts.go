@@ -12,8 +12,8 @@ import (
 )
 
 // The scheduler's scripts, each in lua/ with its header (KEYS, ARGV,
-// returns): the tick's claim and its end, the live-replica set, and the
-// run-time schedules' store. lib.lua is no script of its own: it is
+// returns): the tick's claim and its end, the live-replica set, the
+// run-time schedules' store, and a backfilled tick's record and count. lib.lua is no script of its own: it is
 // prepended to the two that prune the file-schedule registry.
 var (
 	//go:embed lua/lib.lua
@@ -34,6 +34,8 @@ var (
 	removeLua string
 	//go:embed lua/pause.lua
 	pauseLua string
+	//go:embed lua/backfilled.lua
+	backfilledLua string
 
 	scriptClaim    = redis.NewScript(claimLua)
 	scriptDone     = redis.NewScript(doneLua)
@@ -43,6 +45,9 @@ var (
 	scriptPut      = redis.NewScript(putLua)
 	scriptRemove   = redis.NewScript(removeLua)
 	scriptPause    = redis.NewScript(pauseLua)
+	// scriptBackfilled is the Store's, not the replicas': a backfill's
+	// record and count of a tick it enqueued.
+	scriptBackfilled = redis.NewScript(backfilledLua)
 )
 
 // maxBatch bounds the script calls sent in one pipeline (and the ticks one

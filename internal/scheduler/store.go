@@ -113,6 +113,8 @@ type meta struct {
 	Paused    bool   `json:"paused"`
 	Spec      string `json:"spec"`
 	UpdatedMS int64  `json:"updated_ms"`
+	PausedMS  int64  `json:"paused_ms,omitempty"`  // the last pause, Redis ms (pause.lua)
+	ResumedMS int64  `json:"resumed_ms,omitempty"` // the last resume, Redis ms
 }
 
 // Add stores a new run-time schedule after validating it as a config file's

@@ -3,8 +3,10 @@
 //
 // One Watchdog per process renews every lease handed to it with Hold. Hold
 // returns a context derived from the caller's that is cancelled, with a cause
-// matching lock.ErrLockLost (a *lock.LostError naming the key and reason),
-// when the lease is lost. The holder owns the lease: it ends the hold with
+// matching lock.ErrLockLost (a *lock.LostError naming the key and reason,
+// or the holder's own error wrapping it, from Explain: a schedule's run
+// lock names the tick that cancelled the run), when the lease is lost. The
+// holder owns the lease: it ends the hold with
 // Hold.Release (stop renewing, then release by token) or Hold.Stop (stop
 // renewing only). The watchdog never releases a lease.
 //

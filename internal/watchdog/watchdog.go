@@ -63,11 +63,22 @@ type HoldOption func(*holdConfig)
 type holdConfig struct {
 	interval, drift, retry, maxHold time.Duration
 	logAttrs                        []any
+	explain                         func(*lock.LostError) error
 }
 
 // LogWith adds attributes (e.g. "task_id", id) to every log line about one hold.
 func LogWith(attrs ...any) HoldOption {
 	return func(c *holdConfig) { c.logAttrs = append(c.logAttrs, attrs...) }
+}
+
+// Explain lets the holder say why a loss happened: when the watchdog finds
+// the lease lost, the hold's context is cancelled with fn's error instead
+// of the *lock.LostError, if fn returns one that wraps it (errors.Is(err,
+// lock.ErrLockLost)); nil keeps the LostError. fn runs once, on the
+// watchdog's goroutine before the cancel, so it must be quick and bounded
+// (a schedule's run lock reads which tick cancelled its run: one read).
+func Explain(fn func(*lock.LostError) error) HoldOption {
+	return func(c *holdConfig) { c.explain = fn }
 }
 
 // MaxHold bounds how long one hold is renewed.
@@ -509,10 +520,16 @@ func (h *Hold) lose(reason lock.Reason) {
 	// hold may end (its work returned) while this runs, and the loss still
 	// counts once.
 	counted := h.counted.CompareAndSwap(false, true)
+	var explained error
 	if counted {
 		// Counted before the holder's context ends, so that whoever sees
 		// the loss there sees it counted too.
 		h.w.metrics.LockLost.WithLabelValues(string(lost.Reason)).Inc()
+		if h.cfg.explain != nil {
+			if err := h.cfg.explain(lost); err != nil && errors.Is(err, lock.ErrLockLost) {
+				cause, explained = err, err
+			}
+		}
 	}
 	ended := h.end(cause)
 	if !counted {
@@ -522,7 +539,11 @@ func (h *Hold) lose(reason lock.Reason) {
 	if !ended {
 		msg = "watchdog: lock lost as its work returned"
 	}
-	h.logger().Warn(msg, "key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence())
+	attrs := []any{"key", h.lease.Key(), "reason", string(lost.Reason), "fence", h.lease.Fence()}
+	if explained != nil {
+		attrs = append(attrs, "cause", explained.Error())
+	}
+	h.logger().Warn(msg, attrs...)
 }
 
 // end removes the hold and cancels its context with cause; it reports whether

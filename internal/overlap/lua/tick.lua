@@ -3,7 +3,10 @@
 --
 -- KEYS[1]  runs   lockstep:{schedule:N}:runs   hash: task id -> "q <ms>" queued (enqueued or being
 --                                              enqueued since Redis ms), "q" queued again by its
---                                              worker (to be retried), "r" running
+--                                              worker (to be retried), "r" running, "x <task id>"
+--                                              ended: cancelled for that task's tick (kept until
+--                                              the next tick, or its worker's start or finish, so
+--                                              that its worker can name it)
 -- KEYS[2]  state  lockstep:{schedule:N}:state  hash: p:<T> while tick T is claimed and not yet
 --                                              enqueued (internal/scheduler)
 -- KEYS[3]  lock   lockstep:{schedule:N}        the run lock (internal/lock): held by the worker of
@@ -25,9 +28,9 @@
 -- Returns {decision, queued, running, cancelled}:
 --   decision  1 the run is registered: enqueue it; 0 skip the tick (reason overlap)
 --   queued, running  the live runs other than the new one
---   cancelled  cancel_previous: how many live runs were ended (the run lock, if held, deleted,
---              so its watchdog cancels the holder with ErrLockLost; queued ones skip themselves
---              at start)
+--   cancelled  cancel_previous: how many live runs were ended, each marked "x <new id>" (the run
+--              lock, if held, deleted, so its watchdog cancels the holder with ErrLockLost, and
+--              names the new tick from the mark; queued ones skip themselves at start)
 local runs, state, lock = KEYS[1], KEYS[2], KEYS[3]
 local policy, id = ARGV[1], ARGV[2]
 local grace = tonumber(ARGV[3])
@@ -47,7 +50,9 @@ for i = 1, #all, 2 do
   local run, v = all[i], all[i + 1]
   local as = seen[run]
   local live, isRunning = false, false
-  if as == nil or as == 'pending' or as == 'scheduled' or as == 'retry' or as == 'aggregating' then
+  if string.sub(v, 1, 1) == 'x' then
+    live = false -- cancelled by an earlier tick
+  elseif as == nil or as == 'pending' or as == 'scheduled' or as == 'retry' or as == 'aggregating' then
     live = true
   elseif as == 'active' then
     if v == 'r' then
@@ -74,10 +79,10 @@ elseif policy == 'buffer_one' and #queued > 0 then
   return {0, #queued, #running, 0}
 elseif policy == 'cancel_previous' then
   for _, run in ipairs(queued) do
-    redis.call('HDEL', runs, run)
+    redis.call('HSET', runs, run, 'x ' .. id)
   end
   for _, run in ipairs(running) do
-    redis.call('HDEL', runs, run)
+    redis.call('HSET', runs, run, 'x ' .. id)
   end
   if locked then -- held for a run that ends here (running, or taking the lock to start)
     redis.call('DEL', lock)
