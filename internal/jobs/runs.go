@@ -73,8 +73,9 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 }
 
 // explainTimeout bounds the read that names the tick which cancelled a
-// run; past it the cause is the run lock's plain loss.
-const explainTimeout = 200 * time.Millisecond
+// run; past it the cause is the run lock's plain loss. It runs where the
+// watchdog handles losses, so it is kept short for the other holds.
+const explainTimeout = 50 * time.Millisecond
 
 type inRunKey struct{}
 

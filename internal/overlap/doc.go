@@ -71,7 +71,7 @@
 //   - A run ended by a later tick (its worker judged dead) that asynq
 //     delivers again does not run.
 //   - The cancelled run's cause names the new tick only if its worker reads
-//     the mark within 200 ms of finding the run lock gone, and before a
+//     the mark within 50 ms of finding the run lock gone, and before a
 //     later tick removes it (a worker that notices only at its next renewal,
 //     TTL/3 on, with ticks every second); otherwise it is the watchdog's
 //     plain ErrLockLost for the run lock (reason expired or stolen).
