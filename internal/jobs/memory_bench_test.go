@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // BenchmarkMemoryHandOff serves b.N hand-off jobs, memJobsPerResource
@@ -236,4 +237,83 @@ func (r *benchRig) lockstepKeys(b *testing.B) int64 {
 		b.Fatal(fmt.Errorf("SCAN: %w", err))
 	}
 	return n
+}
+
+// BenchmarkMemoryParked parks b.N jobs on one resource whose lock the
+// benchmark holds, through the lock middleware, and compares Redis's memory
+// once all of them wait (asynq's retry set, with their contention error,
+// and the resource's queue) with the same b.N tasks pending on plain asynq:
+// what a job costs while it waits for a hand-off, the most it costs.
+// lockstep-queue-B/job is the queue's own share (MEMORY USAGE), the rest is
+// what parking makes asynq keep.
+//
+//	go test -run '^$' -bench MemoryParked -benchtime 100000x ./internal/jobs
+func BenchmarkMemoryParked(b *testing.B) {
+	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 5 * time.Second}
+	ctx := context.Background()
+	n := b.N
+	locked, plain := newBenchRig(b), newBenchRig(b)
+	opts := []asynq.Option{asynq.MaxRetry(3)}
+	b.ResetTimer()
+	p0 := plain.mem(b)
+	plain.enqueueOne(b, n, opts)
+	p1 := plain.mem(b)
+
+	l0 := locked.mem(b)
+	holder := lock.New(locked.admin)
+	if _, err := holder.TryAcquire(ctx, "mem:hot", 10*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	locked.enqueueOne(b, n, opts)
+	stop := locked.serveLocked(b, cfg, Spec{
+		Type:     "bench:mem",
+		Decode:   func(p []byte) (any, error) { return string(p), nil },
+		Resource: func(p any) string { return p.(string) },
+		Run:      func(context.Context, Job, any) error { return nil },
+	})
+	insp := asynq.NewInspectorFromRedisClient(locked.admin)
+	queue := "lockstep:{mem:hot}:queue"
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		q, err := insp.GetQueueInfo("default")
+		if err == nil && q.Retry == n && locked.admin.ZCard(ctx, queue).Val() == int64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("not all parked: %+v, %v", q, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stop()
+	l1 := locked.mem(b)
+	b.StopTimer()
+	own := float64(p1.used-p0.used) / float64(n)
+	extra := float64((l1.used-l0.used)-(p1.used-p0.used)) / float64(n)
+	q := float64(locked.admin.MemoryUsage(ctx, queue, 0).Val()) / float64(n)
+	b.ReportMetric(own, "asynq-pending-B/job")
+	b.ReportMetric(extra, "lockstep-parked-B/job")
+	b.ReportMetric(q, "lockstep-queue-B/job")
+	b.ReportMetric(extra/own, "x-asynq")
+}
+
+// enqueueOne enqueues n tasks of bench:mem on the one resource mem:hot.
+func (r *benchRig) enqueueOne(b *testing.B, n int, opts []asynq.Option) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range cap(errs) {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := r.enq.Enqueue(asynq.NewTask("bench:mem", []byte("mem:hot")), opts...); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
 }
