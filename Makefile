@@ -30,6 +30,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'Cycle' -benchtime 3s -count 3 ./internal/lock
 	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
 	$(GO) test -run '^$$' -bench 'MemoryReleased' -benchtime 1000000x ./internal/lock
+	$(GO) test -run '^$$' -bench 'MemoryHandOff' -benchtime 200000x -timeout 30m ./internal/jobs
+	$(GO) test -run '^$$' -bench 'MemoryParked' -benchtime 100000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs

@@ -402,3 +402,19 @@ func TestRecoveryJudgesNoOneRightAfterRedisStalled(t *testing.T) {
 		t.Fatalf("the overdue process's record was not taken once the server judged (%d left)", n)
 	}
 }
+
+// A job released with no one waiting is marked done for a recoverer, and
+// its marker goes a beat after asynq recorded the task, not after the
+// recovery TTL: memory follows what is live.
+func TestMarkerOfUncontendedJobGoesAtTheNextBeat(t *testing.T) {
+	t.Parallel()
+	e, runs := countingEnv(t, "t:alone", "alone")
+	e.enqueue("t:alone", "solo", nil)
+	e.waitState("solo", asynq.TaskStateCompleted, 10*time.Second)
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", runs.Load())
+	}
+	marker := "lockstep:{alone}:done:default:solo"
+	ctx := context.Background()
+	waitFor(t, e.srv.recoveryTTL()/2, "done marker gone", func() bool { return e.admin.Exists(ctx, marker).Val() == 0 })
+}

@@ -24,8 +24,10 @@ type ContendedError struct {
 	Delay    time.Duration // fallback backoff, should no hand-off claim the task first
 }
 
+// Error is short: asynq keeps it in the task's message (its last error) for
+// as long as it keeps the task, a completed task's retention included.
 func (e *ContendedError) Error() string {
-	return fmt.Sprintf("lock %q busy (%d waiting before); waits for a hand-off, at most %v", e.Resource, e.Ahead, e.Delay.Round(time.Millisecond))
+	return fmt.Sprintf("lock %q busy, %d ahead", e.Resource, e.Ahead)
 }
 
 // lostError is the result of a failed run during which the lock was lost:

@@ -264,7 +264,9 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		return HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}, nil
 	default:
 		lease.state.set(errReleased)
-		return HandedOn{Marked: outcome != "" && h.MarkAlways, Dropped: dropFlag != ""}, nil
+		// Marked also by RecoveryTTL: the caller forgets the marker once
+		// asynq has recorded the task, or it outlives the task by that TTL.
+		return HandedOn{Marked: outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0), Dropped: dropFlag != ""}, nil
 	}
 }
 
