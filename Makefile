@@ -11,9 +11,11 @@ build:
 	$(GO) build ./...
 	$(GO) build -o bin/ ./cmd/... 2>/dev/null || true
 
-# deps installs what the tests start: a real redis-server from Debian's packages.
+# deps installs what the tests start: redis-server, etcd, prometheus and
+# chromium from Debian's packages, and Jaeger built from source once per
+# machine (cached; about 5 minutes on 2 cores the first time).
 deps:
-	@scripts/deps.sh
+	@GO=$(GO) scripts/deps.sh
 
 # test includes the 90-second chaos run with a fixed seed (internal/chaos
 # TestChaos at its default flags): the harness and the checker run on every

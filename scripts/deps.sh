@@ -3,7 +3,9 @@
 # redis-server (internal/redistest), etcd-server (internal/etcdtest: the etcd
 # lock back end), prometheus with promtool (internal/deploytest checks the
 # alert rules and runs the dashboard queries) and chromium (cmd/lockstep
-# opens the operator's page in headless Chromium).
+# opens the operator's page in headless Chromium). Jaeger (internal/jaegertest:
+# the traces of the real binaries) has no Debian package: it is built from
+# source once per machine, below.
 set -euo pipefail
 
 need=()
@@ -36,9 +38,36 @@ if [ ${#need[@]} -gt 0 ]; then
 		$sudo systemctl disable --now etcd >/dev/null 2>&1 || true
 	fi
 fi
+
+# Jaeger, cached in the user's cache directory (where internal/jaegertest's
+# BinaryPath looks; keep the version equal to jaegertest.Version). `go install
+# ...@version` is refused because Jaeger's go.mod has replace directives, so a
+# scratch module requires it as a tool and builds it: about 5 minutes on 2
+# cores, once; a 121 MB binary. It is built under a temporary name and renamed,
+# so an interrupted build leaves no binary that looks whole.
+go="${GO:-go}"
+jaeger_version=v1.76.0
+jaeger_bin="${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/jaeger-$jaeger_version/jaeger"
+if [ ! -x "$jaeger_bin" ]; then
+	echo "deps: building jaeger $jaeger_version into $jaeger_bin (once per machine, about 5 minutes on 2 cores)"
+	mkdir -p "$(dirname "$jaeger_bin")"
+	scratch="$(mktemp -d)"
+	trap 'rm -rf "$scratch" "$jaeger_bin.tmp.$$"' EXIT
+	(
+		cd "$scratch"
+		"$go" mod init lockstep.invalid/jaeger-build >/dev/null 2>&1
+		"$go" get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$jaeger_version"
+		"$go" build -o "$jaeger_bin.tmp.$$" github.com/jaegertracing/jaeger/cmd/jaeger
+	)
+	mv -f "$jaeger_bin.tmp.$$" "$jaeger_bin"
+fi
+
 redis-server --version
 # sed, not head: head exits after one line, and the version command's next
 # write then dies of SIGPIPE, which pipefail turns into a failed make test.
 etcd --version 2>&1 | sed -n 1p
 promtool --version 2>&1 | sed -n 1p
 chromium --version 2>/dev/null || true
+# `jaeger version` is empty without Jaeger's own release flags: the module
+# version comes from the binary's build information instead.
+"$go" version -m "$jaeger_bin" | awk -v bin="$jaeger_bin" '($1 == "mod" || $1 == "dep") && $2 == "github.com/jaegertracing/jaeger" { print "jaeger " $3 " (" bin ")" }'
