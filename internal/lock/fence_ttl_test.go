@@ -70,7 +70,7 @@ func TestRenewalKeepsTheCounterWhileHeld(t *testing.T) {
 		l     *lock.Locker
 		nodes []redis.UniversalClient
 	}{
-		"single":  {l1, []redis.UniversalClient{c}},
+		"single": {l1, []redis.UniversalClient{c}},
 		// A node's part of an acquire may take its first dial and script
 		// load: more than the 50 ms floor derived from this short ttl on a
 		// loaded machine, and this test is about the counters.

@@ -215,30 +215,14 @@ func (b *single) breakLock(ctx context.Context, l *Locker, h Held) (bool, error)
 	return deleteIfHolds(ctx, b.client, l.keysFor(h.Resource).permitKeys(h.Permit).lock, h.Token)
 }
 
-// deleteIfHolds deletes key on node if it still holds token (WATCH, GET,
-// MULTI/DEL), and reports whether the key no longer holds it.
+// deleteIfHolds deletes key on node if it still holds token (break.lua),
+// and reports whether it did.
 func deleteIfHolds(ctx context.Context, node redis.UniversalClient, key, token string) (bool, error) {
-	err := node.Watch(ctx, func(tx *redis.Tx) error {
-		cur, err := tx.Get(ctx, key).Result()
-		if errors.Is(err, redis.Nil) || (err == nil && cur != token) {
-			return errNotHeld
-		}
-		if err != nil {
-			return err
-		}
-		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, key)
-			return nil
-		})
-		return err
-	}, key)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, errNotHeld), errors.Is(err, redis.TxFailedErr): // changed hands meanwhile
-		return false, nil
+	v, err := run(ctx, node, scriptBreak, []string{key}, token)
+	if err != nil {
+		return false, fmt.Errorf("redis: %w", err)
 	}
-	return false, fmt.Errorf("redis: %w", err)
+	return v == int64(1), nil
 }
 
 func btoi(b bool) int {
@@ -247,8 +231,6 @@ func btoi(b bool) int {
 	}
 	return 0
 }
-
-var errNotHeld = errors.New("not held with that token")
 
 // nodeName is how the operator's view names a Redlock node: its address.
 func nodeName(i int, n redis.UniversalClient) string {

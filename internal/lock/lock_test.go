@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -244,5 +245,44 @@ func TestOptionsThatDoNotApplyAreRejected(t *testing.T) {
 	}
 	if l := lock.NewRedlock(nodes, lock.WithNodeTimeout(time.Second)); l.Backend() != "redlock" || l.SharesClient() {
 		t.Fatalf("Backend() = %q, SharesClient() = %v, want redlock, false", l.Backend(), l.SharesClient())
+	}
+}
+
+// Break of a held lock whose holder renews it at that very moment (a
+// renewal between Break's WATCH and EXEC touches the key) still deletes it:
+// the holder's lock did not change hands.
+func TestBreakDeletesALockBeingRenewed(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	for i := range 20 {
+		res := fmt.Sprint("renewed:", i)
+		lease := mustAcquire(t, ctx, l, res, time.Minute)
+		stop := make(chan struct{})
+		renewed := make(chan struct{})
+		go func() { // the holder renewing as fast as it can
+			defer close(renewed)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = lease.Renew(ctx)
+				}
+			}
+		}()
+		h, err := l.Held(ctx, res)
+		if err != nil || h == nil {
+			t.Fatalf("held %s: %v, %v", res, h, err)
+		}
+		broken, err := l.Break(ctx, *h)
+		close(stop)
+		<-renewed
+		if err != nil || !broken {
+			t.Fatalf("break %d of a lock being renewed: broken %v, err %v", i, broken, err)
+		}
+		if n := c.Exists(ctx, l.Key(res)).Val(); n != 0 {
+			t.Fatalf("break %d: the key is still there", i)
+		}
 	}
 }
