@@ -136,7 +136,9 @@ func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	rec.reset()
 	before := renewed(m)
 	const rounds = 4
-	eventually(t, (rounds+2)*ttl/3+time.Second, fmt.Sprintf("%d rounds", rounds), func() bool {
+	// Bounded with room for a loaded machine: what is asserted is the round
+	// trips per round, and that no lease was lost meanwhile.
+	eventually(t, (rounds+2)*ttl/3+5*time.Second, fmt.Sprintf("%d rounds", rounds), func() bool {
 		return renewed(m)-before >= rounds*n
 	})
 	trips, evals := rec.snapshot()

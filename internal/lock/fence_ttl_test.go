@@ -63,7 +63,7 @@ func TestReleasedResourceKeysAreGoneAfterTheFenceTTL(t *testing.T) {
 // reads the counter).
 func TestRenewalKeepsTheCounterWhileHeld(t *testing.T) {
 	t.Parallel()
-	const ttl, fenceTTL = 150 * time.Millisecond, 100 * time.Millisecond
+	const ttl, fenceTTL = 600 * time.Millisecond, 400 * time.Millisecond
 	l1, c, _ := newLocker(t, lock.WithFenceTTL(fenceTTL))
 	_, nodes := redlockNodes(t, 3)
 	for name, d := range map[string]struct {
