@@ -106,7 +106,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	}
 	if err != nil {
 		// Leave nothing behind: the lock we took is not safe to use.
-		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
+		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl, s.limit)
 		return grant{err: errors.Join(err, relErr)}
 	}
 	return g
@@ -181,7 +181,7 @@ func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, ke
 }
 
 func (b *single) release(ctx context.Context, s *Lease) error {
-	keys, args := releaseArgs(s.keys, s.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
+	keys, args := releaseArgs(s.keys, s.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl, s.limit)
 	status, err := releaseStatus(b.call(ctx, b.releases, scriptRelease, keys, args))
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", s.resource, err)
