@@ -118,8 +118,11 @@ end
 -- any declarer allowed while the hash lives: the permits that may be held.
 -- A lowered limit makes no one lose a permit; no one gets one until fewer
 -- than the new n are held. The hash lives as long as a fence counter of its
--- permits: every acquire, hand-off and renewal of a permit gives it the
--- counter's ttl when it had less.
+-- permits above 0: every acquire, hand-off and renewal of a permit k > 0
+-- gives it the counter's ttl when it had less (a take, any permit's), and
+-- a new hash gets it at once. Permit 0, the lock key, needs no hash: while
+-- it alone may be held the resource is a lock to every caller, and the next
+-- declarer writes the limit again.
 local function permit(lock, fencekey, owners, k)
   if k == 0 then
     return lock, fencekey, owners
