@@ -21,8 +21,8 @@ import (
 // 1 ms, Release), as a lock (limit 1) and with limit 4, taking turns in 5
 // rounds of b.N/5 acquisitions each, so that both see the same load of a
 // shared machine. x4 is limit 4's acq/s over limit 1's (target ≥ 3.5).
-// Per limit (metrics l1-… and l4-…): acq/s; wait-p99-ms, each acquire's
-// wait, beside ideal-p99-ms, (16/limit − 1) × (hold + hand-off) with hold
+// Per limit (metrics l1-… and l4-…): acq/s; wait-p50-ms and wait-p99-ms,
+// each acquire's wait, the latter beside ideal-p99-ms, (16/limit − 1) × (hold + hand-off) with hold
 // (mean, from an acquire's return to its release call) and hand-off (p50,
 // from a release call to the acquire's return of the next holder of the same
 // permit) measured in the run; spread, the most acquisitions of one
@@ -119,6 +119,7 @@ func BenchmarkPermitsContended(b *testing.B) {
 		b.ReportMetric(float64(t.self.Microseconds())/ops, name("client-cpu-us/op"))
 		if len(t.waits) > 0 {
 			slices.Sort(t.waits)
+			b.ReportMetric(float64(t.waits[len(t.waits)/2].Microseconds())/1000, name("wait-p50-ms"))
 			b.ReportMetric(float64(t.waits[len(t.waits)*99/100].Microseconds())/1000, name("wait-p99-ms"))
 		}
 		holdMean, handoff := holdAndHandoff(t.spans)
