@@ -246,6 +246,10 @@ func reportLimited(names []string, r map[string]map[string][]sample) {
 				return float64(s.p99) / ((float64(*contenders)/holders - 1) * float64(s.hold+s.handoff))
 			}), "%.2f×")
 		}
+		handoff := ms(median(each(ss, func(s sample) float64 { return float64(s.handoff) })))
+		if ideal == "–" {
+			handoff = "–" // the peer names no permit
+		}
 		fmt.Printf("| %s | %s | %s | %.2f | %.2f | %s | %s | %s | %d–%d | %s | %.1f | %s | %s |\n", n,
 			spread(each(ss, sample.rate), "%.0f"),
 			spread(ratio(ss, r[kind][base]), "%.2f×"),
@@ -258,6 +262,6 @@ func reportLimited(names []string, r map[string]map[string][]sample) {
 			spread(each(ss, func(s sample) float64 { return float64(s.perMax) / float64(max(s.perMin, 1)) }), "%.2f"),
 			median(each(ss, func(s sample) float64 { return float64(s.cpu.Microseconds()) / float64(max(s.ops, 1)) })),
 			ms(median(each(ss, func(s sample) float64 { return float64(s.hold) }))),
-			ms(median(each(ss, func(s sample) float64 { return float64(s.handoff) }))))
+			handoff)
 	}
 }
