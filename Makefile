@@ -30,6 +30,7 @@ test: deps
 # read off one output; counts and times suit a 2-core machine (a few minutes).
 bench: deps
 	$(GO) test -run '^$$' -bench 'Cycle' -benchtime 3s -count 3 ./internal/lock
+	$(GO) test -run '^$$' -bench 'PermitsContended' -benchtime 5000x -count 3 ./internal/lock
 	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
 	$(GO) test -run '^$$' -bench 'MemoryReleased' -benchtime 1000000x ./internal/lock
 	$(GO) test -run '^$$' -bench 'MemoryHandOff' -benchtime 200000x -timeout 30m ./internal/jobs

@@ -12,6 +12,9 @@
 //     holds and hand-offs ahead of it, so the table also splits a cycle of
 //     the lock into the hold (the 1ms sleep and its overshoot) and the
 //     hand-off (from a release call to the next holder's acquire return).
+//   - limited/16 (limited.go): the contended loop on a resource of 4
+//     holders at once: Lockstep with Permits(4), beside Lockstep with
+//     Permits(1) in the same repetition, and asynq's x/rate semaphore.
 //
 // Repetitions are interleaved (every peer once per repetition) so that the
 // load of a shared machine spreads over all of them; the uncontended runs
@@ -76,12 +79,32 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 // peer is one lock implementation: cycle takes and frees key once without
-// waiting; wait takes it, waiting as the library does, and returns the release.
+// waiting; wait takes it, waiting as the library does, and returns the
+// release; limited does the same for a resource of several holders at once
+// (limited.go) and says which permit it got (-1: the library does not say).
+// spawn, when set, runs the goroutines of a run where the library needs
+// them (see limited.go); nil: plain goroutines.
 type peer struct {
-	name  string
-	cnt   *counter
-	cycle func(ctx context.Context, key string) error
-	wait  func(ctx context.Context, key string) (func() error, error)
+	name    string
+	cnt     *counter
+	cycle   func(ctx context.Context, key string) error
+	wait    func(ctx context.Context, key string) (func() error, error)
+	limited func(ctx context.Context, key string) (release func() error, permit int, err error)
+	spawn   spawner
+}
+
+// A spawner runs f(ctx, g) for g from 0 to n-1 at once, each on a
+// goroutine, calls ready just before the first f starts (when every
+// goroutine is there), and returns when every f has.
+type spawner func(n int, f func(ctx context.Context, g int), ready func())
+
+func goroutines(n int, f func(ctx context.Context, g int), ready func()) {
+	ready()
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() { f(context.Background(), g) })
+	}
+	wg.Wait()
 }
 
 const ttl = 30 * time.Second
@@ -213,21 +236,26 @@ func (s server) stats(ctx context.Context) (calls int64, cpu time.Duration) {
 }
 
 // measure runs body on goroutines until d passes and fills in the counts.
-func (s server) measure(p peer, goroutines int, d time.Duration, body func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration)) sample {
+func (s server) measure(p peer, n int, d time.Duration, body func(ctx context.Context, g int, stop *atomic.Bool) (int64, []time.Duration)) sample {
 	ctx := context.Background()
-	calls0, cpu0 := s.stats(ctx)
-	cmds0, trips0 := p.cnt.cmds.Load(), p.cnt.trips.Load()
-	self0 := processCPU()
+	var calls0, cmds0, trips0 int64
+	var cpu0, self0 time.Duration
 	var stop atomic.Bool
-	counts := make([]int64, goroutines)
-	waits := make([][]time.Duration, goroutines)
-	var wg sync.WaitGroup
-	start := time.Now()
-	timer := time.AfterFunc(d, func() { stop.Store(true) })
-	for g := range goroutines {
-		wg.Go(func() { counts[g], waits[g] = body(ctx, g, &stop) })
+	counts := make([]int64, n)
+	waits := make([][]time.Duration, n)
+	var start time.Time
+	var timer *time.Timer
+	spawn := p.spawn
+	if spawn == nil {
+		spawn = goroutines
 	}
-	wg.Wait()
+	spawn(n, func(ctx context.Context, g int) { counts[g], waits[g] = body(ctx, g, &stop) }, func() {
+		calls0, cpu0 = s.stats(ctx)
+		cmds0, trips0 = p.cnt.cmds.Load(), p.cnt.trips.Load()
+		self0 = processCPU()
+		start = time.Now()
+		timer = time.AfterFunc(d, func() { stop.Store(true) })
+	})
 	timer.Stop()
 	out := sample{elapsed: time.Since(start), self: processCPU() - self0}
 	calls1, cpu1 := s.stats(ctx)
@@ -315,7 +343,7 @@ func main() {
 	addr, stopRedis := startRedis()
 	defer stopRedis()
 	srv := server{admin: redis.NewClient(&redis.Options{Addr: addr})}
-	ps := peers(addr)
+	ps := append(peers(addr), limitedPeers(addr)...)
 	var names []string
 	for _, p := range ps {
 		names = append(names, p.name)
@@ -326,11 +354,13 @@ func main() {
 		run  func(p peer, rep int) sample
 		only func(p peer) bool
 	}{
-		{"cycle/1", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 1, rep) }, func(peer) bool { return true }},
-		{"cycle/64", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 64, rep) }, func(peer) bool { return true }},
+		{"cycle/1", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 1, rep) }, func(p peer) bool { return p.cycle != nil }},
+		{"cycle/64", *cycleReps, func(p peer, rep int) sample { return srv.cycle(p, 64, rep) }, func(p peer) bool { return p.cycle != nil }},
 		{fmt.Sprintf("contended/%d", *contenders), *reps, func(p peer, rep int) sample { return srv.contended(p, *contenders, rep) },
 			func(p peer) bool { return p.wait != nil }},
 		{"alone/1", *reps, func(p peer, rep int) sample { return srv.contended(p, 1, rep) }, func(p peer) bool { return p.wait != nil }},
+		{fmt.Sprintf("limited/%d", *contenders), *reps, func(p peer, rep int) sample { return srv.limitedRun(p, *contenders, rep) },
+			func(p peer) bool { return p.limited != nil }},
 	}
 	results := map[string]map[string][]sample{}
 	for _, k := range kinds {
@@ -362,6 +392,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "repetition %d of %d done\n", rep+1, total)
 	}
 	report(names, results)
+	reportLimited(names, results)
 }
 
 // processCPU returns this process's user+sys CPU time.

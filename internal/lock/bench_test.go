@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,6 +76,75 @@ func BenchmarkCycleFencedLock(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+}
+
+// BenchmarkCyclePermits is BenchmarkCycleFencedLock's cycle (TryAcquire +
+// Release, each goroutine on its own key) for a resource with a limit of 3
+// beside the lock's, at 1 and at 64 goroutines, on one server. The two take
+// turns in 5 rounds of b.N/5 cycles each, so that both see the same load of
+// a shared machine; x is the permit's cycles/s over the lock's (target
+// ≥ 0.9), and each reports its ns per cycle and Redis and client CPU.
+//
+//	go test -run '^$' -bench 'CyclePermits' -benchtime 20000x ./internal/lock
+func BenchmarkCyclePermits(b *testing.B) {
+	const rounds = 5
+	c := benchClient(b)
+	l := lock.New(c)
+	ctx := context.Background()
+	kinds := []struct {
+		name string
+		opts []lock.AcquireOption
+	}{{"lock", nil}, {"limit3", []lock.AcquireOption{lock.Permits(3)}}}
+	for _, goroutines := range []int{1, benchGoroutines} {
+		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
+			type tally struct{ elapsed, redisCPU, self time.Duration }
+			tallies := make([]tally, len(kinds))
+			// run makes n cycles of kind k on goroutines keys of its own.
+			run := func(k, n int) {
+				var left atomic.Int64
+				left.Store(int64(n))
+				srv0, self0 := redistest.CPU(b, c), proctest.SelfCPU(b)
+				start := time.Now()
+				var wg sync.WaitGroup
+				for g := range goroutines {
+					key := fmt.Sprintf("bench-%s-%d", kinds[k].name, g)
+					wg.Go(func() {
+						for left.Add(-1) >= 0 {
+							lease, err := l.TryAcquire(ctx, key, 30*time.Second, kinds[k].opts...)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							if err := lease.Release(ctx); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				t := &tallies[k]
+				t.elapsed += time.Since(start)
+				t.redisCPU += redistest.CPU(b, c) - srv0
+				t.self += proctest.SelfCPU(b) - self0
+			}
+			b.ResetTimer()
+			for r := range rounds {
+				for k := range kinds {
+					run(k, b.N*(r+1)/rounds-b.N*r/rounds)
+				}
+			}
+			b.StopTimer()
+			ops := float64(b.N)
+			b.ReportMetric(tallies[0].elapsed.Seconds()/tallies[1].elapsed.Seconds(), "x")
+			for k, kind := range kinds {
+				t := tallies[k]
+				b.ReportMetric(float64(t.elapsed.Nanoseconds())/ops, kind.name+"-ns/cycle")
+				b.ReportMetric(float64(t.redisCPU.Microseconds())/ops, kind.name+"-redis-cpu-us")
+				b.ReportMetric(float64(t.self.Microseconds())/ops, kind.name+"-client-cpu-us")
+			}
+		})
+	}
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

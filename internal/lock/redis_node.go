@@ -107,9 +107,11 @@ func parseHandoff(g *grant, v string) bool {
 }
 
 // releaseArgs: counter is the counter's TTL (counterTTL) should the release
-// hand the lock to a waiter; ttl is the lock ttl of a grant to a parked task.
-func releaseArgs(k keys, token, owner string, counter int64, ttl time.Duration) ([]string, []any) {
-	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds(), k.permit}
+// hand the lock to a waiter; ttl is the lock ttl of a grant to a parked task;
+// limit the one the lease's acquire declared (1 for a lock; a permit's
+// release needs no look at the limit while nobody waits).
+func releaseArgs(k keys, token, owner string, counter int64, ttl time.Duration, limit int) ([]string, []any) {
+	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds(), k.permit, max(limit, 1)}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one
@@ -126,8 +128,8 @@ func releaseStatus(reply any, err error) (int64, error) {
 }
 
 // releaseOn runs release.lua for token and owner on c (see releaseStatus).
-func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, counter int64, ttl time.Duration) (int64, error) {
-	keys, args := releaseArgs(k, token, owner, counter, ttl)
+func releaseOn(ctx context.Context, c redis.Scripter, k keys, token, owner string, counter int64, ttl time.Duration, limit int) (int64, error) {
+	keys, args := releaseArgs(k, token, owner, counter, ttl, limit)
 	return releaseStatus(run(ctx, c, scriptRelease, keys, args...))
 }
 

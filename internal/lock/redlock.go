@@ -307,7 +307,7 @@ func (r *redlock) releaseOn(ctx context.Context, gs []grant, token, owner string
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, r.timeout(ttl))
 			defer cancel()
-			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner, counterTTL(ttl, r.fenceTTL), ttl)
+			st, err := releaseOn(nctx, r.nodes[g.node], k, token, owner, counterTTL(ttl, r.fenceTTL), ttl, 1)
 			if err != nil {
 				errs[i] = fmt.Errorf("node %d: %w", g.node, err)
 			}

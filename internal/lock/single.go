@@ -106,7 +106,7 @@ func (b *single) acquireAndWait(ctx context.Context, s *Lease, keys []string, ar
 	}
 	if err != nil {
 		// Leave nothing behind: the lock we took is not safe to use.
-		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
+		_, relErr := releaseOn(context.WithoutCancel(ctx), b.client, s.keys, g.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl, s.limit)
 		return grant{err: errors.Join(err, relErr)}
 	}
 	return g
@@ -181,8 +181,15 @@ func (b *single) call(ctx context.Context, bt *batcher, script *redis.Script, ke
 }
 
 func (b *single) release(ctx context.Context, s *Lease) error {
-	keys, args := releaseArgs(s.keys, s.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl)
-	status, err := releaseStatus(b.call(ctx, b.releases, scriptRelease, keys, args))
+	keys, args := releaseArgs(s.keys, s.token, s.owner, counterTTL(s.ttl, b.fenceTTL), s.ttl, s.limit)
+	bt := b.releases
+	if s.wait != nil && !s.wait.sent.IsZero() {
+		// The lease waited in the queue: others likely wait behind it, and
+		// the hand-off to them is their wait. Its call goes at once rather
+		// than after a batch in flight (a round trip more on their wait).
+		bt = nil
+	}
+	status, err := releaseStatus(b.call(ctx, bt, scriptRelease, keys, args))
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", s.resource, err)
 	}

@@ -80,9 +80,10 @@ local function lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, w
   return reply
 end
 
--- permitone is lockone for a resource with permits (lib.lua).
-local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit)
-  local n, h = declare(lock, limit, fencettl)
+-- permitone is lockone for a resource with permits (lib.lua); queued tells
+-- whether the queue exists.
+local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit, queued)
+  local n, h = declare(lock, limit, fencettl, true)
   local granted = waiter ~= '' and redis.call('LPOP', q .. ':' .. waiter .. ':wake')
   if granted then
     return granted
@@ -102,9 +103,15 @@ local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner,
       end
     end
   end
+  -- Nobody waits and no limit was lowered (h = n): permit 0 is the lowest
+  -- free one if it is free, and fewer than n are held then.
+  if not queued and h == n and redis.call('SET', lock, token, 'NX', 'PX', ttl) then
+    own(owners, token, ttl, owner)
+    return nextfence(fencekey, fencettl)
+  end
   local count, free = holders(lock, n, h)
   if count < n and free then
-    if redis.call('EXISTS', q) == 0 then
+    if not queued then
       local pl, pf, po = permit(lock, fencekey, owners, free)
       redis.call('SET', pl, token, 'PX', ttl)
       own(po, token, ttl, owner)
@@ -112,10 +119,11 @@ local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner,
       if free == 0 then
         return fence
       end
+      keeplimit(lock .. ':limit', fencettl)
       return {fence, free, 'p'}
     end
     -- Free permits with waiters queued: theirs, in order, perhaps the caller's.
-    serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, nil)
+    serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, nil, true)
     if waiter ~= '' then
       granted = redis.call('LPOP', q .. ':' .. waiter .. ':wake')
       if granted then
@@ -132,12 +140,16 @@ for i = 0, #KEYS / 4 - 1 do
   local token, ttl, fencettl, owner, waiter, limit =
     ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], ARGV[6 * i + 5], tonumber(ARGV[6 * i + 6])
   local reply
-  -- One call tells a free lock without waiters or a limit, the common case.
-  local others = redis.call('EXISTS', q, lock .. ':limit')
-  if limit == 1 and (others == 0 or redis.call('EXISTS', lock .. ':limit') == 0) then
-    reply = lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, others > 0)
+  if limit > 1 then
+    reply = permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit, redis.call('EXISTS', q) == 1)
   else
-    reply = permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit)
+    -- One call tells a free lock without waiters or a limit, the common case.
+    local others = redis.call('EXISTS', q, lock .. ':limit')
+    if others == 0 or redis.call('EXISTS', lock .. ':limit') == 0 then
+      reply = lockone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, others > 0)
+    else
+      reply = permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner, waiter, limit, others > 1)
+    end
   end
   if reply == 0 and waiter ~= '' then
     redis.call('ZADD', q, 'NX', string.format('%.0f', time()), waiter)

@@ -118,8 +118,11 @@ end
 -- any declarer allowed while the hash lives: the permits that may be held.
 -- A lowered limit makes no one lose a permit; no one gets one until fewer
 -- than the new n are held. The hash lives as long as a fence counter of its
--- permits: every acquire, hand-off and renewal of a permit gives it the
--- counter's ttl when it had less.
+-- permits above 0: every acquire, hand-off and renewal of a permit k > 0
+-- gives it the counter's ttl when it had less (a take, any permit's), and
+-- a new hash gets it at once. Permit 0, the lock key, needs no hash: while
+-- it alone may be held the resource is a lock to every caller, and the next
+-- declarer writes the limit again.
 local function permit(lock, fencekey, owners, k)
   if k == 0 then
     return lock, fencekey, owners
@@ -152,62 +155,109 @@ local function limitof(base)
   return tonumber(v[1]), tonumber(v[2])
 end
 
--- declare makes n the resource's limit; the hash lives at least pttl.
-local function declare(base, n, pttl)
+-- declare makes n the resource's limit; the hash lives at least pttl. With
+-- lazy, a hash that was there keeps its ttl: the caller keeps it alive
+-- itself when it takes a permit k > 0 (permit 0, the lock key, needs no
+-- hash). It also tells whether the hash was there before.
+local function declare(base, n, pttl, lazy)
   local key = base .. ':limit'
-  local h = math.max(n, tonumber(redis.call('HGET', key, 'h') or '0'))
-  redis.call('HSET', key, 'n', n, 'h', h)
-  keeplimit(key, pttl)
-  return n, h
+  local v = redis.call('HMGET', key, 'n', 'h')
+  local h = math.max(n, tonumber(v[2] or '0'))
+  if tonumber(v[1]) ~= n or tonumber(v[2]) ~= h then
+    redis.call('HSET', key, 'n', n, 'h', h)
+  end
+  if not v[1] then
+    redis.call('PEXPIRE', key, pttl)
+  elseif not lazy then
+    keeplimit(key, pttl)
+  end
+  return n, h, v[1] ~= false
+end
+
+-- held reads which of the first h permits are held: held[k + 1] is permit
+-- k's value, or false. One MGET for up to 512 permits (a call's arguments
+-- go on Lua's stack).
+local function held(base, h)
+  local out = {}
+  for from = 0, h - 1, 512 do
+    local names = {}
+    for k = from, math.min(h, from + 512) - 1 do
+      if k == 0 then
+        names[#names + 1] = base
+      else
+        names[#names + 1] = base .. ':p' .. k
+      end
+    end
+    local v = redis.call('MGET', unpack(names))
+    for i = 1, #v do
+      out[from + i] = v[i]
+    end
+  end
+  return out
 end
 
 -- holders counts the held permits among the first h and finds the lowest
--- free one below n (nil when none).
+-- free one below n (nil when none); it returns what held read as well.
 local function holders(base, n, h)
+  local v = held(base, h)
   local count, free = 0, nil
   for k = 0, h - 1 do
-    local key = base
-    if k > 0 then
-      key = base .. ':p' .. k
-    end
-    if redis.call('EXISTS', key) == 1 then
+    if v[k + 1] then
       count = count + 1
     elseif k < n and not free then
       free = k
     end
   end
-  return count, free
+  return count, free, v
 end
 
 -- serve hands free permits to the longest waiters of q while fewer than n
 -- are held, preferring the permit just freed (prefer, or nil), each with
--- handoff. At most one task head goes to nexttoken (a chain). Returns the
--- chain's {member, fence[, k]} if there was one, else the first hand-off's
--- result, or false.
-local function serve(base, fencekey, owners, q, fencettl, ttl, nexttoken, n, h, prefer)
+-- handoff. At most one task head goes to nexttoken (a chain). queued tells
+-- that the caller knows q to exist (else serve looks); freed, that the
+-- caller's own permit prefer is to be counted free though its key is still
+-- there (a release that lets the hand-off overwrite it, or deletes it after).
+-- The permits are read once: each hand-off takes the one it hands on.
+-- Returns the chain's {member, fence[, k]} if there was one, else the first
+-- hand-off's result, or false; and which permits are held now (v[k + 1]).
+local function serve(base, fencekey, owners, q, fencettl, ttl, nexttoken, n, h, prefer, queued, freed)
+  if not queued and redis.call('EXISTS', q) == 0 then
+    return false, nil
+  end
+  local count, _, v = holders(base, n, h)
+  if freed and v[prefer + 1] then
+    v[prefer + 1], count = false, count - 1
+  end
   local first, chain = false, nil
-  while redis.call('EXISTS', q) == 1 do
-    local count, free = holders(base, n, h)
-    if count >= n or not free then
-      break
-    end
-    if prefer and prefer < n and prefer ~= free then
-      local pl = permit(base, fencekey, owners, prefer)
-      if redis.call('EXISTS', pl) == 0 then
-        free = prefer
+  while count < n do
+    local free
+    if prefer and prefer < n and not v[prefer + 1] then
+      free = prefer
+    else
+      for k = 0, n - 1 do
+        if not v[k + 1] then
+          free = k
+          break
+        end
       end
     end
     prefer = nil
+    if not free then
+      break
+    end
     local pl, pf, po = permit(base, fencekey, owners, free)
     local r = handoff(pl, pf, po, q, fencettl, ttl, nexttoken, free, base, true)
     if not r then
       break
     end
-    keeplimit(base .. ':limit', fencettl)
+    v[free + 1], count = true, count + 1
     first = first or r
     if type(r) == 'table' then
       chain, nexttoken = r, ''
     end
   end
-  return chain or first
+  if first then
+    keeplimit(base .. ':limit', fencettl)
+  end
+  return chain or first, v
 end

@@ -4,19 +4,21 @@
 -- lock per call on a Cluster or a Redlock node; on one server, concurrent
 -- releases share a call.
 --
--- For the i-th lock (i from 1), four keys and five values:
+-- For the i-th lock (i from 1), four keys and six values:
 -- KEYS[4i-3]  lock key (of the lease's permit: lib.lua)
 -- KEYS[4i-2]  fencing counter (for a hand-off; the permit's)
 -- KEYS[4i-1]  reentrancy hash (see acquire.lua; ignored when the owner is ""; the permit's)
 -- KEYS[4i]    wait queue (see acquire.lua)
--- ARGV[5i-4]  token
--- ARGV[5i-3]  owner id of a reentrant lease, or ""
--- ARGV[5i-2]  fencing counter ttl in milliseconds
--- ARGV[5i-1]  lock ttl in milliseconds (of a grant to a parked task at the head)
--- ARGV[5i]    the lease's permit k (0 for a lock)
+-- ARGV[6i-5]  token
+-- ARGV[6i-4]  owner id of a reentrant lease, or ""
+-- ARGV[6i-3]  fencing counter ttl in milliseconds
+-- ARGV[6i-2]  lock ttl in milliseconds (of a grant to a parked task at the head)
+-- ARGV[6i-1]  the lease's permit k (0 for a lock)
+-- ARGV[6i]    the limit the lease's acquire declared (1 for a lock)
 --
 -- On a resource with a limit (lib.lua) the permit is freed, and free permits
--- go to the longest waiters while fewer than the limit are held (serve).
+-- go to the longest waiters while fewer than the limit are held (serve); the
+-- permit freed goes first, written once (not deleted, then set).
 --
 -- Returns one status per lock, in order (for one lock, that status alone):
 --   1   released (the key is gone, or handed to the first waiter)
@@ -28,8 +30,8 @@
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
   local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
-  local token, owner, fencettl, ttl, k =
-    ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4], tonumber(ARGV[5 * i + 5])
+  local token, owner, fencettl, ttl, k, limit =
+    ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], tonumber(ARGV[6 * i + 5]), tonumber(ARGV[6 * i + 6])
   local cur = redis.call('GET', lock)
   local status
   if not cur then
@@ -46,19 +48,32 @@ for i = 0, #KEYS / 4 - 1 do
   end
   if status == 0 or status == 1 then
     local base, bf, bo = unpermit(lock, fencekey, owners, k)
-    -- One call tells a lock without waiters or a limit, the common case;
-    -- without a limit, others > 0 is the queue.
-    local others = redis.call('EXISTS', q, base .. ':limit')
-    local n, h
-    if others > 0 then
-      n, h = limitof(base)
+    local n, h, queued
+    if k > 0 or limit > 1 then
+      -- A permit: without waiters its limit does not matter.
+      queued = redis.call('EXISTS', q) == 1
+      if queued then
+        n, h = limitof(base)
+      end
+    else
+      -- One call tells a lock without waiters or a limit, the common case;
+      -- without a limit, others > 0 is the queue.
+      local others = redis.call('EXISTS', q, base .. ':limit')
+      if others > 0 then
+        n, h = limitof(base)
+      end
+      queued = others > 1 or (others == 1 and not n)
     end
     if n then
-      if status == 1 then
+      local handed = false
+      if queued then
+        local _, v = serve(base, bf, bo, q, fencettl, ttl, '', n, h, k, true, status == 1)
+        handed = v and v[k + 1]
+      end
+      if status == 1 and not handed then
         redis.call('DEL', lock)
       end
-      serve(base, bf, bo, q, fencettl, ttl, '', n, h, k)
-    elseif others == 0 or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
+    elseif not queued or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
       if status == 1 then
         redis.call('DEL', lock)
       end
