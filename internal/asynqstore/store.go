@@ -120,9 +120,10 @@ type Claimed int
 
 // Claim's answers about the next task.
 const (
-	ClaimedNot    Claimed = 0  // gone, done, grouped or pending: not ours to run
-	ClaimedOK     Claimed = 1  // claimed: its message is returned
-	ClaimedActive Claimed = -1 // still active: on its way to the retry set
+	ClaimedNot     Claimed = 0  // gone, done or grouped: not ours to run
+	ClaimedOK      Claimed = 1  // claimed: its message is returned
+	ClaimedActive  Claimed = -1 // still active: on its way to the retry set
+	ClaimedPending Claimed = 2  // pending: on its way to a worker, which takes the lock
 )
 
 // Claim completes done (if not nil) and claims the task id of queue (if id

@@ -129,7 +129,8 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanCo
 			continue
 		case active:
 			// Still on its way back to the retry set (its worker is slow to
-			// park it): granted, it keeps its turn, and is woken once parked.
+			// park it), or pending: granted, it keeps its turn (a parked one
+			// is woken once parked).
 			s.deliver(ctx, g)
 			g = nil
 			continue
@@ -156,7 +157,8 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanCo
 // claim completes done (if set) and claims g's task in asynq, waiting a
 // moment for a task still on its way to the retry set. It returns the
 // task's message; or active, when g's task is still active after that
-// moment; or neither, when g's task is not there to run (passed over).
+// moment or pending (on its way to a worker: either way it is granted the
+// lock); or neither, when g's task is not there to run (passed over).
 func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, drop *string) (msg []byte, active bool, err error) {
 	if done != nil && g != nil && done.queue != g.Queue {
 		if _, _, err := s.claim(ctx, done, nil, drop); err != nil {
@@ -188,6 +190,12 @@ func (s *Server) claim(ctx context.Context, done *finished, g *lock.TaskGrant, d
 		switch c {
 		case asynqstore.ClaimedOK:
 			return msg, false, nil
+		case asynqstore.ClaimedPending:
+			// Its retry time came (asynq's forwarder moved it) or a
+			// recoverer brought it back: a worker is about to take it.
+			// Granted, it keeps its turn; passed over, it would join the
+			// end of the queue.
+			return nil, true, nil
 		case asynqstore.ClaimedActive:
 			// Still active: most likely on its way to the retry set (its
 			// worker is returning from its take).

@@ -418,3 +418,40 @@ func TestMarkerOfUncontendedJobGoesAtTheNextBeat(t *testing.T) {
 	ctx := context.Background()
 	waitFor(t, e.srv.recoveryTTL()/2, "done marker gone", func() bool { return e.admin.Exists(ctx, marker).Val() == 0 })
 }
+
+// A waiter that asynq has already moved to pending when the chain reaches
+// it (its retry time came, or a recoverer brought it back) is on its way to
+// a worker: it is granted the lock and keeps its turn, rather than being
+// passed over to join the end of the queue.
+func TestChainGrantsAPendingWaiterItsTurn(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		runs.Add(1)
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	e.enqueueID("t:hot", "holder")
+	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
+	// "first" waits ahead, pending on a queue no server takes from, so it
+	// stays pending; "second" parks behind it.
+	e.enqueueID("t:hot", "first", asynq.Queue("other"))
+	first := lock.TaskWaiter("other", "first")
+	e.admin.ZAdd(ctx, e.locker.QueueKey("hot"), redis.Z{Score: float64(time.Now().UnixMicro()), Member: first})
+	e.enqueueID("t:hot", "second", asynq.Retention(time.Hour))
+	e.waitState("second", asynq.TaskStateRetry, 10*time.Second)
+	close(release)
+	granted := "g:" + first + ":"
+	waitFor(t, 5*time.Second, "the lock granted to the pending waiter", func() bool {
+		return strings.HasPrefix(e.admin.Get(ctx, e.locker.Key("hot")).Val(), granted)
+	})
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("%d runs once the holder ended, want only the holder's: the waiter behind the pending one ran first", n)
+	}
+	// The grant outlives no one: once it expires, the waiter behind runs.
+	e.waitState("second", asynq.TaskStateCompleted, 20*time.Second)
+}

@@ -27,7 +27,9 @@
 --            was no longer ours (its lease had passed and asynq took it back)
 --   claimed   1 claimed, msg is its encoded message
 --            -1 still active: on its way to the retry set
---             0 gone, done, grouped or pending: not ours to run
+--             2 pending: on its way to a worker (its retry time came, or a
+--               recoverer brought it back) that will take the lock
+--             0 gone, done or grouped: not ours to run
 local done = 0
 if ARGV[1] ~= '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   if ARGV[6] ~= '' then
@@ -51,6 +53,9 @@ end
 local t = redis.call('HMGET', KEYS[6], 'state', 'msg')
 if t[1] == 'active' then
   return {done, -1}
+end
+if t[1] == 'pending' then
+  return {done, 2}
 end
 -- CH counts a changed score; an unchanged one (the lease equals its retry
 -- time) is the rare case that needs a look.
