@@ -96,12 +96,13 @@ func (s *Scheduler) watermark(ctx context.Context, e *entry) (time.Time, bool, e
 // skip moves the watermark over the ticks after w up to last, which the
 // policy drops, records them (reason paused for those due while the
 // schedule was paused, else catch_up), and counts those this call moved it
-// over as missed.
+// over: skipped_paused for the paused ones, missed for the others.
 func (s *Scheduler) skip(ctx context.Context, e *entry, w, last time.Time) (err error) {
 	ctx, span := s.trace.StartTick(ctx, e.name, last, s.id) // tracing: the last tick skipped
 	defer func() { span.Fail(err); span.End() }()
 	args := []any{last.Unix(), s.stateTTL.Milliseconds(), historyLen}
-	for _, r := range s.skipReasons(ctx, e, w, last) {
+	runs := s.skipReasons(ctx, e, w, last)
+	for _, r := range runs {
 		args = append(args, r.last.Unix(), r.reason)
 	}
 	res, err := s.scripts.run(ctx, "skip", e.name, scriptSkip, []string{e.keys.state, e.keys.history}, args...)
@@ -116,8 +117,23 @@ func (s *Scheduler) skip(ctx context.Context, e *entry, w, last time.Time) (err 
 	span.Outcome(tracing.TickSkipped)
 	prev, _ := a[1].(string)
 	if u, err := strconv.ParseInt(prev, 10, 64); err == nil {
-		_, n, _ := between(e.spec, time.Unix(u, 0), last, 0)
-		s.count(e, last, ResultMissed, n)
+		from := time.Unix(u, 0)
+		missed, paused := 0, 0
+		for _, r := range runs {
+			if !r.last.After(from) {
+				continue
+			}
+			_, n, _ := between(e.spec, from, r.last, 0)
+			if r.reason == ReasonPaused {
+				paused += n
+			} else {
+				missed += n
+			}
+			from = r.last
+		}
+		_, n, _ := between(e.spec, from, last, 0) // past the runs (or no pause on record)
+		s.count(e, last, ResultMissed, missed+n)
+		s.count(e, last, ResultSkippedPaused, paused)
 	}
 	return nil
 }

@@ -38,6 +38,10 @@ const (
 	// CLI or the Go client), counted by the replica that sweeps the
 	// schedule once the backfill has counted them in its state (sweepOnce).
 	ResultBackfilled = "backfilled"
+	// ResultSkippedPaused: ticks due while the schedule was paused, dropped
+	// by the catch-up policy at its resume: an operator's choice, not a
+	// miss (lockstep_scheduler_ticks_missed_total leaves them out).
+	ResultSkippedPaused = "skipped_paused"
 )
 
 const (
