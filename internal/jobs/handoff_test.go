@@ -250,18 +250,8 @@ func TestWaitPolicyWokenByRelease(t *testing.T) {
 // uniqueness lock freed.
 func TestHandoffCompletesTasksAsAsynqDoes(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	release := make(chan struct{})
-	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
-		runs.Add(1)
-		if job.ID == "holder" {
-			<-release
-		}
-		return nil
-	}))
+	e, runs, release := heldHot(t)
 	ctx := context.Background()
-	e.enqueue("t:hot", "holder", nil)
-	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
 	const n = 5
 	for i := range n {
 		id := fmt.Sprintf("u%d", i)
@@ -425,18 +415,8 @@ func TestMarkerOfUncontendedJobGoesAtTheNextBeat(t *testing.T) {
 // passed over to join the end of the queue.
 func TestChainGrantsAPendingWaiterItsTurn(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	release := make(chan struct{})
-	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
-		runs.Add(1)
-		if job.ID == "holder" {
-			<-release
-		}
-		return nil
-	}))
+	e, runs, release := heldHot(t)
 	ctx := context.Background()
-	e.enqueueID("t:hot", "holder")
-	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
 	// "first" waits ahead, pending on a queue no server takes from, so it
 	// stays pending; "second" parks behind it.
 	e.enqueueID("t:hot", "first", asynq.Queue("other"))
@@ -454,4 +434,22 @@ func TestChainGrantsAPendingWaiterItsTurn(t *testing.T) {
 	}
 	// The grant outlives no one: once it expires, the waiter behind runs.
 	e.waitState("second", asynq.TaskStateCompleted, 20*time.Second)
+}
+
+// heldHot is a server whose t:hot jobs count their runs on resource "hot",
+// with task "holder" running and holding it until release is closed.
+func heldHot(t *testing.T) (*env, *atomic.Int32, chan struct{}) {
+	t.Helper()
+	runs := new(atomic.Int32)
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:hot", "hot", func(_ context.Context, job Job) error {
+		runs.Add(1)
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	}))
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
+	return e, runs, release
 }
