@@ -136,11 +136,10 @@ var ErrEnded = errors.New("overlap: the run has ended (a later tick superseded i
 
 // Run is a run that holds its schedule's run lock.
 type Run struct {
-	client   redis.UniversalClient
-	keys     Keys
-	schedule string
-	id       string
-	Lease    *lock.Lease
+	client redis.UniversalClient
+	keys   Keys
+	id     string
+	Lease  *lock.Lease
 }
 
 // Begin takes schedule's run lock for task id, waiting in line while
@@ -160,7 +159,7 @@ func Begin(ctx context.Context, c redis.UniversalClient, l *lock.Locker, k Keys,
 	}
 	res, err := script.Run(ctx, c, scriptStart, "overlap start", []string{k.Runs}, id)
 	if err == nil && res == int64(1) {
-		return &Run{client: c, keys: k, schedule: schedule(k), id: id, Lease: lease}, nil
+		return &Run{client: c, keys: k, id: id, Lease: lease}, nil
 	}
 	_ = lease.Release(context.WithoutCancel(ctx))
 	if err != nil {
@@ -227,7 +226,8 @@ func (r *Run) Cancelled(lost *lock.LostError, timeout time.Duration) error {
 	if err != nil || !ok {
 		return nil
 	}
-	return &CancelledError{Schedule: r.schedule, Run: r.id, By: by, Tick: tickOf(r.schedule, by), Lost: lost}
+	name := schedule(r.keys)
+	return &CancelledError{Schedule: name, Run: r.id, By: by, Tick: tickOf(name, by), Lost: lost}
 }
 
 // tickOf is the time in a tick's task id: "<schedule>:<unix seconds>" (a

@@ -189,7 +189,7 @@ func (s *Scheduler) liveEntries() []*entry {
 	return out
 }
 
-var tickResults = []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp, ResultSkippedOverlap, ResultBackfilled}
+var tickResults = []string{ResultEnqueued, ResultFollower, ResultDuplicate, ResultMissed, ResultCaughtUp, ResultSkippedOverlap, ResultSkippedPaused, ResultBackfilled}
 
 // initSeries chooses e's series label (its name for file schedules and the
 // first maxLabeledRuntime run-time ones, else OtherSchedules) and puts its
