@@ -89,14 +89,14 @@ func TestFenceWhenTheClockIsBehindTheCounter(t *testing.T) {
 			t.Fatalf("acquire %d: fence %d, want counter+1 = %d", i, f, ahead+i)
 		}
 	}
-	if v, _ := c.Get(ctx, l.FenceKey("ahead")).Int64(); v != ahead+3 {
-		t.Fatalf("counter %d, want %d: the fence handed out is stored back", v, ahead+3)
+	if v, _ := c.Get(ctx, l.FenceFloorKey("ahead")).Int64(); v != ahead+3 {
+		t.Fatalf("fence floor %d, want %d: the fence released is kept", v, ahead+3)
 	}
 }
 
-// TestFenceKeysHaveBoundedLifetime: every key a cycle leaves behind expires
-// (the counter the lock's ttl + the fence TTL after the last acquire);
-// nothing of a finished wait stays.
+// TestFenceKeysHaveBoundedLifetime: a cycle leaves no key of its resource;
+// the one key left, its slot's fence floor, expires the lock's ttl + the
+// fence TTL after the last release; nothing of a finished wait stays.
 func TestFenceKeysHaveBoundedLifetime(t *testing.T) {
 	t.Parallel()
 	l, c, _ := newLocker(t, lock.WithFenceTTL(time.Hour))
@@ -106,11 +106,11 @@ func TestFenceKeysHaveBoundedLifetime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 1 || keys[0] != l.FenceKey("bounded") {
-		t.Fatalf("keys after 3 cycles: %v, want only the fence counter", keys)
+	if len(keys) != 1 || keys[0] != l.FenceFloorKey("bounded") {
+		t.Fatalf("keys after 3 cycles: %v, want only the slot's fence floor", keys)
 	}
 	if ttl := c.PTTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > time.Hour+time.Minute { // cycleFences: 1m leases
-		t.Fatalf("fence counter TTL %v, want (0, 1h1m]", ttl)
+		t.Fatalf("fence floor TTL %v, want (0, 1h1m]", ttl)
 	}
 }
 

@@ -15,8 +15,9 @@ import (
 // and is gone the fence TTL after the lock's end.
 
 // TestReleasedResourceKeysAreGoneAfterTheFenceTTL: after a reentrant hold,
-// a waiter and a release, the only key left is the counter, with the lock's
-// ttl + the fence TTL to live; it is gone after that, and so is every key.
+// a waiter and a release, no key of the resource is left: the only key is
+// its slot's fence floor, with the lock's ttl + the fence TTL to live; it is
+// gone after that, and a fresh fence is still greater.
 func TestReleasedResourceKeysAreGoneAfterTheFenceTTL(t *testing.T) {
 	t.Parallel()
 	const ttl, fenceTTL = 200 * time.Millisecond, 300 * time.Millisecond
@@ -37,18 +38,21 @@ func TestReleasedResourceKeysAreGoneAfterTheFenceTTL(t *testing.T) {
 	}
 	released := time.Now()
 	keys := c.Keys(context.Background(), "*").Val()
-	if len(keys) != 1 || keys[0] != l.FenceKey("gone") {
-		t.Fatalf("keys after the release: %v, want only the fencing counter", keys)
+	if len(keys) != 1 || keys[0] != l.FenceFloorKey("gone") {
+		t.Fatalf("keys after the release: %v, want only the slot's fence floor %s", keys, l.FenceFloorKey("gone"))
 	}
-	pttl := c.PTTL(context.Background(), l.FenceKey("gone")).Val()
+	if floor, _ := c.Get(context.Background(), keys[0]).Int64(); floor != outer.Fence() {
+		t.Fatalf("fence floor %d, want the released fence %d", floor, outer.Fence())
+	}
+	pttl := c.PTTL(context.Background(), keys[0]).Val()
 	if pttl <= 0 || pttl > ttl+fenceTTL {
-		t.Fatalf("fencing counter PTTL %v, want within (0, %v]", pttl, ttl+fenceTTL)
+		t.Fatalf("fence floor PTTL %v, want within (0, %v]", pttl, ttl+fenceTTL)
 	}
-	eventually(t, pttl+time.Second, "the fencing counter to expire", func() bool {
+	eventually(t, pttl+time.Second, "the fence floor to expire", func() bool {
 		return c.DBSize(context.Background()).Val() == 0
 	})
 	if late := time.Since(released); late < pttl-50*time.Millisecond {
-		t.Fatalf("the counter was gone %v after the release, before its PTTL %v", late, pttl)
+		t.Fatalf("the floor was gone %v after the release, before its PTTL %v", late, pttl)
 	}
 	// A fresh counter starts at the server's clock: still a greater fence.
 	next := mustAcquire(t, context.Background(), l, "gone", ttl)
@@ -118,5 +122,55 @@ func TestRenewalKeepsTheCounterWhileHeld(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReleasesRetireCountersIntoTheSlotFloor: a job's release (HandOn) and a
+// permit's release each delete the counter of the permit they free and
+// leave its fence in the slot's floor, so the next holder of either permit
+// still gets a greater fence; a hand-off to a waiter keeps the counter (the
+// next holder's).
+func TestReleasesRetireCountersIntoTheSlotFloor(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	take := func(id string) lock.Taken {
+		t.Helper()
+		r, err := l.Take(ctx, "retire", "default", id, time.Minute, time.Minute, true, "", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b := take("a"), take("b")
+	if a.Lease == nil || b.Lease == nil {
+		t.Fatalf("two tasks of limit 2: %+v %+v", a, b)
+	}
+	take("c") // waits
+	h, err := l.HandOn(ctx, b.Lease, lock.HandOff{Chain: true, Queue: "default", ID: "b", Outcome: "ok", MarkerTTL: time.Minute})
+	if err != nil || h.Next == nil || h.Next.ID != "c" {
+		t.Fatalf("hand-on to c: %+v %v", h.Next, err)
+	}
+	if c.Exists(ctx, l.PermitFenceKey("retire", b.Lease.Permit())).Val() != 1 {
+		t.Fatal("a hand-off deleted the counter its next holder goes on with")
+	}
+	cl := l.Adopt(h.Next, time.Minute)
+	if _, err := l.HandOn(ctx, cl, lock.HandOff{Queue: "default", ID: "c", Outcome: "ok", MarkerTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, l.PermitFenceKey("retire", 0), l.PermitFenceKey("retire", 1)).Val(); n != 0 {
+		t.Fatalf("%d counters left after every permit was released, want 0", n)
+	}
+	last := max(a.Lease.Fence(), h.Next.Fence)
+	if floor, _ := c.Get(ctx, l.FenceFloorKey("retire")).Int64(); floor != last {
+		t.Fatalf("slot floor %d, want the largest fence released, %d", floor, last)
+	}
+	for _, id := range []string{"d", "e"} {
+		if r := take(id); r.Lease == nil || r.Lease.Fence() <= last {
+			t.Fatalf("task %s after the releases: %+v, want a permit above fence %d", id, r, last)
+		}
 	}
 }

@@ -300,9 +300,9 @@ func checkFenceAcrossExpiry(t *testing.T, d deployment) {
 	if d := time.Duration(last) * time.Microsecond; d < time.Duration(time.Now().Add(-time.Hour).UnixMicro())*time.Microsecond {
 		t.Fatalf("a fresh counter started at %d, want the server's time in microseconds", last)
 	}
-	eventually(t, 2*time.Second, "the fence counter to expire", func() bool {
+	eventually(t, 2*time.Second, "the fence counter and floor to expire", func() bool {
 		for _, c := range d.admin {
-			if c.Exists(ctx, l1.FenceKey("fence-expiry")).Val() != 0 {
+			if c.Exists(ctx, l1.FenceKey("fence-expiry"), l1.FenceFloorKey("fence-expiry")).Val() != 0 {
 				return false
 			}
 		}

@@ -14,6 +14,7 @@ type keys struct {
 	owners string // reentrancy: owner id -> hold count (of permit k: ":owners:<k>")
 	queue  string // waiters of Acquire, in arrival order (see acquire.lua)
 	base   string // the resource's own lock key, prefix{R}, whatever the permit
+	floor  string // the fence floor of R's Cluster slot, prefix + "fences:{<slot tag>}" (slot.go)
 	permit int    // the permit these keys are (0: the lock itself)
 }
 
@@ -24,7 +25,7 @@ func (k keys) permitKeys(p int) keys {
 		return k
 	}
 	b := k.base
-	out := keys{lock: b, fence: b + ":fence", owners: b + ":owners", queue: k.queue, base: b, permit: p}
+	out := keys{lock: b, fence: b + ":fence", owners: b + ":owners", queue: k.queue, base: b, floor: k.floor, permit: p}
 	if p > 0 {
 		n := strconv.Itoa(p)
 		out.lock, out.fence, out.owners = b+":p"+n, out.fence+":"+n, out.owners+":"+n
@@ -50,8 +51,20 @@ func (l *Locker) keysFor(resource string) keys {
 	}
 	all := b.String()
 	f, o := n+len(":fence"), 2*n+len(":fence:owners")
-	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:], base: all[:n]}
+	return keys{lock: all[:n], fence: all[:f], owners: all[f:o], queue: all[o:], base: all[:n], floor: l.floorKey(all[:n])}
 }
+
+// floorKey returns the fence floor of the Cluster slot of lock key: the key
+// that a released resource's last fence is folded into (lua/lib.lua's
+// retire), so that no key of the resource outlives its release. One per slot
+// used, whatever the number of resources; it lives as long as a counter.
+func (l *Locker) floorKey(lock string) string {
+	return l.prefix + "fences:{" + slotTags()[hashSlot(lock)] + "}"
+}
+
+// FenceFloorKey returns the key of the fence floor that resource shares with
+// every resource of its Cluster slot.
+func (l *Locker) FenceFloorKey(resource string) string { return l.keysFor(resource).floor }
 
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):
 // the prefix a server-notice subscription (client tracking) watches.
@@ -60,7 +73,8 @@ func (l *Locker) KeyPrefix() string { return l.prefix + "{" }
 // Key returns the Redis key that holds the lock on resource.
 func (l *Locker) Key(resource string) string { return l.keysFor(resource).lock }
 
-// FenceKey returns the Redis key of resource's fencing counter.
+// FenceKey returns the Redis key of resource's fencing counter, which lives
+// while the resource is held (and, after an expiry, lock.fence_ttl more).
 func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).fence }
 
 // A resource's other keys and names, all under its hash tag:

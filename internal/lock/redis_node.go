@@ -32,7 +32,7 @@ type grant struct {
 func counterTTL(ttl, fenceTTL time.Duration) int64 { return (ttl + fenceTTL).Milliseconds() }
 
 func acquireArgs(s *Lease, fenceTTL time.Duration) ([]string, []any) {
-	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue},
+	return []string{s.keys.lock, s.keys.fence, s.keys.owners, s.keys.queue, s.keys.floor},
 		[]any{s.token, s.ttl.Milliseconds(), counterTTL(s.ttl, fenceTTL), s.owner, s.waiterID(), s.limit}
 }
 
@@ -111,7 +111,7 @@ func parseHandoff(g *grant, v string) bool {
 // limit the one the lease's acquire declared (1 for a lock; a permit's
 // release needs no look at the limit while nobody waits).
 func releaseArgs(k keys, token, owner string, counter int64, ttl time.Duration, limit int) ([]string, []any) {
-	return []string{k.lock, k.fence, k.owners, k.queue}, []any{token, owner, counter, ttl.Milliseconds(), k.permit, max(limit, 1)}
+	return []string{k.lock, k.fence, k.owners, k.queue, k.floor}, []any{token, owner, counter, ttl.Milliseconds(), k.permit, max(limit, 1)}
 }
 
 // releaseStatus reads release.lua's reply for one lock: 1 released, 2 one

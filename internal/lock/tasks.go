@@ -76,7 +76,7 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 	if join {
 		mode = "q"
 	}
-	keys := []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id)}
+	keys := []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id), k.floor}
 	record := HoldRecord(resource, queue, id)
 	if holds != "" && b.oneNode() {
 		keys = append(keys, holds)
@@ -217,7 +217,7 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	if h.MarkAlways {
 		mark = "a"
 	}
-	keys := []string{k.lock, k.fence, k.owners, k.queue, marker, drop}
+	keys := []string{k.lock, k.fence, k.owners, k.queue, marker, drop, k.floor}
 	if h.Holds != "" && b.oneNode() {
 		keys = append(keys, h.Holds)
 	}

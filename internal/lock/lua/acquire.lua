@@ -3,11 +3,12 @@
 -- Cluster or a Redlock node; on one server, concurrent acquires of different
 -- locks share a call (see batch.go).
 --
--- For the i-th lock (i from 1), four keys and six values:
--- KEYS[4i-3]  lock key            lockstep:{R}
--- KEYS[4i-2]  fencing counter     lockstep:{R}:fence
--- KEYS[4i-1]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
--- KEYS[4i]    wait queue          lockstep:{R}:queue   (see below)
+-- For the i-th lock (i from 1), five keys and six values:
+-- KEYS[5i-4]  lock key            lockstep:{R}
+-- KEYS[5i-3]  fencing counter     lockstep:{R}:fence
+-- KEYS[5i-2]  reentrancy hash     lockstep:{R}:owners  ("t" -> token, "o:"..owner -> hold count)
+-- KEYS[5i-1]  wait queue          lockstep:{R}:queue   (see below)
+-- KEYS[5i]    fence floor         lockstep:fences:{<tag of R's slot>} (lib.lua)
 -- ARGV[6i-5]  token (random, 128 bits, hex, then "|" and the holder; see holder.go)
 -- ARGV[6i-4]  lock ttl in milliseconds
 -- ARGV[6i-3]  fencing counter ttl in milliseconds
@@ -40,11 +41,7 @@
 -- the one hand-off both scripts share (lua/lib.lua). Parked tasks wait in the
 -- same queue (take.lua); a task at its head is granted the lock.
 --
--- The fence is max(counter + 1, the server's TIME in microseconds), stored
--- back with the counter's TTL refreshed. Fences so keep increasing when the
--- counter expired, and also when a failover lost the counter's last
--- increments, as long as the new master's clock is not behind the old one's
--- by more than the time between the two acquires.
+-- The fence: lib.lua's nextfence.
 -- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
 
 -- lockone is a lock's acquire; queued tells whether the queue exists.
@@ -135,8 +132,9 @@ local function permitone(lock, fencekey, owners, q, token, ttl, fencettl, owner,
 end
 
 local out = {}
-for i = 0, #KEYS / 4 - 1 do
-  local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+for i = 0, #KEYS / 5 - 1 do
+  local lock, fencekey, owners, q = KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4]
+  floorkey = KEYS[5 * i + 5]
   local token, ttl, fencettl, owner, waiter, limit =
     ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], ARGV[6 * i + 5], tonumber(ARGV[6 * i + 6])
   local reply

@@ -25,7 +25,9 @@
 -- ARGV[11] the lease's permit k (0 for a lock; KEYS[1..3] are the permit's)
 -- ARGV[12] a done marker (of this resource) to keep alive for ARGV[7] ms:
 --          the chain's delivered task, still held by asynq; "" none
--- KEYS[7]  (optional) the holds set of the releasing process: the hold record
+-- KEYS[7]  the fence floor of the lock's slot (lib.lua): a permit left free
+--          has its counter retired into it
+-- KEYS[8]  (optional) the holds set of the releasing process: the hold record
 --          ARGV[10] .. <task waiter> of a task handed on for the caller to run
 --          is added (see take.lua)
 --
@@ -44,7 +46,8 @@
 -- The marker says the finished task ran, so that a delivery of it that
 -- asynq makes before it was completed there (a crash, a shutdown) does not
 -- run it again (take.lua returns its outcome instead).
--- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
+-- (time, nextfence, retire, own and handoff: lua/lib.lua, prepended by scripts.go)
+floorkey = KEYS[7]
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   return {0}
@@ -77,13 +80,16 @@ if ARGV[5] ~= '' and (ARGV[6] == 'a' or type(h) == 'table') then
 elseif ARGV[5] ~= '' and ARGV[9] ~= '' then
   redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[9])
 end
-if KEYS[7] and type(h) == 'table' then
-  redis.call('SADD', KEYS[7], ARGV[10] .. h[1])
+if KEYS[8] and type(h) == 'table' then
+  redis.call('SADD', KEYS[8], ARGV[10] .. h[1])
+end
+if not h and not n then
+  redis.call('DEL', KEYS[1])
+end
+if (not h and not n) or (n and redis.call('EXISTS', KEYS[1]) == 0) then
+  retire(KEYS[2], ARGV[4])
 end
 if not h then
-  if not n then
-    redis.call('DEL', KEYS[1])
-  end
   return {1}
 end
 if type(h) == 'table' then

@@ -2,11 +2,15 @@
 -- reentrancy hash, the hand-off to the first waiter). It is not a script of
 -- its own: scripts.go prepends it to each of them, so both run the same code.
 --
--- The fence is max(counter + 1, the server's TIME in microseconds), stored
--- back with the counter's TTL refreshed. Fences so keep increasing when the
--- counter expired, and also when a failover lost the counter's last
--- increments, as long as the new master's clock is not behind the old one's
--- by more than the time between the two acquires.
+-- The fence is max(counter + 1, floor + 1, the server's TIME in
+-- microseconds), stored back with the counter's TTL refreshed. The counter
+-- lives while its permit is held (and, after an expiry, the fence TTL
+-- more); a release folds it into the floor of its Cluster slot, shared by
+-- every resource of the slot (retire), so a released resource keeps no key.
+-- Fences so keep increasing when the counter expired or was retired, and
+-- also when a failover lost the counter's last increments, as long as the
+-- new master's clock is not behind the old one's by more than the time
+-- between the two acquires.
 local now
 local function time()
   if not now then
@@ -16,14 +20,33 @@ local function time()
   return now
 end
 
+-- floorkey is the fence floor of the slot of the lock the script works on
+-- (keys.go: floorKey); each script sets it from its KEYS before a fence.
+local floorkey
+
 local function nextfence(fencekey, fencettl)
-  local fence = time()
+  local fence = math.max(time(), tonumber(redis.call('GET', floorkey) or '0') + 1)
   local last = tonumber(redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl, 'GET') or '0')
   if last >= fence then
     fence = last + 1
     redis.call('SET', fencekey, string.format('%.0f', fence), 'PX', fencettl)
   end
   return fence
+end
+
+-- retire folds the counter of a permit just freed (its lock key deleted)
+-- into the slot's floor and deletes it: the floor keeps the largest fence
+-- retired into it, and the longest ttl asked of it.
+local function retire(fencekey, fencettl)
+  local last = redis.call('GETDEL', fencekey)
+  if not last then
+    return
+  end
+  local keep = math.max(redis.call('PTTL', floorkey), tonumber(fencettl))
+  local old = redis.call('SET', floorkey, last, 'PX', keep, 'GET')
+  if old and tonumber(old) > tonumber(last) then
+    redis.call('SET', floorkey, old, 'PX', keep)
+  end
 end
 
 -- own binds the reentrancy hash to a fresh hold's token for owner: a previous

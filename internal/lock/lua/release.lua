@@ -4,11 +4,13 @@
 -- lock per call on a Cluster or a Redlock node; on one server, concurrent
 -- releases share a call.
 --
--- For the i-th lock (i from 1), four keys and six values:
--- KEYS[4i-3]  lock key (of the lease's permit: lib.lua)
--- KEYS[4i-2]  fencing counter (for a hand-off; the permit's)
--- KEYS[4i-1]  reentrancy hash (see acquire.lua; ignored when the owner is ""; the permit's)
--- KEYS[4i]    wait queue (see acquire.lua)
+-- For the i-th lock (i from 1), five keys and six values:
+-- KEYS[5i-4]  lock key (of the lease's permit: lib.lua)
+-- KEYS[5i-3]  fencing counter (the permit's: retired into the floor when
+--             the lock key is gone at the end, lib.lua's retire)
+-- KEYS[5i-2]  reentrancy hash (see acquire.lua; ignored when the owner is ""; the permit's)
+-- KEYS[5i-1]  wait queue (see acquire.lua)
+-- KEYS[5i]    the fence floor of the lock's slot (lib.lua)
 -- ARGV[6i-5]  token
 -- ARGV[6i-4]  owner id of a reentrant lease, or ""
 -- ARGV[6i-3]  fencing counter ttl in milliseconds
@@ -25,11 +27,12 @@
 --   2   reentrant hold count decremented; an outer hold still has the lock
 --   0   the key is gone: the lease had expired (a waiter, if any, got it)
 --  -1   the key holds another token: someone else has the lock (left alone)
--- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
+-- (time, nextfence, retire, own and handoff: lua/lib.lua, prepended by scripts.go)
 
 local out = {}
-for i = 0, #KEYS / 4 - 1 do
-  local lock, fencekey, owners, q = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+for i = 0, #KEYS / 5 - 1 do
+  local lock, fencekey, owners, q = KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4]
+  floorkey = KEYS[5 * i + 5]
   local token, owner, fencettl, ttl, k, limit =
     ARGV[6 * i + 1], ARGV[6 * i + 2], ARGV[6 * i + 3], ARGV[6 * i + 4], tonumber(ARGV[6 * i + 5]), tonumber(ARGV[6 * i + 6])
   local cur = redis.call('GET', lock)
@@ -64,19 +67,22 @@ for i = 0, #KEYS / 4 - 1 do
       end
       queued = others > 1 or (others == 1 and not n)
     end
+    local gone = false
     if n then
       local handed = false
       if queued then
         local _, v = serve(base, bf, bo, q, fencettl, ttl, '', n, h, k, true, status == 1)
         handed = v and v[k + 1]
       end
-      if status == 1 and not handed then
-        redis.call('DEL', lock)
-      end
+      gone = not handed
     elseif not queued or not handoff(lock, fencekey, owners, q, fencettl, ttl, '', k, base) then
+      gone = true
+    end
+    if gone then
       if status == 1 then
         redis.call('DEL', lock)
       end
+      retire(fencekey, fencettl)
     end
   end
   out[#out + 1] = status

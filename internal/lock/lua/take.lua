@@ -15,7 +15,8 @@
 -- ARGV[4]  the task as a waiter: "t:" .. JSON ["<queue>", "<task id>"] (keys.go)
 -- ARGV[5]  ttl of the queue in milliseconds, set when a task joins
 -- ARGV[6]  when busy: "q" join the queue, "n" do not wait
--- KEYS[6]  (optional) the holds set of the taking process (lockstep:holds:<process>):
+-- KEYS[6]  fence floor       lockstep:fences:{<tag of R's slot>} (lib.lua)
+-- KEYS[7]  (optional) the holds set of the taking process (lockstep:holds:<process>):
 --          the task's hold record, ARGV[7], is added when it gets the lock, so that
 --          a recoverer finds the task if the process dies (see tasks.go)
 -- ARGV[8]  the task's limit n: 1 for a lock, n > 1 for n permits (lib.lua);
@@ -44,11 +45,12 @@
 --                       and the next delivery must read it again.
 -- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
 local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+floorkey = KEYS[6]
 local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local function held()
-  if KEYS[6] then
-    redis.call('SADD', KEYS[6], ARGV[7])
+  if KEYS[7] then
+    redis.call('SADD', KEYS[7], ARGV[7])
   end
 end
 
