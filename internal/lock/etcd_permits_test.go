@@ -3,6 +3,8 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,5 +163,90 @@ func TestEtcdLostPermitCancelsItsHolderAtOnce(t *testing.T) {
 	}
 	if err := hctxs[0].Err(); err != nil {
 		t.Fatalf("permit 0 after the others' losses: %v", err)
+	}
+}
+
+// TestEtcdMixedLimitsAdmitNoOneAtOrAboveTheirLimit: contenders of limit 2 and
+// of limit 3 cycle one resource on 3 clients. etcd's history of the permit
+// keys, in revision order, shows each permit taken only while fewer than its
+// taker's limit were held (the latest declarer's limit: a lowered one
+// admits no one until below it), and no permit taken twice at once.
+func TestEtcdMixedLimitsAdmitNoOneAtOrAboveTheirLimit(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	admin := cluster.Client()
+	ctx := context.Background()
+	start, err := admin.Get(ctx, "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockers := []*lock.Locker{d.locker(), d.locker(), d.locker()}
+	var limits sync.Map // token -> limit
+	const workers, cycles = 12, 25
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			limit := 2 + w%2
+			for range cycles {
+				lease, err := lockers[w%len(lockers)].Acquire(ctx, "mixed", 10*time.Second, lock.Permits(limit),
+					lock.MaxWait(20*time.Second), lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 5 * time.Millisecond}))
+				if err != nil {
+					errs <- err
+					return
+				}
+				limits.Store(lease.Token(), limit)
+				time.Sleep(time.Millisecond)
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	end, err := admin.Get(ctx, "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := admin.Watch(wctx, lock.DefaultPrefix+"{mixed}", clientv3.WithPrefix(), clientv3.WithRev(start.Header.Revision+1))
+	held := map[string]string{} // permit key -> token
+	taken := 0
+	for rev := start.Header.Revision; rev < end.Header.Revision; {
+		resp, ok := <-wch
+		if !ok || resp.Err() != nil {
+			t.Fatalf("watch of the history: %v", resp.Err())
+		}
+		for _, ev := range resp.Events {
+			rev = ev.Kv.ModRevision
+			key := string(ev.Kv.Key)
+			if key != lock.DefaultPrefix+"{mixed}" && !strings.HasPrefix(key, lock.DefaultPrefix+"{mixed}:p") {
+				continue
+			}
+			switch {
+			case ev.Type == clientv3.EventTypeDelete:
+				delete(held, key)
+			case ev.IsCreate():
+				v, _ := limits.Load(string(ev.Kv.Value))
+				limit, _ := v.(int)
+				if len(held) >= limit {
+					t.Fatalf("revision %d: %s taken by a holder of limit %d while %d were held: %v", rev, key, limit, len(held), held)
+				}
+				held[key] = string(ev.Kv.Value)
+				taken++
+			default:
+				t.Fatalf("revision %d: %s overwritten while held", rev, key)
+			}
+		}
+	}
+	if taken != workers*cycles {
+		t.Fatalf("%d permits taken in the history, want %d", taken, workers*cycles)
 	}
 }
