@@ -106,6 +106,13 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     fraction of it instead of failing it.
 //   - A leader paused past the TTL may revoke the leases on resuming (etcd
 //     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
+//   - Permits: permit k > 0 of R is the key P{R}:p<k> (permit 0 is P{R}),
+//     held like a lock, its fence its create revision. An acquire takes
+//     the lowest free permit below its limit in a transaction that fails
+//     if any permit key changed since the read it chose from, so the limit
+//     holds under concurrent acquires. P{R}:limit holds the latest holder's
+//     limit, on its lease, until the last permit is released. There is no
+//     queue: Acquire retries with the backoff.
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
