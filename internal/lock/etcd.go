@@ -270,7 +270,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			b.hold(s)
 			return true, nil
 		}
-		seen = readPermits(s.locker, resp)
+		seen = readPermits(s.locker, k, resp)
 	}
 	return false, nil // the permits kept changing: busy for now, as a held resource is
 }
@@ -282,14 +282,15 @@ type etcdPermits struct {
 	permit map[*mvccpb.KeyValue]int
 	held   map[int]bool
 	owners map[string]*mvccpb.KeyValue
-	keys   keys
+	keys   keys // the resource's
 }
 
-// readPermits reads the answer of acquire's Else: the lock key, the range of
-// permit keys and, for an owner, the range of owners keys.
-func readPermits(l *Locker, resp *clientv3.TxnResponse) *etcdPermits {
+// readPermits reads the answer of acquire's Else on the resource of k: the
+// lock key, the range of permit keys and, for an owner, the range of owners
+// keys.
+func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
 	p := &etcdPermits{rev: resp.Header.Revision, permit: map[*mvccpb.KeyValue]int{}, held: map[int]bool{},
-		owners: map[string]*mvccpb.KeyValue{}}
+		owners: map[string]*mvccpb.KeyValue{}, keys: k}
 	for i, r := range resp.Responses {
 		rr := r.GetResponseRange()
 		if rr == nil {
@@ -300,9 +301,8 @@ func readPermits(l *Locker, resp *clientv3.TxnResponse) *etcdPermits {
 				p.owners[string(kv.Key)] = kv
 				continue
 			}
-			if r, k, ok := l.permitOf(string(kv.Key)); ok {
-				p.permit[kv], p.held[k] = k, true
-				p.keys = l.keysFor(r)
+			if _, n, ok := l.permitOf(string(kv.Key)); ok {
+				p.permit[kv], p.held[n] = n, true
 			}
 		}
 	}
