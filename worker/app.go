@@ -136,10 +136,9 @@ func demoTenantSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec
 }
 
 // demoTenants reports whether the demo's demo:tenant.sync (limit 3) runs:
-// on the redis back end, the one with permits.
+// on the back ends with permits, redis and etcd.
 func demoTenants(cfg *config.WorkerConfig) bool {
-	b := cfg.Lock.Backend
-	return b != config.BackendRedlock && b != config.BackendEtcd
+	return cfg.Lock.Backend != config.BackendRedlock
 }
 
 type httpIn struct {

@@ -159,8 +159,8 @@ type validator interface{ Validate() error }
 // DemoJob registers Lockstep's built-in demo jobs (see docs/workers.md):
 // demo:order.pay pays an order under the order's lock with a fenced store and
 // records every execution; demo:tenant.sync syncs a tenant under its
-// resource of 3 permits (on the redis back end only: Redlock and etcd have
-// no permits), fenced per (tenant, permit). The cmd/worker binary and `make run` register it;
+// resource of 3 permits (on the redis and etcd back ends: Redlock has no
+// permits), fenced per (tenant, permit). The cmd/worker binary and `make run` register it;
 // a worker of your own registers it only with DemoJob or with worker.demo:
 // true in its configuration.
 func DemoJob() Handler { return demoJob{} }

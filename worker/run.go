@@ -130,10 +130,10 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	if err != nil {
 		return nil, err
 	}
-	if b := cfg.Lock.Backend; b == config.BackendRedlock || b == config.BackendEtcd {
+	if b := cfg.Lock.Backend; b == config.BackendRedlock {
 		for _, s := range hs {
 			if s.Limit > 1 {
-				return nil, role.ConfigError(fmt.Errorf("lock.backend: %s has no permits, and task type %q declares Limit(%d): use lock.backend redis, or no Limit", b, s.Type, s.Limit))
+				return nil, role.ConfigError(fmt.Errorf("lock.backend: %s has no permits, and task type %q declares Limit(%d): use lock.backend redis or etcd, or no Limit", b, s.Type, s.Limit))
 			}
 		}
 	}

@@ -245,18 +245,17 @@ func TestLimitIsCheckedAtStart(t *testing.T) {
 			t.Errorf("%+v accepted: %v", bad, err)
 		}
 	}
-	// Redlock and etcd have no permits: the worker refuses to start (exit 2).
-	for _, cfg := range []string{
-		"lock: {backend: redlock, nodes: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]}\n",
-		"lock: {backend: etcd, etcd: {endpoints: [\"127.0.0.1:1\"]}}\n",
-	} {
-		path := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n"+cfg)
-		err := Check([]string{"--config", path}, h.Lock(orderLock, 0).Limit(3))
-		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "has no permits") || strings.Contains(err.Error(), "\n") {
-			t.Errorf("%s: Check = %v, want one line matching ErrConfig", cfg, err)
-		}
-		if err := Check([]string{"--config", path}, h.Lock(orderLock, 0)); err != nil {
-			t.Errorf("%s: a plain lock: %v", cfg, err)
-		}
+	// Redlock has no permits: the worker refuses to start (exit 2). etcd has.
+	redlock := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\nlock: {backend: redlock, nodes: [\"127.0.0.1:1\", \"127.0.0.1:2\", \"127.0.0.1:3\"]}\n")
+	err = Check([]string{"--config", redlock}, h.Lock(orderLock, 0).Limit(3))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "has no permits") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("redlock: Check = %v, want one line matching ErrConfig", err)
+	}
+	if err := Check([]string{"--config", redlock}, h.Lock(orderLock, 0)); err != nil {
+		t.Errorf("redlock: a plain lock: %v", err)
+	}
+	etcd := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\nlock: {backend: etcd, etcd: {endpoints: [\"127.0.0.1:1\"]}}\n")
+	if err := Check([]string{"--config", etcd}, h.Lock(orderLock, 0).Limit(3)); err != nil {
+		t.Errorf("etcd: a limit: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -22,11 +23,11 @@ import (
 
 // holdUnder holds resource on l as a job's lock, under a watchdog that
 // renews every 100ms, and returns the holder's context.
-func holdUnder(t *testing.T, l *lock.Locker, resource, taskID string, ttl time.Duration) (*lock.Lease, context.Context) {
+func holdUnder(t *testing.T, l *lock.Locker, resource, taskID string, ttl time.Duration, opts ...lock.AcquireOption) (*lock.Lease, context.Context) {
 	t.Helper()
 	wd := watchdog.New(watchdog.Options{Interval: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
-	lease, err := l.TryAcquire(lock.WithJob(context.Background(), taskID, "t:strict"), resource, ttl)
+	lease, err := l.TryAcquire(lock.WithJob(context.Background(), taskID, "t:strict"), resource, ttl, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,4 +178,48 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// A resource with a limit on etcd: locks --json shows its limit and one
+// object per held permit; unlock --permit K breaks that permit alone.
+func TestPermitsOnEtcd(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	srv := redistest.Start(t)
+	l := lock.NewEtcd(cluster.Client())
+	t.Cleanup(func() { _ = l.Close() })
+	var leases []*lock.Lease
+	var ctxs []context.Context
+	for k := range 3 {
+		lease, ctx := holdUnder(t, l, "lock:tenant:7", fmt.Sprint("sync-", k), 5*time.Second, lock.Permits(3))
+		leases, ctxs = append(leases, lease), append(ctxs, ctx)
+	}
+	env := []string{"LOCKSTEP_REDIS_ADDR=" + srv.Addr, "LOCKSTEP_LOCK_BACKEND=etcd",
+		"LOCKSTEP_LOCK_ETCD_ENDPOINTS=" + strings.Join(cluster.Endpoints(), ",")}
+	ls := locksJSON(t, env)
+	if len(ls) != 3 {
+		t.Fatalf("locks on etcd: %+v, want 3 permits", ls)
+	}
+	for _, v := range ls {
+		if v.Resource != "lock:tenant:7" || v.Limit != 3 || v.Permit < 0 || v.Permit > 2 || v.Backend != "etcd" ||
+			v.Fence != leases[v.Permit].Fence() || v.TaskID != fmt.Sprint("sync-", v.Permit) || v.TTLMs <= 0 || v.HeldMs == nil {
+			t.Fatalf("permit %+v, want one of lock:tenant:7's 3 with its holder's fence and task", v)
+		}
+	}
+	if r := cliEnv(t, env, "", "unlock", "lock:tenant:7", "--permit", "3", "--force", "--yes"); r.code != 2 || !strings.Contains(r.stderr, "out of range") {
+		t.Fatalf("unlock --permit 3: exit %d, stderr %q; want 2, out of range", r.code, r.stderr)
+	}
+	r := cliEnv(t, env, "", "unlock", "lock:tenant:7", "--permit", "1", "--force", "--yes")
+	if r.code != 0 || !containsAll(r.stdout, "permit 1 of lock:tenant:7", "sync-1") {
+		t.Fatalf("unlock --permit 1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	lostAs(t, ctxs[1], lock.ReasonExpired)
+	for _, k := range []int{0, 2} {
+		if err := ctxs[k].Err(); err != nil {
+			t.Fatalf("permit %d's holder after permit 1's unlock: %v", k, err)
+		}
+	}
+	if ls := locksJSON(t, env); len(ls) != 2 || ls[0].Permit == 1 || ls[1].Permit == 1 {
+		t.Fatalf("after unlock --permit 1: %+v, want permits 0 and 2", ls)
+	}
 }

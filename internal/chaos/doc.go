@@ -4,8 +4,8 @@
 // Run starts the real binaries (3 cmd/scheduler replicas, 3 cmd/worker
 // processes, each worker behind its own TCP proxy) on a redis-server that
 // persists every write before replying (appendonly yes, appendfsync always),
-// enqueues demo:order.pay jobs on a few hot orders and (on the redis back
-// end) demo:tenant.sync jobs on two tenants of limit 3, and injects a fault
+// enqueues demo:order.pay jobs on a few hot orders and demo:tenant.sync jobs
+// on two tenants of limit 3, and injects a fault
 // schedule drawn from a seed: SIGKILL and restart of a worker (also during its
 // SIGTERM drain) or a scheduler (at a random offset inside a tick), SIGSTOP of
 // a worker or of Redis for less and for more than the lock TTL, SIGKILL of

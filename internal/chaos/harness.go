@@ -272,9 +272,9 @@ func (r *run) produce(ctx context.Context) (out []Job) {
 		}
 		typ, payload := demoType, []byte(nil)
 		payload, _ = json.Marshal(demoPayload{OrderID: order, WorkMS: work})
-		if r.cfg.Lock != "etcd" && n%3 == 0 {
-			// A third of the jobs sync one of two tenants (limit 3; the
-			// redis back end only): their permits are held 3 at once.
+		if n%3 == 0 {
+			// A third of the jobs sync one of two tenants (limit 3): their
+			// permits are held 3 at once.
 			order = "tenant " + fmt.Sprint("t", 1+rng.IntN(2))
 			typ = tenantType
 			payload, _ = json.Marshal(tenantPayload{TenantID: strings.TrimPrefix(order, "tenant "), WorkMS: work})

@@ -142,7 +142,9 @@
 // A resource with a limit N > 1 (Permits) has N permits: permit 0 is P{R}
 // itself, permit k > 0 is P{R}:p<k> with its own counter P{R}:fence:<k> and
 // owners hash P{R}:owners:<k>; the hash P{R}:limit keeps the resource's
-// limit (lua/lib.lua says how).
+// limit (lua/lib.lua says how). On etcd the permits' keys are the same,
+// without counters (fences are create revisions), and P{R}:limit is a key
+// holding the limit (NewEtcd says how).
 // Redlock uses the same lock, counter and owners keys on every node.
 //
 // The counter's lifetime: every acquire, hand-off, fence raise and renewal

@@ -106,6 +106,13 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     fraction of it instead of failing it.
 //   - A leader paused past the TTL may revoke the leases on resuming (etcd
 //     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
+//   - Permits: permit k > 0 of R is the key P{R}:p<k> (permit 0 is P{R}),
+//     held like a lock, its fence its create revision. An acquire takes
+//     the lowest free permit below its limit in a transaction that fails
+//     if any permit key changed since the read it chose from, so the limit
+//     holds under concurrent acquires. P{R}:limit holds the latest holder's
+//     limit, on its lease, until the last permit is released. There is no
+//     queue: Acquire retries with the backoff.
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
@@ -187,31 +194,74 @@ func parseOwners(v []byte) (int, string) {
 	return count, owner
 }
 
+// permitRounds bounds how many transactions one acquire of a busy resource
+// makes: each failed round means another acquire or release changed the
+// resource's permits meanwhile, and the next round reads them again.
+const permitRounds = 10
+
+// acquire takes the lowest free permit of s's resource below s.limit (a
+// lock: permit 0, the lock key itself, when no permit is held), or enters
+// the permit its owner holds. The first transaction takes permit 0 if the
+// resource is free and else reads its permits; each next one takes the
+// chosen permit only if no permit key changed since that read (a compare
+// over the range of permit keys), and else reads them again. So never more
+// than the limit are held: a concurrent acquire makes the other's
+// transaction fail, never both succeed.
 func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 	ctx, cancel := callCtx(ctx, s.ttl)
 	defer cancel()
-	for attempt := 0; ; attempt++ {
+	k := s.keys
+	var seen *etcdPermits // nil: the first round, which hopes for a free resource
+	leaseRetried := false
+	for round := 0; round < permitRounds; round++ {
 		sh, err := b.leaseFor(ctx, s.ttl)
 		if err != nil {
 			return false, err
 		}
-		put := []clientv3.Op{clientv3.OpPut(s.keys.lock, s.token, clientv3.WithLease(sh.id))}
-		if s.owner != "" {
-			put = append(put, clientv3.OpPut(s.keys.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
+		p, cmps := 0, []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(k.lock), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(k.permitPrefix()), "=", 0).WithPrefix(),
 		}
-		resp, err := b.cl.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", 0)).
-			Then(put...).
-			Else(clientv3.OpGet(s.keys.lock), clientv3.OpGet(s.keys.owners)).
-			Commit()
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
+		if seen != nil {
+			if lockKV, ownersKV := seen.ownedBy(s.owner); lockKV != nil {
+				return b.reenter(ctx, s, seen.permit[lockKV], lockKV, ownersKV)
+			}
+			var free bool
+			if p, free = seen.free(s.limit); !free {
+				return false, nil
+			}
+			cmps = []clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(k.permitKeys(p).lock), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(k.lock), "<", seen.rev+1),
+				clientv3.Compare(clientv3.ModRevision(k.permitPrefix()), "<", seen.rev+1).WithPrefix(),
+			}
+		}
+		pk := k.permitKeys(p)
+		put := []clientv3.Op{clientv3.OpPut(pk.lock, s.token, clientv3.WithLease(sh.id))}
+		if s.owner != "" {
+			put = append(put, clientv3.OpPut(pk.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
+		}
+		if s.limit > 1 {
+			put = append(put, clientv3.OpPut(k.limitKey(), strconv.Itoa(s.limit), clientv3.WithLease(sh.id)))
+		} else {
+			put = append(put, clientv3.OpDelete(k.limitKey())) // a lock of a free resource: no limit left over
+		}
+		read := []clientv3.Op{clientv3.OpGet(k.lock), clientv3.OpGet(k.permitPrefix(), clientv3.WithPrefix())}
+		if s.owner != "" {
+			read = append(read, clientv3.OpGet(k.ownersPrefix(), clientv3.WithPrefix()))
+		}
+		resp, err := b.cl.Txn(ctx).If(cmps...).Then(put...).Else(read...).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !leaseRetried {
+			leaseRetried = true
 			b.forget(sh) // expired or revoked meanwhile: grant a new one, once
+			round--
 			continue
 		}
 		if err != nil {
 			return false, fmt.Errorf("etcd: %w", err)
 		}
 		if resp.Succeeded {
+			s.keys = pk
 			s.fence = resp.Header.Revision
 			s.ext = &etcdLease{shared: sh, id: sh.id}
 			if alive := sh.aliveAt(); alive.Before(s.sent) {
@@ -220,18 +270,83 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			b.hold(s)
 			return true, nil
 		}
-		if s.owner == "" {
-			return false, nil
-		}
-		return b.reenter(ctx, s, resp)
+		seen = readPermits(s.locker, k, resp)
 	}
+	return false, nil // the permits kept changing: busy for now, as a held resource is
 }
 
-// reenter joins the hold of s.owner on s's lock, if it is the holder: one
-// more hold count, by compare-and-swap on the owners key.
-func (b *etcdBackend) reenter(ctx context.Context, s *Lease, resp *clientv3.TxnResponse) (bool, error) {
+// etcdPermits is what one read found of a resource's permits: their lock
+// keys (permit k by key), and their owners keys (by key) when asked.
+type etcdPermits struct {
+	rev    int64 // the read's revision: no permit key changed after it, when it was made
+	permit map[*mvccpb.KeyValue]int
+	held   map[int]bool
+	owners map[string]*mvccpb.KeyValue
+	keys   keys // the resource's
+}
+
+// readPermits reads the answer of acquire's Else on the resource of k: the
+// lock key, the range of permit keys and, for an owner, the range of owners
+// keys.
+func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
+	p := &etcdPermits{rev: resp.Header.Revision, permit: map[*mvccpb.KeyValue]int{}, held: map[int]bool{},
+		owners: map[string]*mvccpb.KeyValue{}, keys: k}
+	for i, r := range resp.Responses {
+		rr := r.GetResponseRange()
+		if rr == nil {
+			continue
+		}
+		for _, kv := range rr.Kvs {
+			if i == 2 {
+				p.owners[string(kv.Key)] = kv
+				continue
+			}
+			if _, n, ok := l.permitOf(string(kv.Key)); ok {
+				p.permit[kv], p.held[n] = n, true
+			}
+		}
+	}
+	return p
+}
+
+// free returns the lowest free permit below limit, and false when limit or
+// more are held (a lowered limit: more may be).
+func (p *etcdPermits) free(limit int) (int, bool) {
+	if len(p.held) >= limit {
+		return 0, false
+	}
+	for k := range limit {
+		if !p.held[k] {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// ownedBy returns the lock key of the permit that owner holds, with its
+// owners key, or nils.
+func (p *etcdPermits) ownedBy(owner string) (lockKV, ownersKV *mvccpb.KeyValue) {
+	if owner == "" {
+		return nil, nil
+	}
+	for kv, k := range p.permit {
+		o := p.owners[p.keys.permitKeys(k).owners]
+		if o == nil || o.Lease != kv.Lease {
+			continue // a plain hold, or someone else's
+		}
+		if n, who := parseOwners(o.Value); who == owner && n >= 1 {
+			return kv, o
+		}
+	}
+	return nil, nil
+}
+
+// reenter joins the hold of s.owner on permit p of s's resource, whose lock
+// and owners keys were read as lockKV and ownersKV: one more hold count, by
+// compare-and-swap on the owners key.
+func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, ownersKV *mvccpb.KeyValue) (bool, error) {
+	pk := s.keys.permitKeys(p)
 	for range 10 { // each round lost a race with another hold of the same owner
-		lockKV, ownersKV := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
 		if lockKV == nil {
 			return false, nil // released meanwhile: the caller's next attempt may take it afresh
 		}
@@ -244,21 +359,22 @@ func (b *etcdBackend) reenter(ctx context.Context, s *Lease, resp *clientv3.TxnR
 		}
 		id := clientv3.LeaseID(lockKV.Lease)
 		next, err := b.cl.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(s.keys.owners), "=", ownersKV.ModRevision),
-				clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", lockKV.CreateRevision)).
-			Then(clientv3.OpPut(s.keys.owners, ownersValue(n+1, owner), clientv3.WithLease(id))).
-			Else(clientv3.OpGet(s.keys.lock), clientv3.OpGet(s.keys.owners)).
+			If(clientv3.Compare(clientv3.ModRevision(pk.owners), "=", ownersKV.ModRevision),
+				clientv3.Compare(clientv3.CreateRevision(pk.lock), "=", lockKV.CreateRevision)).
+			Then(clientv3.OpPut(pk.owners, ownersValue(n+1, owner), clientv3.WithLease(id))).
+			Else(clientv3.OpGet(pk.lock), clientv3.OpGet(pk.owners)).
 			Commit()
 		if err != nil {
 			return false, fmt.Errorf("etcd: re-enter: %w", err)
 		}
 		if next.Succeeded {
+			s.keys = pk
 			s.token, s.fence, s.reentry = string(lockKV.Value), lockKV.CreateRevision, true
 			s.ext = &etcdLease{id: id}
 			b.hold(s)
 			return true, nil
 		}
-		resp = next
+		lockKV, ownersKV = firstKV(next.Responses[0]), firstKV(next.Responses[1])
 	}
 	return false, errors.New("etcd: re-enter: too many concurrent changes of the hold count")
 }
@@ -440,6 +556,12 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 	if s.owner != "" {
 		del = append(del, clientv3.OpDelete(s.keys.owners))
 	}
+	// What is left of the resource once deleted (a read in a transaction
+	// sees its writes): for dropLimit.
+	base := s.keys.permitKeys(0)
+	del = append(del, clientv3.OpGet(base.lock, clientv3.WithCountOnly()),
+		clientv3.OpGet(base.permitPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(base.limitKey(), clientv3.WithCountOnly()))
 	for range 10 { // each round lost a race with another hold of the same owner
 		var cmps []clientv3.Cmp
 		var owners *mvccpb.KeyValue
@@ -474,6 +596,7 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 			return err
 		}
 		if resp.Succeeded {
+			b.dropLimit(ctx, s, resp.Responses[len(del)-3:])
 			return nil
 		}
 		if kv := firstKV(resp.Responses[0]); s.owner == "" || kv == nil || string(kv.Value) != s.token {
@@ -481,6 +604,24 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 		}
 	}
 	return errors.New("too many concurrent changes of the hold count")
+}
+
+// dropLimit deletes the limit key of s's resource when the release left no
+// permit held (left: the counts of the lock key, the permit keys and the
+// limit key after it), unless a permit was taken meanwhile: the limit lives
+// no longer than its permits. It is bound to a holder's shared lease, which
+// may outlive the hold. A failure leaves it to that lease's expiry.
+func (b *etcdBackend) dropLimit(ctx context.Context, s *Lease, left []*etcdserverpb.ResponseOp) {
+	lock, permits, limit := left[0].GetResponseRange(), left[1].GetResponseRange(), left[2].GetResponseRange()
+	if lock == nil || permits == nil || limit == nil || lock.Count+permits.Count > 0 || limit.Count == 0 {
+		return // a permit is held, or there is no limit
+	}
+	k := s.keys.permitKeys(0)
+	_, _ = b.cl.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k.lock), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(k.permitPrefix()), "=", 0).WithPrefix()).
+		Then(clientv3.OpDelete(k.limitKey())).
+		Commit()
 }
 
 // hold registers s for the watch, starting the watch with the first lock.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -52,7 +53,7 @@ func (l *Locker) Held(ctx context.Context, resource string) (*Held, error) {
 }
 
 // HeldPermit returns permit k of resource (a resource with a limit; permit
-// 0 is Held), or nil when it is free. Only the single back end has permits.
+// 0 is Held), or nil when it is free. Redlock has no permits.
 func (l *Locker) HeldPermit(ctx context.Context, resource string, k int) (*Held, error) {
 	return l.be.(inspector).heldOne(ctx, l, resource, k)
 }
@@ -396,68 +397,114 @@ func (r *redlock) breakLock(ctx context.Context, l *Locker, h Held) (bool, error
 	return anyDeleted, nil
 }
 
-// etcd: a lock is the key P{R} (its create revision the fence) bound to a
-// lease, whose time to live is the lock's TTL left.
+// etcd: permit k of resource R is the key P{R} (k = 0) or P{R}:p<k>, its
+// create revision the fence, bound to a lease whose time to live is the
+// permit's TTL left; P{R}:limit holds the limit of a resource with permits.
 func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
 	resp, err := b.cl.Get(ctx, b.watchPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
+	return b.heldFrom(ctx, l, resp.Kvs)
+}
+
+// heldFrom turns the keys kvs (any keys under the prefix) into the permits
+// they hold, each with its resource's limit (etcdLimit).
+func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*mvccpb.KeyValue) ([]Held, error) {
 	var out []Held
+	limits := map[string]int{}
 	ttls := map[int64]time.Duration{} // by lease id: the shared leases are asked once
-	for _, kv := range resp.Kvs {
-		r, ok := resourceOf(l.prefix, string(kv.Key))
+	for _, kv := range kvs {
+		if r, ok := l.limitOf(string(kv.Key)); ok {
+			limits[r], _ = strconv.Atoi(string(kv.Value))
+			continue
+		}
+		r, k, ok := l.permitOf(string(kv.Key))
 		if !ok {
 			continue
 		}
-		h, err := b.heldFrom(ctx, r, kv.Value, kv.CreateRevision, kv.Lease, ttls)
-		if err != nil {
-			return nil, err
+		h := Held{Resource: r, Permit: k, Token: string(kv.Value), Fence: kv.CreateRevision, TTL: -1}
+		if kv.Lease != 0 {
+			ttl, ok := ttls[kv.Lease]
+			if !ok {
+				resp, err := b.cl.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+				if err != nil {
+					return nil, fmt.Errorf("etcd: lease of %q: %w", r, err)
+				}
+				ttl = time.Duration(max(resp.TTL, 0)) * time.Second
+				ttls[kv.Lease] = ttl
+			}
+			h.TTL = ttl
 		}
 		out = append(out, h)
+	}
+	highest := map[string]int{}
+	for _, h := range out {
+		highest[h.Resource] = max(highest[h.Resource], h.Permit)
+	}
+	for i, h := range out {
+		out[i].Limit = etcdLimit(limits[h.Resource], highest[h.Resource])
 	}
 	return out, nil
 }
 
-func (b *etcdBackend) heldFrom(ctx context.Context, r string, val []byte, rev, lease int64, ttls map[int64]time.Duration) (Held, error) {
-	h := Held{Resource: r, Limit: 1, Token: string(val), Fence: rev, TTL: -1}
-	if lease == 0 {
-		return h, nil
+// etcdLimit is the limit the operator's view shows: the latest holder's
+// declared n when its key is there, else (its holder's lease expired, or a
+// lock) as many permits as the highest one held says there are.
+func etcdLimit(n, highest int) int {
+	if n > 0 {
+		return n
 	}
-	ttl, ok := ttls[lease]
-	if !ok {
-		resp, err := b.cl.TimeToLive(ctx, clientv3.LeaseID(lease))
-		if err != nil {
-			return h, fmt.Errorf("etcd: lease of %q: %w", r, err)
-		}
-		ttl = time.Duration(max(resp.TTL, 0)) * time.Second
-		ttls[lease] = ttl
-	}
-	h.TTL = ttl
-	return h, nil
+	return highest + 1
 }
 
-func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error) {
-	if k > 0 {
-		return nil, nil // no permits on etcd (CheckLimit)
-	}
-	resp, err := b.cl.Get(ctx, l.keysFor(resource).lock)
+// resourceKeys reads every key of resource (its permits, owners and limit).
+func (b *etcdBackend) resourceKeys(ctx context.Context, l *Locker, resource string) ([]*mvccpb.KeyValue, error) {
+	resp, err := b.cl.Get(ctx, l.keysFor(resource).lock, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, nil
-	}
-	kv := resp.Kvs[0]
-	h, err := b.heldFrom(ctx, resource, kv.Value, kv.CreateRevision, kv.Lease, map[int64]time.Duration{})
-	return &h, err
+	return resp.Kvs, nil
 }
 
-// breakLock deletes the lock key and its owners key in one transaction, if
-// the key still holds h's token and fence; the holder's watch sees the
-// delete and cancels it (expired).
+func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error) {
+	kvs, err := b.resourceKeys(ctx, l, resource)
+	if err != nil {
+		return nil, err
+	}
+	hs, err := b.heldFrom(ctx, l, kvs)
+	for _, h := range hs {
+		if h.Resource == resource && h.Permit == k {
+			return &h, err
+		}
+	}
+	return nil, err
+}
+
+// permitLimit is Limit on etcd: the latest holder's declared limit, or
+// more when a permit above it is held (a lowered limit).
+func (b *etcdBackend) permitLimit(ctx context.Context, l *Locker, resource string) (int, error) {
+	kvs, err := b.resourceKeys(ctx, l, resource)
+	if err != nil {
+		return 0, err
+	}
+	n := 1
+	for _, kv := range kvs {
+		if r, ok := l.limitOf(string(kv.Key)); ok && r == resource {
+			v, _ := strconv.Atoi(string(kv.Value))
+			n = max(n, v)
+		} else if r, k, ok := l.permitOf(string(kv.Key)); ok && r == resource {
+			n = max(n, k+1)
+		}
+	}
+	return n, nil
+}
+
+// breakLock deletes the permit's lock key and its owners key in one
+// transaction, if the key still holds h's token and fence; the holder's
+// watch sees the delete and cancels it (expired).
 func (b *etcdBackend) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
-	k := l.keysFor(h.Resource)
+	k := l.keysFor(h.Resource).permitKeys(h.Permit)
 	resp, err := b.cl.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(k.lock), "=", h.Token), clientv3.Compare(clientv3.CreateRevision(k.lock), "=", h.Fence)).
 		Then(clientv3.OpDelete(k.lock), clientv3.OpDelete(k.owners)).
@@ -478,6 +525,9 @@ var (
 // higher one its holders declared before a lowered limit): 1 for a lock, on
 // back ends without permits, and for a resource that has no holder.
 func (l *Locker) Limit(ctx context.Context, resource string) (int, error) {
+	if e, ok := l.be.(*etcdBackend); ok {
+		return e.permitLimit(ctx, l, resource)
+	}
 	b, ok := l.be.(*single)
 	if !ok {
 		return 1, nil

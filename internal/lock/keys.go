@@ -33,8 +33,45 @@ func (k keys) permitKeys(p int) keys {
 	return out
 }
 
-// limitKey is the hash of a resource's limit (lua/lib.lua).
+// limitKey is the hash of a resource's limit (lua/lib.lua); on etcd, a key
+// holding the limit alone.
 func (k keys) limitKey() string { return k.base + ":limit" }
+
+// permitPrefix is what the lock keys of permits k > 0 start with
+// (prefix{R}:p): on etcd one range holds them all, and with the lock key
+// itself they are the resource's permits.
+func (k keys) permitPrefix() string { return k.base + ":p" }
+
+// ownersPrefix is what the reentrancy keys of every permit start with
+// (prefix{R}:owners, then ":<k>" for a permit k > 0).
+func (k keys) ownersPrefix() string { return k.base + ":owners" }
+
+// permitOf returns the resource and permit of a permit's lock key,
+// prefix{R} (permit 0) or prefix{R}:p<k>; ok is false for any other key.
+func (l *Locker) permitOf(key string) (resource string, k int, ok bool) {
+	if r, ok := resourceOf(l.prefix, key); ok {
+		return r, 0, true
+	}
+	i := strings.LastIndex(key, "}:p")
+	if i < 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(key[i+len("}:p"):])
+	if err != nil || n < 1 || strconv.Itoa(n) != key[i+len("}:p"):] {
+		return "", 0, false
+	}
+	r, ok := resourceOf(l.prefix, key[:i+1])
+	return r, n, ok
+}
+
+// limitOf returns the resource of a limit key, prefix{R}:limit.
+func (l *Locker) limitOf(key string) (string, bool) {
+	base, ok := strings.CutSuffix(key, ":limit")
+	if !ok {
+		return "", false
+	}
+	return resourceOf(l.prefix, base)
+}
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
 // The four keys are cut from one string: one allocation per lease.

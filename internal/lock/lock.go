@@ -399,17 +399,17 @@ type waitConfig struct {
 // lock (the default). The limit is the resource's: each acquire declares its
 // own, and the latest declared is the one that holds (see lua/lib.lua). A
 // lowered limit cancels no one; no one gets a permit until fewer than it
-// are held. Only the single back end has permits (see CheckLimit).
+// are held. The single and etcd back ends have permits (see CheckLimit).
 func Permits(n int) AcquireOption { return func(w *waitConfig) { w.limit = n } }
 
 // CheckLimit reports whether this Locker takes leases of limit n: n ≥ 1, and
-// n > 1 only on the single back end (Redlock and etcd keep locks alone).
+// n > 1 only on the single and etcd back ends (Redlock keeps locks alone).
 func (l *Locker) CheckLimit(n int) error {
 	switch {
 	case n < 1:
 		return fmt.Errorf("limit %d is below 1 (1 is a lock)", n)
-	case n > 1 && l.kind != "single":
-		return fmt.Errorf("a limit of %d needs permits, which only the single Redis back end has (this one is %s)", n, l.kind)
+	case n > 1 && l.kind == "redlock":
+		return fmt.Errorf("a limit of %d needs permits, which only the single Redis back end and etcd have (this one is %s)", n, l.kind)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -155,6 +156,11 @@ func TestPermitsHandedOnInArrivalOrder(t *testing.T) {
 func TestLoweredLimitAdmitsNoOneUntilBelowIt(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
+	checkLoweredLimit(t, l)
+}
+
+func checkLoweredLimit(t *testing.T, l *lock.Locker) {
+	t.Helper()
 	ctx := context.Background()
 	held := []*lock.Lease{tryPermit(t, l, "low", 3), tryPermit(t, l, "low", 3), tryPermit(t, l, "low", 3)}
 	busy := func(n int) {
@@ -190,6 +196,11 @@ func TestLoweredLimitAdmitsNoOneUntilBelowIt(t *testing.T) {
 func TestDifferentLimitsTheLatestDeclarerWins(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
+	checkDifferentLimits(t, l)
+}
+
+func checkDifferentLimits(t *testing.T, l *lock.Locker) {
+	t.Helper()
 	ctx := context.Background()
 	tryPermit(t, l, "mix", 2)
 	tryPermit(t, l, "mix", 2)
@@ -201,19 +212,28 @@ func TestDifferentLimitsTheLatestDeclarerWins(t *testing.T) {
 	}
 	// A plain lock of a resource whose permit 0 is free but others are held
 	// waits too: it is a resource of limit 1 now.
-	l2, _, _ := newLocker(t)
-	tryPermit(t, l2, "one", 2)
-	b := tryPermit(t, l2, "one", 2)
-	a, _ := l2.TryAcquire(ctx, "one", time.Minute)
+	first := tryPermit(t, l, "one", 2)
+	tryPermit(t, l, "one", 2)
+	a, _ := l.TryAcquire(ctx, "one", time.Minute)
 	if a != nil {
 		t.Fatalf("a lock of a resource with 2 holders got permit %d", a.Permit())
 	}
-	_ = b
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := l.TryAcquire(ctx, "one", time.Minute); a != nil { // permit 0 is free, 1 is held
+		t.Fatalf("a lock of a resource with a holder got permit %d", a.Permit())
+	}
 }
 
 func TestPermitReentrancyEntersTheOwnersPermit(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
+	checkPermitReentrancy(t, l)
+}
+
+func checkPermitReentrancy(t *testing.T, l *lock.Locker) {
+	t.Helper()
 	ctx := lock.WithOwner(context.Background(), "job-1")
 	tryPermit(t, l, "re", 3)
 	outer, err := l.TryAcquire(ctx, "re", time.Minute, lock.Permits(3))
@@ -235,18 +255,26 @@ func TestPermitReentrancyEntersTheOwnersPermit(t *testing.T) {
 func TestCrashedPermitHolderFreesItsPermitWithinItsTTL(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
+	checkCrashedPermit(t, l, l, 300*time.Millisecond, 2*time.Second)
+}
+
+// checkCrashedPermit: permit 1, taken by crashed for ttl and never renewed
+// nor released, is l's again within bound.
+func checkCrashedPermit(t *testing.T, l, crashedLocker *lock.Locker, ttl, bound time.Duration) {
+	t.Helper()
 	ctx := context.Background()
 	tryPermit(t, l, "crash", 2)
-	crashed, err := l.TryAcquire(ctx, "crash", 300*time.Millisecond, lock.Permits(2))
+	crashed, err := crashedLocker.TryAcquire(ctx, "crash", ttl, lock.Permits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	lease, err := l.Acquire(ctx, "crash", time.Minute, lock.Permits(2), lock.MaxWait(5*time.Second))
+	lease, err := l.Acquire(ctx, "crash", time.Minute, lock.Permits(2), lock.MaxWait(5*time.Second),
+		lock.WithWaitBackoff(backoff.Jitter{Min: 5 * time.Millisecond, Max: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 2*time.Second || lease.Permit() != crashed.Permit() || lease.Fence() <= crashed.Fence() {
+	if d := time.Since(start); d > bound || lease.Permit() != crashed.Permit() || lease.Fence() <= crashed.Fence() {
 		t.Fatalf("after %v: permit %d fence %d, want the crashed holder's permit %d above fence %d within its TTL",
 			d, lease.Permit(), lease.Fence(), crashed.Permit(), crashed.Fence())
 	}
@@ -259,7 +287,7 @@ func TestCrashedPermitHolderFreesItsPermitWithinItsTTL(t *testing.T) {
 func TestPermitsUnderContentionNeverOverlap(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newLocker(t)
-	contendPermits(t, l)
+	contendPermits(t, []*lock.Locker{l})
 }
 
 // TestPermitsOnCluster: every permit of a resource lives in the slot of its
@@ -280,10 +308,11 @@ func TestPermitsOnCluster(t *testing.T) {
 			t.Fatalf("renew of permit %d of %s: %v", held[i].Permit(), held[i].Key(), err)
 		}
 	}
-	contendPermits(t, l)
+	contendPermits(t, []*lock.Locker{l})
 }
 
-func contendPermits(t *testing.T, l *lock.Locker) {
+// contendPermits runs contenders on lockers, in turn; opts tune their waits.
+func contendPermits(t *testing.T, lockers []*lock.Locker, opts ...lock.AcquireOption) {
 	t.Helper()
 	ctx := context.Background()
 	const limit, workers, cycles = 4, 16, 30
@@ -296,7 +325,8 @@ func contendPermits(t *testing.T, l *lock.Locker) {
 	for w := range workers {
 		wg.Go(func() {
 			for range cycles {
-				lease, err := l.Acquire(ctx, "busy", 10*time.Second, lock.Permits(limit), lock.MaxWait(20*time.Second))
+				l := lockers[w%len(lockers)]
+				lease, err := l.Acquire(ctx, "busy", 10*time.Second, append([]lock.AcquireOption{lock.Permits(limit), lock.MaxWait(20 * time.Second)}, opts...)...)
 				if err != nil {
 					errs <- err
 					return

@@ -1,0 +1,252 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
+)
+
+// Permits on etcd: permit k of R is the key P{R} (k = 0) or P{R}:p<k>, bound
+// to its holder's lease, its fence its create revision.
+
+func TestEtcdPermitsAreKeysUnderTheResource(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	admin := cluster.Client()
+	l := d.locker(lock.WithPrefix("p:"))
+	ctx := context.Background()
+	var held [3]*lock.Lease
+	for k := range held {
+		held[k] = tryPermit(t, l, "r", 3)
+		if held[k].Permit() != k {
+			t.Fatalf("holder %d got permit %d, want the lowest free, %d", k, held[k].Permit(), k)
+		}
+	}
+	if _, err := l.TryAcquire(ctx, "r", time.Minute, lock.Permits(3)); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("a fourth holder of limit 3: %v, want ErrNotAcquired", err)
+	}
+	for k, key := range []string{"p:{r}", "p:{r}:p1", "p:{r}:p2"} {
+		resp, err := admin.Get(ctx, key)
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("permit %d's key %s: %v %v", k, key, resp, err)
+		}
+		kv := resp.Kvs[0]
+		if string(kv.Value) != held[k].Token() || kv.CreateRevision != held[k].Fence() || kv.Lease == 0 || held[k].RedisKey() != key {
+			t.Fatalf("key %s = %q rev %d lease %x; want permit %d's token, fence = create revision %d, a lease",
+				kv.Key, kv.Value, kv.CreateRevision, kv.Lease, k, held[k].Fence())
+		}
+	}
+	if resp, err := admin.Get(ctx, "p:{r}:limit"); err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "3" || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("limit key: %v %v, want 3 bound to a lease", resp, err)
+	}
+	// The operator's view: one entry per permit, with the limit.
+	hs, err := l.Locks(ctx)
+	if err != nil || len(hs) != 3 {
+		t.Fatalf("Locks: %+v %v, want the 3 permits", hs, err)
+	}
+	for _, h := range hs {
+		if h.Resource != "r" || h.Limit != 3 || h.Token != held[h.Permit].Token() || h.Fence != held[h.Permit].Fence() || h.TTL <= 0 {
+			t.Fatalf("Locks: %+v, want permit %d of r, limit 3, its token and fence", h, h.Permit)
+		}
+	}
+	if n, err := l.Limit(ctx, "r"); err != nil || n != 3 {
+		t.Fatalf("Limit: %d %v, want 3", n, err)
+	}
+	old := held[1].Fence()
+	if err := held[1].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := tryPermit(t, l, "r", 3)
+	if next.Permit() != 1 || next.Fence() <= old {
+		t.Fatalf("after permit 1's release: permit %d fence %d, want permit 1 with a fence above %d", next.Permit(), next.Fence(), old)
+	}
+	for _, s := range []*lock.Lease{held[0], next, held[2]} {
+		if err := s.Renew(ctx); err != nil {
+			t.Fatalf("permit %d: renew: %v", s.Permit(), err)
+		}
+	}
+	// Broken by the operator: that permit alone is lost.
+	h, err := l.HeldPermit(ctx, "r", 2)
+	if err != nil || h == nil || h.Token != held[2].Token() {
+		t.Fatalf("HeldPermit 2: %+v %v", h, err)
+	}
+	if ok, err := l.Break(ctx, *h); !ok || err != nil {
+		t.Fatalf("Break permit 2: %v %v", ok, err)
+	}
+	if err := held[2].Renew(ctx); !errors.Is(err, lock.ErrLockLost) {
+		t.Fatalf("renew of a broken permit: %v, want ErrLockLost", err)
+	}
+	for _, s := range []*lock.Lease{held[0], next} {
+		if err := s.Renew(ctx); err != nil {
+			t.Fatalf("permit %d after another's break: %v", s.Permit(), err)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No permit held: no key of the resource is left, the limit included.
+	if resp, err := admin.Get(ctx, "p:{r}", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("keys left of a free resource: %v %v", resp, err)
+	}
+}
+
+// TestEtcdPermitsUnderContentionNeverOverlap: 16 contenders on 4 clients (as
+// 4 processes) cycle one resource of limit 4: never more than 4 hold it, one
+// permit never two, and every permit's fences increase.
+func TestEtcdPermitsUnderContentionNeverOverlap(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	lockers := []*lock.Locker{d.locker(), d.locker(), d.locker(), d.locker()}
+	contendPermits(t, lockers, lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 10 * time.Millisecond}))
+}
+
+func TestEtcdPermitsFollowTheResourcesLimit(t *testing.T) {
+	t.Parallel()
+	d := etcdDeployment(t, etcdtest.Start(t))
+	t.Run("lowered", func(t *testing.T) { t.Parallel(); checkLoweredLimit(t, d.locker()) })
+	t.Run("different", func(t *testing.T) { t.Parallel(); checkDifferentLimits(t, d.locker()) })
+	t.Run("reentrancy", func(t *testing.T) { t.Parallel(); checkPermitReentrancy(t, d.locker()) })
+	t.Run("crashed holder", func(t *testing.T) {
+		t.Parallel()
+		// An etcd lease counts whole seconds: the crashed holder's is 1s.
+		checkCrashedPermit(t, d.locker(), d.locker(), time.Second, 3*time.Second)
+	})
+}
+
+// A permit deleted or overwritten in etcd cancels its holder at once (the
+// watch), and only it.
+func TestEtcdLostPermitCancelsItsHolderAtOnce(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	admin := cluster.Client()
+	l := d.locker()
+	wd := watchdog.New(watchdog.Options{})
+	t.Cleanup(func() { _ = wd.Stop(context.Background()) })
+	ctx := context.Background()
+	var hctxs []context.Context
+	var leases []*lock.Lease
+	for range 3 {
+		lease := tryPermit(t, l, "tenant", 3)
+		hctx, hold := wd.Hold(ctx, lease)
+		t.Cleanup(hold.Stop)
+		leases, hctxs = append(leases, lease), append(hctxs, hctx)
+	}
+	for _, c := range []struct {
+		k      int
+		change func(key string) error
+		reason lock.Reason
+	}{
+		{1, func(key string) error { _, err := admin.Delete(ctx, key); return err }, lock.ReasonExpired},
+		{2, func(key string) error { _, err := admin.Put(ctx, key, "someone else"); return err }, lock.ReasonStolen},
+	} {
+		start := time.Now()
+		if err := c.change(leases[c.k].RedisKey()); err != nil {
+			t.Fatal(err)
+		}
+		at, reason := lostWithin(t, hctxs[c.k], 5*time.Second)
+		if reason != c.reason || at.Sub(start) > 500*time.Millisecond || !errors.Is(context.Cause(hctxs[c.k]), lock.ErrLockLost) {
+			t.Fatalf("permit %d: %s after %v (%v), want %s at once", c.k, reason, at.Sub(start), context.Cause(hctxs[c.k]), c.reason)
+		}
+	}
+	if err := hctxs[0].Err(); err != nil {
+		t.Fatalf("permit 0 after the others' losses: %v", err)
+	}
+}
+
+// TestEtcdMixedLimitsAdmitNoOneAtOrAboveTheirLimit: contenders of limit 2 and
+// of limit 3 cycle one resource on 3 clients. etcd's history of the permit
+// keys, in revision order, shows each permit taken only while fewer than its
+// taker's limit were held (the latest declarer's limit: a lowered one
+// admits no one until below it), and no permit taken twice at once.
+func TestEtcdMixedLimitsAdmitNoOneAtOrAboveTheirLimit(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	d := etcdDeployment(t, cluster)
+	admin := cluster.Client()
+	ctx := context.Background()
+	start, err := admin.Get(ctx, "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockers := []*lock.Locker{d.locker(), d.locker(), d.locker()}
+	var limits sync.Map // token -> limit
+	const workers, cycles = 12, 25
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			limit := 2 + w%2
+			for range cycles {
+				lease, err := lockers[w%len(lockers)].Acquire(ctx, "mixed", 10*time.Second, lock.Permits(limit),
+					lock.MaxWait(20*time.Second), lock.WithWaitBackoff(backoff.Jitter{Min: time.Millisecond, Max: 5 * time.Millisecond}))
+				if err != nil {
+					errs <- err
+					return
+				}
+				limits.Store(lease.Token(), limit)
+				time.Sleep(time.Millisecond)
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	end, err := admin.Get(ctx, "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := admin.Watch(wctx, lock.DefaultPrefix+"{mixed}", clientv3.WithPrefix(), clientv3.WithRev(start.Header.Revision+1))
+	held := map[string]string{} // permit key -> token
+	taken := 0
+	for rev := start.Header.Revision; rev < end.Header.Revision; {
+		resp, ok := <-wch
+		if !ok || resp.Err() != nil {
+			t.Fatalf("watch of the history: %v", resp.Err())
+		}
+		for _, ev := range resp.Events {
+			rev = ev.Kv.ModRevision
+			key := string(ev.Kv.Key)
+			if key != lock.DefaultPrefix+"{mixed}" && !strings.HasPrefix(key, lock.DefaultPrefix+"{mixed}:p") {
+				continue
+			}
+			switch {
+			case ev.Type == clientv3.EventTypeDelete:
+				delete(held, key)
+			case ev.IsCreate():
+				v, _ := limits.Load(string(ev.Kv.Value))
+				limit, _ := v.(int)
+				if len(held) >= limit {
+					t.Fatalf("revision %d: %s taken by a holder of limit %d while %d were held: %v", rev, key, limit, len(held), held)
+				}
+				held[key] = string(ev.Kv.Value)
+				taken++
+			default:
+				t.Fatalf("revision %d: %s overwritten while held", rev, key)
+			}
+		}
+	}
+	if taken != workers*cycles {
+		t.Fatalf("%d permits taken in the history, want %d", taken, workers*cycles)
+	}
+}
