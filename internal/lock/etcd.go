@@ -90,7 +90,7 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //   - Loss is noticed at once through a watch on the lock keys (key deleted:
 //     expired; key overwritten: stolen); see Locker.NotifyLoss. Renewal (a
 //     keep-alive of the lease and a read of the key) stays the authority. The
-//     watch asks its member for a progress notice every 250ms and moves to
+//     watch asks its member for a progress notice every 100ms and moves to
 //     another member when one goes unanswered (a paused or cut-off member
 //     fails no call by itself).
 //   - The locks of one TTL share one etcd lease per Locker, as the locks of a
@@ -668,7 +668,7 @@ func (b *etcdBackend) notifyLoss(f func(*Lease, error)) {
 // notice) means the member hangs, a paused process or a cut-off link, which
 // fails no call: the watch starts again on a new stream, which the client's
 // balancer gives to the next member.
-const watchCheck = 250 * time.Millisecond
+const watchCheck = 100 * time.Millisecond
 
 // watch follows every change under the lock prefix from revision rev on and
 // turns a change to a held lock's key into a loss, at once. When the watch
