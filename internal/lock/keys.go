@@ -74,7 +74,8 @@ func (l *Locker) limitOf(key string) (string, bool) {
 }
 
 // keysFor is the one place lock keys are built: prefix + "{" + resource + "}".
-// The four keys are cut from one string: one allocation per lease.
+// The four keys are cut from one string, and the floor is one more: two
+// allocations per lease.
 func (l *Locker) keysFor(resource string) keys {
 	n := len(l.prefix) + len(resource) + 2 // prefix{resource}
 	var b strings.Builder
