@@ -92,7 +92,9 @@ func (r *tripCounter) snapshot() (map[string]int, int) {
 func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	t.Parallel()
 	const n = 150
-	const ttl = 2 * time.Second // interval ~667ms: acquires within 167ms share rounds
+	// interval 1s: acquires within 250ms share rounds; a 3s TTL leaves a
+	// renewal 2s of a CPU-starved machine before its lease's deadline
+	const ttl = 3 * time.Second
 	cl := redistest.StartCluster(t, 3)
 	rec := &tripCounter{trips: map[string]int{}}
 	cc := cl.Client(func(o *redis.ClusterOptions) { o.PoolSize = 16; o.ContextTimeoutEnabled = true })
@@ -122,11 +124,15 @@ func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	}
 	perNode := map[string]int{}
 	var lost atomic.Int32
+	var cause atomic.Value
 	for _, lease := range leases {
 		perNode[cl.NodeFor(lease.RedisKey()).Addr]++
 		hctx, hold := wd.Hold(ctx, lease)
 		defer hold.Stop()
-		context.AfterFunc(hctx, func() { lost.Add(1) })
+		context.AfterFunc(hctx, func() {
+			lost.Add(1)
+			cause.CompareAndSwap(nil, fmt.Sprint(context.Cause(hctx)))
+		})
 	}
 	if len(perNode) != 3 {
 		t.Fatalf("leases on %d masters, want all 3: %v", len(perNode), perNode)
@@ -143,7 +149,7 @@ func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	})
 	trips, evals := rec.snapshot()
 	if lost.Load() != 0 {
-		t.Fatalf("%d leases cancelled while the cluster was healthy", lost.Load())
+		t.Fatalf("%d leases cancelled while the cluster was healthy (the first: %v)", lost.Load(), cause.Load())
 	}
 	total := 0
 	for _, v := range trips {
