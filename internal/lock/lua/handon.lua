@@ -83,10 +83,14 @@ end
 if KEYS[8] and type(h) == 'table' then
   redis.call('SADD', KEYS[8], ARGV[10] .. h[1])
 end
-if not h and not n then
-  redis.call('DEL', KEYS[1])
-end
-if (not h and not n) or (n and redis.call('EXISTS', KEYS[1]) == 0) then
+-- A permit left free has its counter retired: a lock no one was handed, or
+-- a limited resource's permit that serve did not hand on (it deleted it).
+if not n then
+  if not h then
+    redis.call('DEL', KEYS[1])
+    retire(KEYS[2], ARGV[4])
+  end
+elseif redis.call('EXISTS', KEYS[1]) == 0 then
   retire(KEYS[2], ARGV[4])
 end
 if not h then
