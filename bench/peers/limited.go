@@ -28,6 +28,7 @@ import (
 	"github.com/hibiken/asynq/x/rate"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
@@ -178,7 +179,7 @@ func (s server) limitedRun(p peer, n int, rep int) sample {
 			}
 			got := time.Now()
 			waits = append(waits, got.Sub(t))
-			time.Sleep(*hold)
+			benchhold.Hold(*hold)
 			rel := time.Now()
 			if err := release(); err != nil {
 				fail(fmt.Errorf("%s: release: %w", p.name, err))
@@ -222,7 +223,7 @@ func reportLimited(names []string, r map[string]map[string][]sample) {
 		return
 	}
 	base := "Lockstep, limit 1 (a lock)"
-	fmt.Printf("\n### %d goroutines, one key, at most %d holders, %v hold; medians of %d repetitions (min–max)\n\n", *contenders, limit, *hold, *reps)
+	fmt.Printf("\n### %d goroutines, one key, at most %d holders, %v hold (%s); medians of %d repetitions (min–max)\n\n", *contenders, limit, *hold, benchhold.Mode(), *reps)
 	fmt.Println("ideal wait p99: (goroutines/limit − 1) × (hold + hand-off), from the same repetition's hold and hand-off.")
 	fmt.Println()
 	fmt.Println("| peer | acquisitions/s | vs Lockstep limit 1 (same rep) | round trips/acq | server cmds/acq | wait p50 | wait p99 | p99 / ideal | acquisitions per goroutine (min–max, worst rep) | max/min | Redis CPU µs/acq | hold (mean) | release → next holder of the permit (p50) |")

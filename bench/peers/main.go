@@ -6,11 +6,13 @@
 //
 //   - cycle/1 and cycle/64: acquire + release as fast as possible, each
 //     goroutine on a key of its own (no waiting).
-//   - contended/16: 16 goroutines take one key with a wait, hold it 1ms,
+//   - contended/16: 16 goroutines take one key with a wait, hold it 1ms
+//     (benchhold.Hold: the same length whatever the traffic, where
+//     time.Sleep's grows with it; LOCKSTEP_BENCH_HOLD=sleep uses time.Sleep),
 //     release; alone/1 is one goroutine doing the same loop, for the
 //     throughput ratio. A waiter served in arrival order waits for the
 //     holds and hand-offs ahead of it, so the table also splits a cycle of
-//     the lock into the hold (the 1ms sleep and its overshoot) and the
+//     the lock into the hold (the 1ms and the kernel's timer slack) and the
 //     hand-off (from a release call to the next holder's acquire return).
 //   - limited/16 (limited.go): the contended loop on a resource of 4
 //     holders at once: Lockstep with Permits(4), beside Lockstep with
@@ -46,6 +48,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
@@ -307,7 +310,7 @@ func (s server) contended(p peer, goroutines int, rep int) sample {
 			}
 			got := time.Now()
 			waits = append(waits, got.Sub(t))
-			time.Sleep(*hold)
+			benchhold.Hold(*hold)
 			rel := time.Now()
 			if err := release(); err != nil {
 				fail(fmt.Errorf("%s: release: %w", p.name, err))

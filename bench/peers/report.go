@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 )
 
 func median(xs []float64) float64 {
@@ -72,7 +74,7 @@ func report(names []string, r map[string]map[string][]sample) {
 		}
 	}
 	cont := fmt.Sprintf("contended/%d", *contenders)
-	fmt.Printf("\n### %d goroutines, one key, %v hold, each waiting as its library does; medians of %d repetitions (min–max)\n\n", *contenders, *hold, *reps)
+	fmt.Printf("\n### %d goroutines, one key, %v hold (%s), each waiting as its library does; medians of %d repetitions (min–max)\n\n", *contenders, *hold, benchhold.Mode(), *reps)
 	fmt.Println("| peer | acquisitions/s | vs one goroutine alone | round trips/acq | wait p50 | wait p99 | acquisitions per goroutine (min–max, worst rep) | max/min | Redis CPU µs/acq | hold (mean) | release → next holder (p50) |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
 	for _, n := range names {
