@@ -4,12 +4,12 @@
 // A benchmark that holds with time.Sleep measures Go's timer beside the
 // lock. The runtime waits for its timers in epoll_wait, whose timeout is in
 // whole milliseconds, and it rounds a remainder under one millisecond up to
-// one (runtime/netpoll_epoll.go). Each network event that wakes the poller
-// during a sleep leaves such a remainder, so a 1 ms sleep lasts longer the
-// more traffic the process has beside it: 1.23 ms with one holder of 16
-// contenders and 1.49 ms with four, in the same run. That difference is the
-// timer's, not the lock's, yet it counts as the lock's when acquisitions per
-// second at limit 4 are compared with limit 1.
+// one (netpoll in Go's runtime, on Linux). Each network event that wakes the
+// poller during a sleep leaves such a remainder, so a 1 ms sleep lasts
+// longer the more traffic the process has beside it: 1.25 ms with one
+// holder of 16 contenders and 1.55 ms with four, in the same run. That
+// difference is the timer's, not the lock's, yet it counts as the lock's
+// when acquisitions per second at limit 4 are compared with limit 1.
 //
 // On Linux, Hold waits on a timerfd through the runtime's poller instead:
 // the kernel's timer wakes the poller when it fires, whatever timeout the
