@@ -45,7 +45,8 @@
 // releasing; a waiter keeps its entry alive for its TTL, so a crashed one is
 // skipped after that (or, handed the lock just before it crashed, holds it
 // for its TTL like any crashed holder); a waiter whose Acquire ends leaves
-// the queue. Redlock, etcd and WaitReplicas retry with the backoff.
+// the queue. Redlock and WaitReplicas retry with the backoff; etcd too, and
+// a release wakes the longest waiter of each process.
 //
 // # Guarantees
 //

@@ -40,6 +40,7 @@ type etcdBackend struct {
 	mu      sync.Mutex
 	leases  map[int64]*etcdShared // by TTL in seconds: the lease new locks join
 	held    map[string][]*Lease   // lock key -> leases held on it, for the watch
+	waits   map[string]*etcdWaits // resource's lock key -> its waiting Acquires
 	notify  []func(*Lease, error)
 	watchOn bool
 	closed  bool
@@ -112,7 +113,9 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     if any permit key changed since the read it chose from, so the limit
 //     holds under concurrent acquires. P{R}:limit holds the latest holder's
 //     limit, on its lease, until the last permit is released. There is no
-//     queue: Acquire retries with the backoff.
+//     queue in etcd: a release or an expired lease wakes the longest
+//     waiting Acquire of the resource in this process (etcdWaits), and the
+//     backoff bounds each wait.
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
@@ -124,6 +127,7 @@ func NewEtcd(client *clientv3.Client, opts ...Option) *Locker {
 		watchPrefix: st.prefix + "{",
 		leases:      map[int64]*etcdShared{},
 		held:        map[string][]*Lease{},
+		waits:       map[string]*etcdWaits{},
 	}
 	l, err := newLocker("etcd", st, be)
 	if err != nil {
@@ -228,6 +232,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			}
 			var free bool
 			if p, free = seen.free(s.limit); !free {
+				seen.busy(s)
 				return false, nil
 			}
 			cmps = []clientv3.Cmp{
@@ -272,7 +277,130 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		}
 		seen = readPermits(s.locker, k, resp)
 	}
+	seen.busy(s)
 	return false, nil // the permits kept changing: busy for now, as a held resource is
+}
+
+// busy tells a waiting Acquire of s the revision its busy attempt read, from
+// which waitChange watches.
+func (p *etcdPermits) busy(s *Lease) {
+	if s.wait != nil {
+		s.wait.rev = p.rev
+	}
+}
+
+// etcdWaits is the waiting Acquires of one resource in this process, in
+// arrival order, and the one watch that wakes them: a permit let go (its key
+// deleted by a release, or with its holder's lease) wakes the first waiter
+// not woken yet, not every one, so a release costs one retry per process
+// that waits, not one per waiter. Across processes the woken ones race:
+// etcd has no waiter queue.
+type etcdWaits struct {
+	list []*waitState
+	from int64 // the watch's first revision
+	seen int64 // the revision of the latest deletion of a permit key the watch saw
+	stop context.CancelFunc
+}
+
+// waitChange blocks until a permit of the resource of k is let go after
+// the revision w's last busy attempt read and w is woken for it, d passes or
+// ctx ends. The first call queues w; stopWaiting takes it out.
+func (b *etcdBackend) waitChange(ctx context.Context, k keys, w *waitState, d time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	b.mu.Lock()
+	ws := b.waits[k.base]
+	if ws == nil && w.rev > 0 && !b.closed {
+		wctx, stop := context.WithCancel(context.Background())
+		ws = &etcdWaits{from: w.rev + 1, stop: stop}
+		b.waits[k.base] = ws
+		go b.watchWaits(wctx, k, ws)
+	}
+	if ws != nil && w.wake == nil {
+		w.wake = make(chan struct{}, 1)
+		ws.list = append(ws.list, w)
+	}
+	// A deletion the watch saw after w's read, or one it started too late to
+	// see: w tries again at once.
+	missed := ws != nil && (ws.seen > w.rev || ws.from > w.rev+1)
+	wake := w.wake // set and cleared under b.mu
+	b.mu.Unlock()
+	switch {
+	case missed:
+	case wake == nil: // no watch: the delay alone
+		<-wctx.Done()
+	default:
+		select {
+		case <-wake:
+		case <-wctx.Done():
+		}
+	}
+}
+
+// stopWaiting takes w out of the waiters of the resource of k, and stops
+// their watch after the last.
+func (b *etcdBackend) stopWaiting(k keys, w *waitState) {
+	if w.wake == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ws := b.waits[k.base]
+	if ws == nil {
+		return
+	}
+	if i := slices.Index(ws.list, w); i >= 0 {
+		ws.list = slices.Delete(ws.list, i, i+1)
+		if len(w.wake) > 0 {
+			b.wakeNext(ws) // w was woken but will not retry: pass it on
+		}
+	}
+	if len(ws.list) == 0 {
+		ws.stop()
+		delete(b.waits, k.base)
+	}
+}
+
+// wakeNext wakes the first waiter of ws not woken yet (b.mu held).
+func (b *etcdBackend) wakeNext(ws *etcdWaits) {
+	for _, w := range ws.list {
+		select {
+		case w.wake <- struct{}{}:
+			return
+		default: // woken already, not yet back
+		}
+	}
+}
+
+// watchWaits follows the permit keys of the resource of k from ws.from for
+// ws's waiters. When the watch fails (compacted, no leader), it leaves the
+// resource without a watch: its waiters wait out their delay, and the next
+// one to wait starts a new watch.
+func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
+	permits := k.permitPrefix()
+	for resp := range b.cl.Watch(clientv3.WithRequireLeader(ctx), k.base, clientv3.WithPrefix(), clientv3.WithRev(ws.from)) {
+		b.mu.Lock()
+		for _, ev := range resp.Events {
+			key := string(ev.Kv.Key)
+			if ev.Type == mvccpb.DELETE && (key == k.base || strings.HasPrefix(key, permits)) {
+				ws.seen = max(ws.seen, ev.Kv.ModRevision)
+				b.wakeNext(ws)
+			}
+		}
+		b.mu.Unlock()
+		if resp.Err() != nil {
+			break
+		}
+	}
+	b.mu.Lock()
+	if b.waits[k.base] == ws {
+		delete(b.waits, k.base) // its waiters are still queued in ws: stopWaiting finds them gone
+		for _, w := range ws.list {
+			w.wake = nil // queued again by their next wait, on a new watch
+		}
+	}
+	b.mu.Unlock()
+	ws.stop()
 }
 
 // etcdPermits is what one read found of a resource's permits: their lock
@@ -799,6 +927,9 @@ func (b *etcdBackend) close() error {
 	b.mu.Lock()
 	b.closed = true
 	stop, stopped := b.stop, b.stopped
+	for _, ws := range b.waits {
+		ws.stop() // its waiters wait out their delay
+	}
 	b.mu.Unlock()
 	if stop != nil {
 		stop()

@@ -250,3 +250,139 @@ func TestEtcdMixedLimitsAdmitNoOneAtOrAboveTheirLimit(t *testing.T) {
 		t.Fatalf("%d permits taken in the history, want %d", taken, workers*cycles)
 	}
 }
+
+// TestEtcdWaiterWakesWhenAHolderLetsGo: etcd has no waiter queue, but a
+// waiting Acquire watches its resource from its busy attempt's revision and
+// tries again when a permit is let go, by a release or an expired lease, not
+// at the end of its backoff delay (10 s here).
+func TestEtcdWaiterWakesWhenAHolderLetsGo(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	l := etcdDeployment(t, cluster).locker()
+	slow := lock.WithWaitBackoff(backoff.Jitter{Min: 10 * time.Second, Max: 10 * time.Second})
+	// wait starts an Acquire of r with limit n and returns its result when
+	// it ends: the lease, its busy attempts and when it returned.
+	type result struct {
+		lease    *lock.Lease
+		attempts int
+		at       time.Time
+		err      error
+	}
+	wait := func(r string, n int) <-chan result {
+		out := make(chan result, 1)
+		go func() {
+			var res result
+			res.lease, res.err = l.Acquire(context.Background(), r, time.Minute, lock.Permits(n), slow,
+				lock.MaxWait(30*time.Second), lock.CountAttempts(&res.attempts))
+			res.at = time.Now()
+			out <- res
+		}()
+		return out
+	}
+	check := func(t *testing.T, res result, from time.Time, what string) {
+		t.Helper()
+		switch {
+		case res.err != nil:
+			t.Fatalf("%s: %v", what, res.err)
+		case res.attempts < 1:
+			t.Fatalf("%s: the waiter's first attempt was not busy: nothing tested", what)
+		case res.at.Sub(from) > 2*time.Second:
+			t.Fatalf("%s: the waiter got it %v after, want well before its 10s backoff", what, res.at.Sub(from))
+		}
+		t.Logf("%s: the waiter got it %v after", what, res.at.Sub(from))
+	}
+	// The first attempt of a waiter takes milliseconds: it is over when the
+	// holder lets go below (checked: attempts ≥ 1).
+	const firstAttempt = 300 * time.Millisecond
+
+	t.Run("a lock's release", func(t *testing.T) {
+		t.Parallel()
+		holder := tryPermit(t, l, "lock", 1)
+		got := wait("lock", 1)
+		time.Sleep(firstAttempt)
+		released := time.Now()
+		if err := holder.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		check(t, <-got, released, "release")
+	})
+	t.Run("a permit's expiry", func(t *testing.T) {
+		t.Parallel()
+		keep := tryPermit(t, l, "limited", 2)
+		// Never renewed: its key goes with its etcd lease, about 2 s on.
+		short, err := l.TryAcquire(context.Background(), "limited", 2*time.Second, lock.Permits(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := wait("limited", 2)
+		time.Sleep(firstAttempt)
+		// The test's own watch sees the key go: the waiter is timed from then.
+		admin := cluster.Client()
+		wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var gone time.Time
+		for resp := range admin.Watch(wctx, short.RedisKey(), clientv3.WithRev(short.Fence())) {
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					gone = time.Now()
+				}
+			}
+			if !gone.IsZero() {
+				break
+			}
+		}
+		if gone.IsZero() {
+			t.Fatal("the unrenewed permit's key was not deleted within 20s")
+		}
+		res := <-got
+		check(t, res, gone, "expiry")
+		if res.lease.Permit() != short.Permit() || keep.Permit() == short.Permit() {
+			t.Fatalf("the waiter got permit %d, want the expired one, %d", res.lease.Permit(), short.Permit())
+		}
+	})
+}
+
+// TestEtcdWaitersOfOneProcessWakeInArrivalOrder: a release wakes the first
+// waiting Acquire of the resource in this process, not all of them, so the
+// waiters of one process take the lock in the order they came.
+func TestEtcdWaitersOfOneProcessWakeInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	cluster := etcdtest.Start(t)
+	l := etcdDeployment(t, cluster).locker()
+	slow := lock.WithWaitBackoff(backoff.Jitter{Min: 10 * time.Second, Max: 10 * time.Second})
+	ctx := context.Background()
+	holder := tryPermit(t, l, "r", 1)
+	const waiters = 4
+	got := make(chan int, waiters)
+	leases := make([]*lock.Lease, waiters)
+	for i := range waiters {
+		go func() {
+			lease, err := l.Acquire(ctx, "r", time.Minute, slow, lock.MaxWait(30*time.Second))
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				got <- -1
+				return
+			}
+			leases[i] = lease
+			got <- i
+		}()
+		time.Sleep(200 * time.Millisecond) // its first attempt, busy, is over: it waits
+	}
+	for want := range waiters {
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case i := <-got:
+			if i != want {
+				t.Fatalf("release %d went to waiter %d, want %d (arrival order)", want, i, want)
+			}
+			holder = leases[i]
+		case <-time.After(5 * time.Second):
+			t.Fatalf("release %d: no waiter got the lock within 5s (their backoff is 10s)", want)
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -300,8 +300,9 @@ func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duratio
 // On one Redis deployment (New) waiters are served in arrival order and
 // woken when the holder releases (see wait.go); the decorrelated-jitter
 // backoff only bounds each wait, the fallback for a lost wake-up. A waiter
-// that gives up leaves the queue. On Redlock and etcd, and with
-// WaitReplicas, Acquire retries TryAcquire with the backoff.
+// that gives up leaves the queue. On etcd Acquire retries when a holder of
+// the resource lets go (a watch) or after the backoff's delay, whichever
+// comes first; on Redlock, and with WaitReplicas, after the delay.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait, limit: 1}
 	for _, o := range opts {
@@ -317,12 +318,18 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 	}
 	fw, fair := l.be.(fairWaiter)
 	fair = fair && fw.fairWaiting()
+	cw, wakes := l.be.(changeWaiter)
 	var wait *waitState
-	if fair {
+	var wk keys
+	if fair || wakes {
 		wait = &waitState{id: newToken()[:16]}
 	}
+	if wakes {
+		wk = l.keysFor(resource)
+		defer cw.stopWaiting(wk, wait)
+	}
 	giveUp := func() {
-		if wait != nil && !wait.sent.IsZero() { // queued
+		if fair && !wait.sent.IsZero() { // queued
 			fw.leave(ctx, l.newLease(ctx, resource, ttl, wait, time.Now()))
 		}
 	}
@@ -363,6 +370,8 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 				giveUp()
 				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
 			}
+		} else if wakes {
+			cw.waitChange(ctx, wk, wait, delay)
 		} else {
 			backoff.Sleep(ctx, delay)
 		}

@@ -40,9 +40,11 @@ import (
 
 // waitState is one Acquire's place in the queue.
 type waitState struct {
-	id     string    // the waiter id
-	sent   time.Time // when its last busy attempt was sent (zero: never queued)
-	server int64     // the server's time in µs when that attempt ran
+	id     string        // the waiter id
+	sent   time.Time     // when its last busy attempt was sent (zero: never queued)
+	server int64         // the server's time in µs when that attempt ran
+	rev    int64         // etcd: the revision its last busy attempt read (changeWaiter)
+	wake   chan struct{} // etcd: its place among the resource's waiters in this process (etcdWaits)
 }
 
 func (w *waitState) busy(sent time.Time, server int64) { w.sent, w.server = sent, server }
@@ -68,6 +70,16 @@ type fairWaiter interface {
 	// leave takes s's waiter out of the queue, releasing a hand-off that
 	// reached it meanwhile.
 	leave(ctx context.Context, s *Lease)
+}
+
+// changeWaiter is implemented by back ends without a queue whose Acquire can
+// still be woken when a holder of its resource lets go (etcd).
+type changeWaiter interface {
+	// waitChange blocks until a permit of the resource of k is let go after
+	// w's last busy attempt, d passes or ctx ends.
+	waitChange(ctx context.Context, k keys, w *waitState, d time.Duration)
+	// stopWaiting ends w's wait, when its Acquire ends.
+	stopWaiting(k keys, w *waitState)
 }
 
 func (b *single) fairWaiting() bool { return b.replicas == 0 }
