@@ -340,13 +340,10 @@ func (b *etcdBackend) waitChange(ctx context.Context, k keys, w *waitState, d ti
 // stopWaiting takes w out of the waiters of the resource of k, and stops
 // their watch after the last.
 func (b *etcdBackend) stopWaiting(k keys, w *waitState) {
-	if w.wake == nil {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ws := b.waits[k.base]
-	if ws == nil {
+	if ws == nil || w.wake == nil {
 		return
 	}
 	if i := slices.Index(ws.list, w); i >= 0 {
