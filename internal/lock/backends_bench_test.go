@@ -3,6 +3,11 @@ package lock_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -27,36 +33,137 @@ import (
 //     and release it at once; an op is one acquire of the hot key (the worker
 //     that released may take it again: this is contended throughput).
 //
+//   - limited: 16 goroutines cycle one key (Acquire with the default
+//     backoff, hold 1 ms with benchhold.Hold, Release) as a lock and with
+//     limit 4, b.N acquisitions each; x4 is limit 4's acquisitions/s over
+//     the lock's, and spread the most acquisitions of one goroutine over the
+//     fewest (etcd has no waiter queue across processes; these goroutines
+//     share one process, whose waiters are woken in arrival order); on
+//     etcd, proposals/op is the raft proposals its member committed per
+//     acquisition (its release included).
+//
 //   - renew1000: one RenewAll of 1,000 held locks per op.
 //
 //     go test -run '^$' -bench Backends -benchtime 2s ./internal/lock
 func BenchmarkBackends(b *testing.B) {
 	type backend struct {
 		name   string
-		locker func(b *testing.B) *lock.Locker
+		locker func(b *testing.B) (*lock.Locker, func() float64)
 	}
 	backends := []backend{
-		{"redis-single", func(b *testing.B) *lock.Locker {
-			return lock.New(redistest.Start(b).Client(func(o *redis.Options) { o.PoolSize = 128 }))
+		{"redis-single", func(b *testing.B) (*lock.Locker, func() float64) {
+			return lock.New(redistest.Start(b).Client(func(o *redis.Options) { o.PoolSize = 128 })), nil
 		}},
-		{"etcd-1", func(b *testing.B) *lock.Locker { return etcdLocker(b, 1) }},
-		{"etcd-3", func(b *testing.B) *lock.Locker { return etcdLocker(b, 3) }},
+		{"etcd-1", func(b *testing.B) (*lock.Locker, func() float64) { return etcdLocker(b, 1) }},
+		{"etcd-3", func(b *testing.B) (*lock.Locker, func() float64) { return etcdLocker(b, 3) }},
+	}
+	locker := func(be backend) func(b *testing.B) *lock.Locker {
+		return func(b *testing.B) *lock.Locker { l, _ := be.locker(b); return l }
 	}
 	for _, be := range backends {
-		b.Run("cycle/"+be.name, func(b *testing.B) { benchCycle(b, be.locker(b)) })
+		b.Run("cycle/"+be.name, func(b *testing.B) { benchCycle(b, locker(be)(b)) })
 	}
 	for _, be := range backends {
-		b.Run("handoff/"+be.name, func(b *testing.B) { benchHandoff(b, be.locker(b)) })
+		b.Run("handoff/"+be.name, func(b *testing.B) { benchHandoff(b, locker(be)(b)) })
 	}
 	for _, be := range backends {
-		b.Run("renew1000/"+be.name, func(b *testing.B) { benchRenew(b, be.locker(b), 1000) })
+		b.Run("limited/"+be.name, func(b *testing.B) { benchLimited(b, be.locker) })
+	}
+	for _, be := range backends {
+		b.Run("renew1000/"+be.name, func(b *testing.B) { benchRenew(b, locker(be)(b), 1000) })
 	}
 }
 
-func etcdLocker(b *testing.B, members int) *lock.Locker {
-	l := lock.NewEtcd(etcdtest.StartCluster(b, members).Client())
+func benchLimited(b *testing.B, newLocker func(*testing.B) (*lock.Locker, func() float64)) {
+	const contenders, hold = 16, time.Millisecond
+	l, proposals := newLocker(b)
+	ctx := context.Background()
+	rate := map[int]float64{}
+	b.ResetTimer()
+	for _, limit := range []int{1, 4} {
+		key := fmt.Sprintf("limited-%d", limit)
+		var left atomic.Int64
+		left.Store(int64(b.N))
+		var mu sync.Mutex
+		var waits []time.Duration
+		var counts []int
+		var wg sync.WaitGroup
+		var p0 float64
+		if proposals != nil {
+			p0 = proposals()
+		}
+		start := time.Now()
+		for range contenders {
+			wg.Go(func() {
+				count := 0
+				var mine []time.Duration
+				for left.Add(-1) >= 0 {
+					t0 := time.Now()
+					lease, err := l.Acquire(ctx, key, 30*time.Second, lock.Permits(limit), lock.MaxWait(30*time.Second))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					mine = append(mine, time.Since(t0))
+					count++
+					benchhold.Hold(hold)
+					if err := lease.Release(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+				mu.Lock()
+				waits, counts = append(waits, mine...), append(counts, count)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		rate[limit] = float64(b.N) / time.Since(start).Seconds()
+		if proposals != nil {
+			b.ReportMetric((proposals()-p0)/float64(b.N), fmt.Sprintf("l%d-proposals/op", limit))
+		}
+		b.ReportMetric(rate[limit], fmt.Sprintf("l%d-acq/s", limit))
+		if len(waits) > 0 {
+			slices.Sort(waits)
+			b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds())/1000, fmt.Sprintf("l%d-wait-p99-ms", limit))
+		}
+		if len(counts) == contenders {
+			b.ReportMetric(float64(slices.Max(counts))/float64(max(slices.Min(counts), 1)), fmt.Sprintf("l%d-spread", limit))
+		}
+	}
+	b.ReportMetric(rate[4]/rate[1], "x4")
+}
+
+// etcdLocker starts an etcd cluster of members and returns a Locker on it,
+// and the raft proposals its first member committed so far (from its
+// metrics).
+func etcdLocker(b *testing.B, members int) (*lock.Locker, func() float64) {
+	cl := etcdtest.StartCluster(b, members).Client()
+	l := lock.NewEtcd(cl)
 	b.Cleanup(func() { _ = l.Close() })
-	return l
+	url := cl.Endpoints()[0] + "/metrics"
+	return l, func() float64 {
+		resp, err := http.Get(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for line := range strings.Lines(string(body)) {
+			if v, ok := strings.CutPrefix(line, "etcd_server_proposals_committed_total "); ok {
+				n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return n
+			}
+		}
+		b.Fatalf("%s has no etcd_server_proposals_committed_total", url)
+		return 0
+	}
 }
 
 func benchCycle(b *testing.B, l *lock.Locker) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,9 +111,10 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //   - Permits: permit k > 0 of R is the key P{R}:p<k> (permit 0 is P{R}),
 //     held like a lock, its fence its create revision. An acquire takes
 //     the lowest free permit below its limit in a transaction that fails
-//     if any permit key changed since the read it chose from, so the limit
-//     holds under concurrent acquires. P{R}:limit holds the latest holder's
-//     limit, on its lease, until the last permit is released. There is no
+//     if the permits changed since the read it chose from in a way that
+//     could break the limit, so the limit holds under concurrent acquires.
+//     P{R}:limit holds the latest declared limit, on its declarer's lease,
+//     until the last permit is released. There is no
 //     queue in etcd: a release or an expired lease wakes the longest
 //     waiting Acquire of the resource in this process (etcdWaits), and the
 //     backoff bounds each wait.
@@ -205,17 +207,29 @@ const permitRounds = 10
 
 // acquire takes the lowest free permit of s's resource below s.limit (a
 // lock: permit 0, the lock key itself, when no permit is held), or enters
-// the permit its owner holds. The first transaction takes permit 0 if the
-// resource is free and else reads its permits; each next one takes the
-// chosen permit only if no permit key changed since that read (a compare
-// over the range of permit keys), and else reads them again. So never more
-// than the limit are held: a concurrent acquire makes the other's
-// transaction fail, never both succeed.
+// the permit its owner holds. A lock's first transaction takes permit 0 if
+// the resource is free and else reads its permits; with a limit, the first
+// is that read alone. Each next one takes the chosen permit if its key is
+// absent and, unless the read was settled (etcdPermits.settled: then the
+// limit key must be unchanged), no permit key changed since that read (a
+// compare over the range of permit keys), and else reads them again. So
+// never more than the limit are held: of two concurrent acquires that could
+// exceed it together, one's transaction fails.
 func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 	ctx, cancel := callCtx(ctx, s.ttl)
 	defer cancel()
 	k := s.keys
 	var seen *etcdPermits // nil: the first round, which hopes for a free resource
+	if s.limit > 1 {
+		// A resource of several permits is seldom free when it is contended:
+		// its first round reads the permits (a read-only transaction, which
+		// etcd answers without a raft write), and the next takes one.
+		resp, err := b.cl.Txn(ctx).Then(permitReads(k, s.owner)...).Commit()
+		if err != nil {
+			return false, fmt.Errorf("etcd: %w", err)
+		}
+		seen = readPermits(s.locker, k, resp)
+	}
 	leaseRetried := false
 	for round := 0; round < permitRounds; round++ {
 		sh, err := b.leaseFor(ctx, s.ttl)
@@ -231,14 +245,20 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 				return b.reenter(ctx, s, seen.permit[lockKV], lockKV, ownersKV)
 			}
 			var free bool
-			if p, free = seen.free(s.limit); !free {
+			if p, free = seen.free(s.limit, round > 0 && seen.settled(s.limit)); !free {
 				seen.busy(s)
 				return false, nil
 			}
-			cmps = []clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(k.permitKeys(p).lock), "=", 0),
-				clientv3.Compare(clientv3.ModRevision(k.lock), "<", seen.rev+1),
-				clientv3.Compare(clientv3.ModRevision(k.permitPrefix()), "<", seen.rev+1).WithPrefix(),
+			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.permitKeys(p).lock), "=", 0)}
+			if seen.settled(s.limit) {
+				// The key space bounds the holders: no permit at or above the
+				// limit is held, and none can be taken while the limit key
+				// stays as read (a larger limit would rewrite it first).
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.limitKey()), "=", seen.limit.ModRevision))
+			} else {
+				cmps = append(cmps,
+					clientv3.Compare(clientv3.ModRevision(k.lock), "<", seen.rev+1),
+					clientv3.Compare(clientv3.ModRevision(k.permitPrefix()), "<", seen.rev+1).WithPrefix())
 			}
 		}
 		pk := k.permitKeys(p)
@@ -247,15 +267,13 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			put = append(put, clientv3.OpPut(pk.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
 		}
 		if s.limit > 1 {
-			put = append(put, clientv3.OpPut(k.limitKey(), strconv.Itoa(s.limit), clientv3.WithLease(sh.id)))
+			if !seen.settled(s.limit) {
+				put = append(put, clientv3.OpPut(k.limitKey(), strconv.Itoa(s.limit), clientv3.WithLease(sh.id)))
+			}
 		} else {
 			put = append(put, clientv3.OpDelete(k.limitKey())) // a lock of a free resource: no limit left over
 		}
-		read := []clientv3.Op{clientv3.OpGet(k.lock), clientv3.OpGet(k.permitPrefix(), clientv3.WithPrefix())}
-		if s.owner != "" {
-			read = append(read, clientv3.OpGet(k.ownersPrefix(), clientv3.WithPrefix()))
-		}
-		resp, err := b.cl.Txn(ctx).If(cmps...).Then(put...).Else(read...).Commit()
+		resp, err := b.cl.Txn(ctx).If(cmps...).Then(put...).Else(permitReads(k, s.owner)...).Commit()
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !leaseRetried {
 			leaseRetried = true
 			b.forget(sh) // expired or revoked meanwhile: grant a new one, once
@@ -298,7 +316,7 @@ func (p *etcdPermits) busy(s *Lease) {
 type etcdWaits struct {
 	list []*waitState
 	from int64 // the watch's first revision
-	seen int64 // the revision of the latest deletion of a permit key the watch saw
+	lost int64 // the revision of the latest deletion that found no waiter to wake, until one claims it
 	stop context.CancelFunc
 }
 
@@ -320,9 +338,15 @@ func (b *etcdBackend) waitChange(ctx context.Context, k keys, w *waitState, d ti
 		w.wake = make(chan struct{}, 1)
 		ws.list = append(ws.list, w)
 	}
-	// A deletion the watch saw after w's read, or one it started too late to
-	// see: w tries again at once.
-	missed := ws != nil && (ws.seen > w.rev || ws.from > w.rev+1)
+	// A deletion after w's read that woke no one (w was not queued yet), or
+	// one the watch started too late to see: w tries again at once.
+	missed := false
+	if ws != nil && (ws.lost > w.rev || ws.from > w.rev+1) {
+		missed = true
+		if ws.lost > w.rev {
+			ws.lost = 0 // claimed
+		}
+	}
 	wake := w.wake // set and cleared under b.mu
 	b.mu.Unlock()
 	switch {
@@ -348,8 +372,8 @@ func (b *etcdBackend) stopWaiting(k keys, w *waitState) {
 	}
 	if i := slices.Index(ws.list, w); i >= 0 {
 		ws.list = slices.Delete(ws.list, i, i+1)
-		if len(w.wake) > 0 {
-			b.wakeNext(ws) // w was woken but will not retry: pass it on
+		if len(w.wake) > 0 && !b.wakeNext(ws) { // w was woken but will not retry: pass it on
+			ws.lost = max(ws.lost, w.rev+1)
 		}
 	}
 	if len(ws.list) == 0 {
@@ -358,15 +382,17 @@ func (b *etcdBackend) stopWaiting(k keys, w *waitState) {
 	}
 }
 
-// wakeNext wakes the first waiter of ws not woken yet (b.mu held).
-func (b *etcdBackend) wakeNext(ws *etcdWaits) {
+// wakeNext wakes the first waiter of ws not woken yet, and reports whether
+// there was one (b.mu held).
+func (b *etcdBackend) wakeNext(ws *etcdWaits) bool {
 	for _, w := range ws.list {
 		select {
 		case w.wake <- struct{}{}:
-			return
+			return true
 		default: // woken already, not yet back
 		}
 	}
+	return false
 }
 
 // watchWaits follows the permit keys of the resource of k from ws.from for
@@ -379,9 +405,8 @@ func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
 		b.mu.Lock()
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
-			if ev.Type == mvccpb.DELETE && (key == k.base || strings.HasPrefix(key, permits)) {
-				ws.seen = max(ws.seen, ev.Kv.ModRevision)
-				b.wakeNext(ws)
+			if ev.Type == mvccpb.DELETE && (key == k.base || strings.HasPrefix(key, permits)) && !b.wakeNext(ws) {
+				ws.lost = ev.Kv.ModRevision
 			}
 		}
 		b.mu.Unlock()
@@ -400,6 +425,16 @@ func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
 	ws.stop()
 }
 
+// permitReads read the resource of k's permits for readPermits: its lock
+// key, the range of permit keys and, for an owner, the range of owners keys.
+func permitReads(k keys, owner string) []clientv3.Op {
+	read := []clientv3.Op{clientv3.OpGet(k.lock), clientv3.OpGet(k.permitPrefix(), clientv3.WithPrefix()), clientv3.OpGet(k.limitKey())}
+	if owner != "" {
+		read = append(read, clientv3.OpGet(k.ownersPrefix(), clientv3.WithPrefix()))
+	}
+	return read
+}
+
 // etcdPermits is what one read found of a resource's permits: their lock
 // keys (permit k by key), and their owners keys (by key) when asked.
 type etcdPermits struct {
@@ -407,12 +442,32 @@ type etcdPermits struct {
 	permit map[*mvccpb.KeyValue]int
 	held   map[int]bool
 	owners map[string]*mvccpb.KeyValue
-	keys   keys // the resource's
+	limit  *mvccpb.KeyValue // the limit key, or nil
+	keys   keys             // the resource's
 }
 
-// readPermits reads the answer of acquire's Else on the resource of k: the
-// lock key, the range of permit keys and, for an owner, the range of owners
-// keys.
+// settled reports whether a take of a permit below limit needs to compare
+// only its own key and the limit key: the limit key says limit, and no
+// permit at or above it is held. Then the limit key names every permit that
+// may be taken while it is unchanged, and those are at most limit keys.
+// Otherwise (another limit, a lowered one's holders still at work, no limit
+// key) the take compares the whole range of permits to its read, and writes
+// the limit key.
+func (p *etcdPermits) settled(limit int) bool {
+	if p == nil || p.limit == nil || string(p.limit.Value) != strconv.Itoa(limit) {
+		return false
+	}
+	for k := range p.held {
+		if k >= limit {
+			return false
+		}
+	}
+	return true
+}
+
+// readPermits reads the answer of permitReads on the resource of k (an
+// acquire's Else): the lock key, the range of permit keys, the limit key
+// and, for an owner, the range of owners keys.
 func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
 	p := &etcdPermits{rev: resp.Header.Revision, permit: map[*mvccpb.KeyValue]int{}, held: map[int]bool{},
 		owners: map[string]*mvccpb.KeyValue{}, keys: k}
@@ -422,7 +477,11 @@ func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
 			continue
 		}
 		for _, kv := range rr.Kvs {
-			if i == 2 {
+			switch i {
+			case 2:
+				p.limit = kv
+				continue
+			case 3:
 				p.owners[string(kv.Key)] = kv
 				continue
 			}
@@ -436,16 +495,25 @@ func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
 
 // free returns the lowest free permit below limit, and false when limit or
 // more are held (a lowered limit: more may be).
-func (p *etcdPermits) free(limit int) (int, bool) {
+func (p *etcdPermits) free(limit int, spread bool) (int, bool) {
 	if len(p.held) >= limit {
 		return 0, false
 	}
+	var free []int
 	for k := range limit {
 		if !p.held[k] {
-			return k, true
+			if !spread {
+				return k, true
+			}
+			free = append(free, k)
 		}
 	}
-	return 0, false
+	if len(free) == 0 {
+		return 0, false
+	}
+	// A take that lost a race for a permit tries a free one at random, so
+	// that the acquirers who read the same permits part ways.
+	return free[rand.IntN(len(free))], true
 }
 
 // ownedBy returns the lock key of the permit that owner holds, with its
