@@ -57,20 +57,21 @@ func BenchmarkBackends(b *testing.B) {
 		{"etcd-1", func(b *testing.B) (*lock.Locker, func() float64) { return etcdLocker(b, 1) }},
 		{"etcd-3", func(b *testing.B) (*lock.Locker, func() float64) { return etcdLocker(b, 3) }},
 	}
-	locker := func(be backend) func(b *testing.B) *lock.Locker {
-		return func(b *testing.B) *lock.Locker { l, _ := be.locker(b); return l }
+	locker := func(b *testing.B, be backend) *lock.Locker {
+		l, _ := be.locker(b)
+		return l
 	}
 	for _, be := range backends {
-		b.Run("cycle/"+be.name, func(b *testing.B) { benchCycle(b, locker(be)(b)) })
+		b.Run("cycle/"+be.name, func(b *testing.B) { benchCycle(b, locker(b, be)) })
 	}
 	for _, be := range backends {
-		b.Run("handoff/"+be.name, func(b *testing.B) { benchHandoff(b, locker(be)(b)) })
+		b.Run("handoff/"+be.name, func(b *testing.B) { benchHandoff(b, locker(b, be)) })
 	}
 	for _, be := range backends {
 		b.Run("limited/"+be.name, func(b *testing.B) { benchLimited(b, be.locker) })
 	}
 	for _, be := range backends {
-		b.Run("renew1000/"+be.name, func(b *testing.B) { benchRenew(b, locker(be)(b), 1000) })
+		b.Run("renew1000/"+be.name, func(b *testing.B) { benchRenew(b, locker(b, be), 1000) })
 	}
 }
 

@@ -236,6 +236,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		if err != nil {
 			return false, err
 		}
+		settled := false
 		p, cmps := 0, []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(k.lock), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(k.permitPrefix()), "=", 0).WithPrefix(),
@@ -244,13 +245,14 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			if lockKV, ownersKV := seen.ownedBy(s.owner); lockKV != nil {
 				return b.reenter(ctx, s, seen.permit[lockKV], lockKV, ownersKV)
 			}
+			settled = seen.settled(s.limit)
 			var free bool
-			if p, free = seen.free(s.limit, round > 0 && seen.settled(s.limit)); !free {
+			if p, free = seen.free(s.limit, round > 0 && settled); !free {
 				seen.busy(s)
 				return false, nil
 			}
 			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.permitKeys(p).lock), "=", 0)}
-			if seen.settled(s.limit) {
+			if settled {
 				// The key space bounds the holders: no permit at or above the
 				// limit is held, and none can be taken while the limit key
 				// stays as read (a larger limit would rewrite it first).
@@ -267,7 +269,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			put = append(put, clientv3.OpPut(pk.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
 		}
 		if s.limit > 1 {
-			if !seen.settled(s.limit) {
+			if !settled {
 				put = append(put, clientv3.OpPut(k.limitKey(), strconv.Itoa(s.limit), clientv3.WithLease(sh.id)))
 			}
 		} else {
@@ -329,10 +331,10 @@ func (b *etcdBackend) waitChange(ctx context.Context, k keys, w *waitState, d ti
 	b.mu.Lock()
 	ws := b.waits[k.base]
 	if ws == nil && w.rev > 0 && !b.closed {
-		wctx, stop := context.WithCancel(context.Background())
+		watchCtx, stop := context.WithCancel(context.Background())
 		ws = &etcdWaits{from: w.rev + 1, stop: stop}
 		b.waits[k.base] = ws
-		go b.watchWaits(wctx, k, ws)
+		go b.watchWaits(watchCtx, k, ws)
 	}
 	if ws != nil && w.wake == nil {
 		w.wake = make(chan struct{}, 1)
@@ -493,8 +495,9 @@ func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
 	return p
 }
 
-// free returns the lowest free permit below limit, and false when limit or
-// more are held (a lowered limit: more may be).
+// free returns the lowest free permit below limit (with spread, a random
+// free one), and false when limit or more are held (a lowered limit: more
+// may be).
 func (p *etcdPermits) free(limit int, spread bool) (int, bool) {
 	if len(p.held) >= limit {
 		return 0, false

@@ -291,15 +291,12 @@ func TestEtcdWaiterWakesWhenAHolderLetsGo(t *testing.T) {
 		}
 		t.Logf("%s: the waiter got it %v after", what, res.at.Sub(from))
 	}
-	// The first attempt of a waiter takes milliseconds: it is over when the
-	// holder lets go below (checked: attempts ≥ 1).
-	const firstAttempt = 300 * time.Millisecond
 
 	t.Run("a lock's release", func(t *testing.T) {
 		t.Parallel()
 		holder := tryPermit(t, l, "lock", 1)
 		got := wait("lock", 1)
-		time.Sleep(firstAttempt)
+		waitingOnEtcd(t, l, "lock", 1)
 		released := time.Now()
 		if err := holder.Release(context.Background()); err != nil {
 			t.Fatal(err)
@@ -315,7 +312,7 @@ func TestEtcdWaiterWakesWhenAHolderLetsGo(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := wait("limited", 2)
-		time.Sleep(firstAttempt)
+		waitingOnEtcd(t, l, "limited", 1)
 		// The test's own watch sees the key go: the waiter is timed from then.
 		admin := cluster.Client()
 		wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -366,7 +363,7 @@ func TestEtcdWaitersOfOneProcessWakeInArrivalOrder(t *testing.T) {
 			leases[i] = lease
 			got <- i
 		}()
-		time.Sleep(200 * time.Millisecond) // its first attempt, busy, is over: it waits
+		waitingOnEtcd(t, l, "r", i+1) // queued behind the ones before it
 	}
 	for want := range waiters {
 		if err := holder.Release(ctx); err != nil {
@@ -384,5 +381,16 @@ func TestEtcdWaitersOfOneProcessWakeInArrivalOrder(t *testing.T) {
 	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// waitingOnEtcd waits until n Acquires of resource wait on l's etcd watch:
+// each made its busy attempt and is queued.
+func waitingOnEtcd(t *testing.T, l *lock.Locker, resource string, n int) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); lock.EtcdWaiting(l, resource) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d Acquires of %q wait, want %d within 10s", lock.EtcdWaiting(l, resource), resource, n)
+		}
 	}
 }

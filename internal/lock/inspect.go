@@ -448,9 +448,9 @@ func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*mvccpb.Key
 	return out, nil
 }
 
-// etcdLimit is the limit the operator's view shows: the latest holder's
-// declared n when its key is there, else (its holder's lease expired, or a
-// lock) as many permits as the highest one held says there are.
+// etcdLimit is the limit the operator's view shows: the latest declared n
+// when its key is there, else (its declarer's lease expired, or a lock) as
+// many permits as the highest one held says there are.
 func etcdLimit(n, highest int) int {
 	if n > 0 {
 		return n
@@ -481,7 +481,7 @@ func (b *etcdBackend) heldOne(ctx context.Context, l *Locker, resource string, k
 	return nil, err
 }
 
-// permitLimit is Limit on etcd: the latest holder's declared limit, or
+// permitLimit is Limit on etcd: the latest declared limit, or
 // more when a permit above it is held (a lowered limit).
 func (b *etcdBackend) permitLimit(ctx context.Context, l *Locker, resource string) (int, error) {
 	kvs, err := b.resourceKeys(ctx, l, resource)

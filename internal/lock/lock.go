@@ -320,14 +320,18 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 	fair = fair && fw.fairWaiting()
 	cw, wakes := l.be.(changeWaiter)
 	var wait *waitState
-	var wk keys
-	if fair || wakes {
+	switch {
+	case fair:
 		wait = &waitState{id: newToken()[:16]}
+	case wakes:
+		wait = &waitState{} // its busy attempts note what waitChange watches from
 	}
-	if wakes {
-		wk = l.keysFor(resource)
-		defer cw.stopWaiting(wk, wait)
-	}
+	var wk keys // set by the first waitChange, which the Acquire's end undoes
+	defer func() {
+		if wk.base != "" {
+			cw.stopWaiting(wk, wait)
+		}
+	}()
 	giveUp := func() {
 		if fair && !wait.sent.IsZero() { // queued
 			fw.leave(ctx, l.newLease(ctx, resource, ttl, wait, time.Now()))
@@ -371,6 +375,9 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 				return nil, fmt.Errorf("lock: acquire %q: %w", resource, err)
 			}
 		} else if wakes {
+			if wk.base == "" {
+				wk = l.keysFor(resource)
+			}
 			cw.waitChange(ctx, wk, wait, delay)
 		} else {
 			backoff.Sleep(ctx, delay)
