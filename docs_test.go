@@ -21,6 +21,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/metrics/asynqmetrics"
 )
 
 // docFiles are the user documentation that the checks below hold to the code.
@@ -240,7 +241,7 @@ func TestMetricsAreDocumented(t *testing.T) {
 	t.Parallel()
 	var reg collectors
 	metrics.New(&reg)
-	reg.MustRegister(metrics.NewQueueCollector(nil, nil))
+	reg.MustRegister(asynqmetrics.NewQueueCollector(nil, nil))
 	registered := map[string]bool{}
 	name := regexp.MustCompile(`fqName: "([^"]+)"`)
 	for _, c := range reg {

@@ -41,6 +41,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/locklink"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -107,11 +108,14 @@ func WithOwner(ctx context.Context, owner string) context.Context {
 	return lock.WithOwner(ctx, owner)
 }
 
-// Locker takes locks on one Redis deployment and renews the ones it holds.
+// Locker takes locks on one back end (a Redis deployment, Redlock's nodes or
+// etcd) and renews the ones it holds.
 type Locker struct {
 	locker   *lock.Locker
 	watchdog *watchdog.Watchdog
 	trace    *tracing.Tracer // nil: off
+
+	closeBackend func() error // etcd: stops its watch; nil for Redis
 }
 
 // Option configures a Locker.
@@ -161,21 +165,58 @@ func DriftMargin(d time.Duration) Option {
 
 // NewLocker returns a Locker over client (a single server, Sentinel or
 // Cluster client). Close it to stop its watchdog.
+//
+// Other back ends: NewRedlock (a quorum of independent Redis masters) and
+// etcd.NewLocker in package github.com/lockstep-dev/lockstep/etcd.
 func NewLocker(client redis.UniversalClient, opts ...Option) *Locker {
-	var c lockerConfig
-	for _, o := range opts {
-		o(&c)
-	}
+	c := configure(opts)
 	locker := lock.New(client, c.lock...)
 	if !c.noNotices {
 		c.watchdog.Notifier = watchdog.Tracking(client, locker.KeyPrefix(), nil)
 	}
-	return &Locker{locker: locker, watchdog: watchdog.New(c.watchdog), trace: tracing.New(c.tracing)}
+	return c.locker(locker, nil)
+}
+
+// NewRedlock returns a Locker whose locks are held on a majority of nodes,
+// independent Redis masters (an odd number, 3 or more: usually 5), as the
+// Redlock algorithm does. A lock holds while a quorum keeps it; it has no
+// permits (Permits above 1 is refused) and no waiter queue (Wait retries
+// with backoff). WaitReplicas does not apply. The clients stay the caller's.
+// docs/locking.md says when to choose it.
+func NewRedlock(nodes []redis.UniversalClient, opts ...Option) *Locker {
+	c := configure(opts)
+	return c.locker(lock.NewRedlock(nodes, c.lock...), nil)
+}
+
+func init() {
+	locklink.New = func(build func([]lock.Option) *lock.Locker, opts any) any {
+		c := configure(opts.([]Option))
+		l := build(c.lock)
+		return c.locker(l, l.Close)
+	}
+}
+
+func configure(opts []Option) *lockerConfig {
+	var c lockerConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	return &c
+}
+
+func (c *lockerConfig) locker(l *lock.Locker, closeBackend func() error) *Locker {
+	return &Locker{locker: l, watchdog: watchdog.New(c.watchdog), trace: tracing.New(c.tracing), closeBackend: closeBackend}
 }
 
 // Close stops renewing; functions still running under WithLock see their
-// context cancelled. It does not close the Redis client.
-func (l *Locker) Close(ctx context.Context) error { return l.watchdog.Stop(ctx) }
+// context cancelled. It does not close the Redis (or etcd) clients.
+func (l *Locker) Close(ctx context.Context) error {
+	err := l.watchdog.Stop(ctx)
+	if l.closeBackend != nil {
+		err = errors.Join(err, l.closeBackend())
+	}
+	return err
+}
 
 // LockOption tunes one WithLock call.
 type LockOption func(*lockCall)

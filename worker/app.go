@@ -18,6 +18,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/metrics/asynqmetrics"
 	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/role"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -29,8 +30,8 @@ const stopSlack = 10 * time.Second
 
 // appOptions assembles the worker role: Redis, metrics, locks, the watchdog,
 // the handlers and the HTTP endpoints. It is what Run starts and Check
-// validates.
-func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger) fx.Option {
+// validates. before (OnStart's hooks) starts before the jobs server.
+func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger, before ...fx.Option) fx.Option {
 	groupSpecs := make([]any, 0, len(handlers))
 	for _, s := range handlers {
 		groupSpecs = append(groupSpecs, fx.Annotated{Group: jobs.Group, Target: s})
@@ -51,6 +52,7 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 		// jobs server and stops after it: /metrics and /readyz answer while
 		// handlers drain.
 		fx.Module("http", fx.Invoke(startHTTP)),
+		fx.Options(before...),
 		jobs.Module,
 	}
 	if cfg.Worker.Demo {
@@ -81,7 +83,7 @@ func newRedisClient(lc fx.Lifecycle, cfg *config.WorkerConfig) (redis.UniversalC
 
 func newMetrics(c redis.UniversalClient, log *slog.Logger) (*metrics.Metrics, prometheus.Gatherer) {
 	reg := metrics.NewRegistry()
-	reg.MustRegister(metrics.NewQueueCollector(asynq.NewInspectorFromRedisClient(c), log))
+	reg.MustRegister(asynqmetrics.NewQueueCollector(asynq.NewInspectorFromRedisClient(c), log))
 	return metrics.New(reg), reg
 }
 

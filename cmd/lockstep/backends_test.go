@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdclient"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -62,7 +63,7 @@ func TestLocksWaitersAndUnlockOnEtcd(t *testing.T) {
 	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
 	srv := redistest.Start(t) // the queue's Redis, where waiting tasks are
-	l := lock.NewEtcd(cluster.Client())
+	l := etcdclient.NewLocker(cluster.Client())
 	t.Cleanup(func() { _ = l.Close() })
 	lease, ctx := holdUnder(t, l, "lock:order:7", "task-7", 2*time.Second)
 	other, _ := holdUnder(t, l, "lock:order:8", "task-8", 2*time.Second)
@@ -186,7 +187,7 @@ func TestPermitsOnEtcd(t *testing.T) {
 	t.Parallel()
 	cluster := etcdtest.Start(t)
 	srv := redistest.Start(t)
-	l := lock.NewEtcd(cluster.Client())
+	l := etcdclient.NewLocker(cluster.Client())
 	t.Cleanup(func() { _ = l.Close() })
 	var leases []*lock.Lease
 	var ctxs []context.Context

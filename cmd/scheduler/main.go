@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/role"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
+	_ "github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 )
 
 func main() {

@@ -4,9 +4,15 @@
 // variables, and serves /metrics, /healthz and /readyz.
 //
 // A worker with your own handlers is the same binary with your handlers: see
-// the worker package.
+// the worker package and examples/. It links the etcd back end (package
+// etcd, for lock.backend etcd) and OpenTelemetry's SDK (the OTEL_*
+// variables), which library code leaves to the program.
 package main
 
-import "github.com/lockstep-dev/lockstep/worker"
+import (
+	_ "github.com/lockstep-dev/lockstep/etcd"
+	_ "github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
+	"github.com/lockstep-dev/lockstep/worker"
+)
 
 func main() { worker.Main(worker.DemoJob()) }

@@ -1,14 +1,11 @@
 package config
 
 import (
-	"cmp"
+	"crypto/tls"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
@@ -19,17 +16,6 @@ const DefaultEtcdDialTimeout = 5 * time.Second
 // DefaultEtcdElectionTimeout is lock.etcd.election_timeout when it is 0:
 // etcd's own default --election-timeout.
 const DefaultEtcdElectionTimeout = time.Second
-
-// The etcd client's gRPC keep-alive: a member that stops answering (a
-// frozen process, a black-holed network) keeps its TCP connection open, so
-// without pings the client's calls would go on being sent to it. gRPC pings
-// no more often than every 10s; etcd's server accepts pings every 5s
-// (--grpc-keepalive-min-time) while a stream is open, which the Locker's
-// watch is.
-const (
-	etcdKeepAliveTime    = 10 * time.Second
-	etcdKeepAliveTimeout = 2 * time.Second
-)
 
 // MinEtcdTTL is the shortest safe lock.ttl with lock.backend etcd, for a
 // renew interval (0: a third of the ttl) and the members' election timeout.
@@ -57,7 +43,8 @@ func MinEtcdTTL(renew, election time.Duration) time.Duration {
 // it is lock.NewRedlock over one new client per lock.nodes address, reached
 // with the redis section's credentials, TLS, timeouts and pool size, and close
 // closes those clients. With etcd it is lock.NewEtcd over a new etcd client
-// for lock.etcd, and close stops the Locker's watch and closes the client.
+// for lock.etcd (when the etcd back end is linked: RegisterEtcd), and close
+// stops the Locker's watch and closes the client.
 // Either way the Locker has lock.prefix, and lock.wait_replicas or
 // lock.node_timeout when set, and lock.fence_ttl on the Redis back ends;
 // opts (e.g. lock.WithMetrics) come last.
@@ -77,16 +64,10 @@ func (c *Common) NewLocker(client redis.UniversalClient, opts ...lock.Option) (l
 	case BackendRedlock:
 		return c.newRedlock(opts)
 	case BackendEtcd:
-		cfg, err := c.Lock.Etcd.ClientConfig()
-		if err != nil {
+		if err := c.CheckLinked(); err != nil {
 			return nil, nil, err
 		}
-		cl, err := clientv3.New(cfg)
-		if err != nil {
-			return nil, nil, &Error{Field: "lock.etcd.endpoints", Msg: "cannot create the etcd client", Err: cause(err)}
-		}
-		l := lock.NewEtcd(cl, opts...)
-		return l, func() error { return errors.Join(l.Close(), cl.Close()) }, nil
+		return etcdLocker(c.Lock.Etcd, opts)
 	}
 	return lock.New(client, opts...), func() error { return nil }, nil
 }
@@ -117,44 +98,48 @@ func (c *Common) newRedlock(opts []lock.Option) (*lock.Locker, func() error, err
 	return lock.NewRedlock(nodes, opts...), closeAll, nil
 }
 
-// ClientConfig returns the etcd client configuration for this section:
-// endpoints (a bare host:port gets the scheme TLS implies), credentials
-// (reading PasswordFile if the config was built by hand rather than loaded),
-// TLS, the dial timeout and gRPC keep-alive pings. The client dials in the background and logs
-// nothing: its errors reach the Locker's callers.
-func (e EtcdConfig) ClientConfig() (clientv3.Config, error) {
+// etcdLocker builds the Locker of lock.backend etcd; nil until the etcd
+// back end is linked (RegisterEtcd).
+var etcdLocker func(EtcdConfig, []lock.Option) (*lock.Locker, func() error, error)
+
+// RegisterEtcd is how the etcd back end (internal/etcdclient, linked by the
+// public package etcd) makes lock.backend etcd work: f builds a Locker over a
+// new client for the section, and its close stops the Locker and closes the
+// client. Without it, NewLocker refuses lock.backend etcd with a Error
+// naming the import. Loading and validation never need it.
+func RegisterEtcd(f func(EtcdConfig, []lock.Option) (*lock.Locker, func() error, error)) {
+	etcdLocker = f
+}
+
+// CheckLinked returns an *Error naming the import a program needs for
+// lock.backend etcd when it does not link the etcd back end; nil otherwise.
+func (c *Common) CheckLinked() error {
+	if c.Lock.Backend == BackendEtcd && etcdLocker == nil {
+		return &Error{Field: "lock.backend", Msg: `etcd needs the etcd back end linked into this program: add import _ "github.com/lockstep-dev/lockstep/etcd" to its main package (Lockstep's own binaries have it)`}
+	}
+	return nil
+}
+
+// EtcdConnection is what the etcd client needs beyond the endpoints: the
+// password (read from PasswordFile when the configuration was built by hand
+// rather than loaded) and the TLS configuration (nil: plain).
+type EtcdConnection struct {
+	Password string
+	TLS      *tls.Config
+}
+
+// Connection returns the password and TLS configuration of e.
+func (e EtcdConfig) Connection() (EtcdConnection, error) {
 	if e.Password == "" && e.PasswordFile != "" {
 		pw, err := readPasswordFile("lock.etcd.password_file", e.PasswordFile)
 		if err != nil {
-			return clientv3.Config{}, err
+			return EtcdConnection{}, err
 		}
 		e.Password = pw
 	}
 	t, err := e.TLS.build("lock.etcd.tls")
 	if err != nil {
-		return clientv3.Config{}, err
+		return EtcdConnection{}, err
 	}
-	scheme := "http://"
-	if t != nil {
-		scheme = "https://"
-	}
-	eps := make([]string, len(e.Endpoints))
-	for i, ep := range e.Endpoints {
-		if !strings.Contains(ep, "://") {
-			ep = scheme + ep
-		}
-		eps[i] = ep
-	}
-	return clientv3.Config{
-		Endpoints:   eps,
-		Username:    e.Username,
-		Password:    string(e.Password),
-		TLS:         t,
-		DialTimeout: cmp.Or(e.DialTimeout, DefaultEtcdDialTimeout),
-		// A member that hangs is dropped from the client's choice once a
-		// ping goes unanswered; per-call timeouts are the lock package's.
-		DialKeepAliveTime:    etcdKeepAliveTime,
-		DialKeepAliveTimeout: etcdKeepAliveTimeout,
-		Logger:               zap.NewNop(),
-	}, nil
+	return EtcdConnection{Password: string(e.Password), TLS: t}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -14,7 +15,6 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -199,28 +199,16 @@ func TestModesReachRealDeployments(t *testing.T) {
 				}
 			})
 	})
-	t.Run("etcd", func(t *testing.T) {
-		t.Parallel()
-		main := redistest.Start(t)
-		cluster := etcdtest.StartCluster(t, 3)
-		eps := make([]string, 0, 3)
-		for _, ep := range cluster.Endpoints() {
-			eps = append(eps, strings.TrimPrefix(ep, "http://")) // bare host:port gets http://
-		}
-		run(t, fmt.Sprintf("redis:\n  addr: %s\nlock:\n  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n",
-			main.Addr, strings.Join(eps, ", ")), "*redis.Client",
-			func(l *lock.Locker, lease *lock.Lease) {
-				if l.Backend() != "etcd" {
-					t.Errorf("backend %q, want etcd", l.Backend())
-				}
-				resp, err := cluster.Client().Get(ctx, lease.RedisKey())
-				if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != lease.Token() ||
-					resp.Kvs[0].CreateRevision != lease.Fence() {
-					t.Errorf("etcd holds %v (%v), want the token with the fence as create revision", resp, err)
-				}
-				if n := main.Client().Exists(ctx, lease.RedisKey()).Val(); n != 0 {
-					t.Error("the redis section's server holds an etcd lock")
-				}
-			})
-	})
+}
+
+// A program that does not link the etcd back end (package etcd) refuses
+// lock.backend etcd with an error naming the import, before connecting.
+func TestEtcdWithoutItsPackageNamesTheImport(t *testing.T) {
+	t.Parallel()
+	c := loadWorker(t, "redis: {addr: \"127.0.0.1:1\"}\nlock:\n  backend: etcd\n  etcd:\n    endpoints: [127.0.0.1:1]\n")
+	_, _, err := c.NewLocker(nil)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Field != "lock.backend" || !strings.Contains(err.Error(), `import _ "github.com/lockstep-dev/lockstep/etcd"`) {
+		t.Fatalf("NewLocker without the etcd package: %v, want a lock.backend error naming the import", err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/metrics/asynqmetrics"
 )
 
 // family is a metric family the deploy files may use.
@@ -22,7 +23,7 @@ type family struct {
 	open   bool // any label may be matched (ALERTS carries the alerts' labels)
 }
 
-// asynqQueueMetrics are the families of metrics.QueueCollector, which the
+// asynqQueueMetrics are the families of asynqmetrics.QueueCollector, which the
 // worker registers (asynq's own names; TestAsynqCatalogMatchesCollector keeps
 // this list and the collector in step).
 var asynqQueueMetrics = []family{
@@ -188,7 +189,7 @@ func createChild(c prometheus.Collector) error {
 func TestAsynqCatalogMatchesCollector(t *testing.T) {
 	t.Parallel()
 	descs := make(chan *prometheus.Desc, 16)
-	metrics.NewQueueCollector(nil, nil).Describe(descs)
+	asynqmetrics.NewQueueCollector(nil, nil).Describe(descs)
 	close(descs)
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	var got []string
@@ -206,6 +207,6 @@ func TestAsynqCatalogMatchesCollector(t *testing.T) {
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
-		t.Fatalf("metrics.QueueCollector exports %v; the catalog lists %v", got, want)
+		t.Fatalf("asynqmetrics.QueueCollector exports %v; the catalog lists %v", got, want)
 	}
 }

@@ -12,19 +12,19 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/jaegertest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
-	"github.com/lockstep-dev/lockstep/internal/tracing"
+	"github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // Spans exported over OTLP/HTTP, as the binaries export them (the OTEL_*
-// variables read by tracing.FromEnv), come back from the query API with
+// variables read by otelsdk.FromEnv), come back from the query API with
 // their service, parent, kind, attributes of each type, link and event.
 func TestSpansComeBackFromTheQueryAPI(t *testing.T) {
 	t.Parallel()
 	jg := jaegertest.Start(t)
 	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": jg.OTLPEndpoint, "OTEL_SERVICE_NAME": "probe"}
-	p, err := tracing.FromEnv(t.Context(), func(k string) (string, bool) { v, ok := env[k]; return v, ok }, "unused", io.Discard)
+	p, err := otelsdk.FromEnv(t.Context(), func(k string) (string, bool) { v, ok := env[k]; return v, ok }, "unused", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/benchhold"
+	"github.com/lockstep-dev/lockstep/internal/etcdclient"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -140,7 +141,7 @@ func benchLimited(b *testing.B, newLocker func(*testing.B) (*lock.Locker, func()
 // metrics).
 func etcdLocker(b *testing.B, members int) (*lock.Locker, func() float64) {
 	cl := etcdtest.StartCluster(b, members).Client()
-	l := lock.NewEtcd(cl)
+	l := etcdclient.NewLocker(cl)
 	b.Cleanup(func() { _ = l.Close() })
 	url := cl.Endpoints()[0] + "/metrics"
 	return l, func() float64 {

@@ -12,12 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
-
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
@@ -35,7 +29,7 @@ import (
 // Session. The ideas are the same: a lease per holder, a key created only if
 // absent, the create revision as the fence.
 type etcdBackend struct {
-	cl          *clientv3.Client
+	cl          EtcdClient
 	watchPrefix string // every lock key starts with it
 
 	mu      sync.Mutex
@@ -54,7 +48,7 @@ type etcdBackend struct {
 // an acquire costs one transaction, not a grant, a transaction and a revoke,
 // and a renewal round one keep-alive per lease, not per lock.
 type etcdShared struct {
-	id  clientv3.LeaseID
+	id  int64
 	ttl int64 // seconds, as granted
 
 	mu    sync.Mutex
@@ -122,7 +116,7 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //     like any option that does not apply make NewEtcd panic.
 //
 // Call Close when done: it stops the watch. The client stays the caller's.
-func NewEtcd(client *clientv3.Client, opts ...Option) *Locker {
+func NewEtcd(client EtcdClient, opts ...Option) *Locker {
 	st := newSettings(opts)
 	be := &etcdBackend{
 		cl:          client,
@@ -143,7 +137,7 @@ func (*etcdBackend) options() []string { return nil }
 // etcdLease is an etcd lease's own state.
 type etcdLease struct {
 	shared *etcdShared // nil for a re-entry into a hold taken elsewhere
-	id     clientv3.LeaseID
+	id     int64
 }
 
 func callCtx(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
@@ -166,11 +160,11 @@ func (b *etcdBackend) leaseFor(ctx context.Context, ttl time.Duration) (*etcdSha
 		return sh, nil
 	}
 	sent := time.Now()
-	resp, err := b.cl.Grant(ctx, secs)
+	id, granted, err := b.cl.Grant(ctx, secs)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: grant lease: %w", err)
 	}
-	sh = &etcdShared{id: resp.ID, ttl: resp.TTL, alive: sent}
+	sh = &etcdShared{id: id, ttl: granted, alive: sent}
 	b.mu.Lock()
 	b.leases[secs] = sh
 	b.mu.Unlock()
@@ -224,7 +218,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		// A resource of several permits is seldom free when it is contended:
 		// its first round reads the permits (a read-only transaction, which
 		// etcd answers without a raft write), and the next takes one.
-		resp, err := b.cl.Txn(ctx).Then(permitReads(k, s.owner)...).Commit()
+		resp, err := b.txn(ctx).Then(permitReads(k, s.owner)...).Commit()
 		if err != nil {
 			return false, fmt.Errorf("etcd: %w", err)
 		}
@@ -237,9 +231,9 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 			return false, err
 		}
 		settled := false
-		p, cmps := 0, []clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(k.lock), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(k.permitPrefix()), "=", 0).WithPrefix(),
+		p, cmps := 0, []EtcdCmp{
+			cmpCreate(k.lock, "=", 0),
+			cmpCreate(k.permitPrefix(), "=", 0).WithPrefix(),
 		}
 		if seen != nil {
 			if lockKV, ownersKV := seen.ownedBy(s.owner); lockKV != nil {
@@ -251,32 +245,32 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 				seen.busy(s)
 				return false, nil
 			}
-			cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k.permitKeys(p).lock), "=", 0)}
+			cmps = []EtcdCmp{cmpCreate(k.permitKeys(p).lock, "=", 0)}
 			if settled {
 				// The key space bounds the holders: no permit at or above the
 				// limit is held, and none can be taken while the limit key
 				// stays as read (a larger limit would rewrite it first).
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.limitKey()), "=", seen.limit.ModRevision))
+				cmps = append(cmps, cmpMod(k.limitKey(), "=", seen.limit.ModRevision))
 			} else {
 				cmps = append(cmps,
-					clientv3.Compare(clientv3.ModRevision(k.lock), "<", seen.rev+1),
-					clientv3.Compare(clientv3.ModRevision(k.permitPrefix()), "<", seen.rev+1).WithPrefix())
+					cmpMod(k.lock, "<", seen.rev+1),
+					cmpMod(k.permitPrefix(), "<", seen.rev+1).WithPrefix())
 			}
 		}
 		pk := k.permitKeys(p)
-		put := []clientv3.Op{clientv3.OpPut(pk.lock, s.token, clientv3.WithLease(sh.id))}
+		put := []EtcdOp{opPut(pk.lock, s.token, sh.id)}
 		if s.owner != "" {
-			put = append(put, clientv3.OpPut(pk.owners, ownersValue(1, s.owner), clientv3.WithLease(sh.id)))
+			put = append(put, opPut(pk.owners, ownersValue(1, s.owner), sh.id))
 		}
 		if s.limit > 1 {
 			if !settled {
-				put = append(put, clientv3.OpPut(k.limitKey(), strconv.Itoa(s.limit), clientv3.WithLease(sh.id)))
+				put = append(put, opPut(k.limitKey(), strconv.Itoa(s.limit), sh.id))
 			}
 		} else {
-			put = append(put, clientv3.OpDelete(k.limitKey())) // a lock of a free resource: no limit left over
+			put = append(put, opDelete(k.limitKey())) // a lock of a free resource: no limit left over
 		}
-		resp, err := b.cl.Txn(ctx).If(cmps...).Then(put...).Else(permitReads(k, s.owner)...).Commit()
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !leaseRetried {
+		resp, err := b.txn(ctx).If(cmps...).Then(put...).Else(permitReads(k, s.owner)...).Commit()
+		if errors.Is(err, ErrEtcdLeaseNotFound) && !leaseRetried {
 			leaseRetried = true
 			b.forget(sh) // expired or revoked meanwhile: grant a new one, once
 			round--
@@ -287,7 +281,7 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		}
 		if resp.Succeeded {
 			s.keys = pk
-			s.fence = resp.Header.Revision
+			s.fence = resp.Revision
 			s.ext = &etcdLease{shared: sh, id: sh.id}
 			if alive := sh.aliveAt(); alive.Before(s.sent) {
 				s.sent = alive // the key lives as long as the lease: from its last keep-alive
@@ -403,16 +397,16 @@ func (b *etcdBackend) wakeNext(ws *etcdWaits) bool {
 // one to wait starts a new watch.
 func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
 	permits := k.permitPrefix()
-	for resp := range b.cl.Watch(clientv3.WithRequireLeader(ctx), k.base, clientv3.WithPrefix(), clientv3.WithRev(ws.from)) {
+	for resp := range b.cl.Watch(ctx, k.base, ws.from, "") {
 		b.mu.Lock()
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
-			if ev.Type == mvccpb.DELETE && (key == k.base || strings.HasPrefix(key, permits)) && !b.wakeNext(ws) {
+			if ev.Delete && (key == k.base || strings.HasPrefix(key, permits)) && !b.wakeNext(ws) {
 				ws.lost = ev.Kv.ModRevision
 			}
 		}
 		b.mu.Unlock()
-		if resp.Err() != nil {
+		if resp.Err != nil {
 			break
 		}
 	}
@@ -429,10 +423,10 @@ func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
 
 // permitReads read the resource of k's permits for readPermits: its lock
 // key, the range of permit keys and, for an owner, the range of owners keys.
-func permitReads(k keys, owner string) []clientv3.Op {
-	read := []clientv3.Op{clientv3.OpGet(k.lock), clientv3.OpGet(k.permitPrefix(), clientv3.WithPrefix()), clientv3.OpGet(k.limitKey())}
+func permitReads(k keys, owner string) []EtcdOp {
+	read := []EtcdOp{opGet(k.lock), opGetPrefix(k.permitPrefix()), opGet(k.limitKey())}
 	if owner != "" {
-		read = append(read, clientv3.OpGet(k.ownersPrefix(), clientv3.WithPrefix()))
+		read = append(read, opGetPrefix(k.ownersPrefix()))
 	}
 	return read
 }
@@ -441,11 +435,11 @@ func permitReads(k keys, owner string) []clientv3.Op {
 // keys (permit k by key), and their owners keys (by key) when asked.
 type etcdPermits struct {
 	rev    int64 // the read's revision: no permit key changed after it, when it was made
-	permit map[*mvccpb.KeyValue]int
+	permit map[*EtcdKV]int
 	held   map[int]bool
-	owners map[string]*mvccpb.KeyValue
-	limit  *mvccpb.KeyValue // the limit key, or nil
-	keys   keys             // the resource's
+	owners map[string]*EtcdKV
+	limit  *EtcdKV // the limit key, or nil
+	keys   keys    // the resource's
 }
 
 // settled reports whether a take of a permit below limit needs to compare
@@ -470,11 +464,10 @@ func (p *etcdPermits) settled(limit int) bool {
 // readPermits reads the answer of permitReads on the resource of k (an
 // acquire's Else): the lock key, the range of permit keys, the limit key
 // and, for an owner, the range of owners keys.
-func readPermits(l *Locker, k keys, resp *clientv3.TxnResponse) *etcdPermits {
-	p := &etcdPermits{rev: resp.Header.Revision, permit: map[*mvccpb.KeyValue]int{}, held: map[int]bool{},
-		owners: map[string]*mvccpb.KeyValue{}, keys: k}
-	for i, r := range resp.Responses {
-		rr := r.GetResponseRange()
+func readPermits(l *Locker, k keys, resp *EtcdTxnResponse) *etcdPermits {
+	p := &etcdPermits{rev: resp.Revision, permit: map[*EtcdKV]int{}, held: map[int]bool{},
+		owners: map[string]*EtcdKV{}, keys: k}
+	for i, rr := range resp.Responses {
 		if rr == nil {
 			continue
 		}
@@ -521,7 +514,7 @@ func (p *etcdPermits) free(limit int, spread bool) (int, bool) {
 
 // ownedBy returns the lock key of the permit that owner holds, with its
 // owners key, or nils.
-func (p *etcdPermits) ownedBy(owner string) (lockKV, ownersKV *mvccpb.KeyValue) {
+func (p *etcdPermits) ownedBy(owner string) (lockKV, ownersKV *EtcdKV) {
 	if owner == "" {
 		return nil, nil
 	}
@@ -540,7 +533,7 @@ func (p *etcdPermits) ownedBy(owner string) (lockKV, ownersKV *mvccpb.KeyValue) 
 // reenter joins the hold of s.owner on permit p of s's resource, whose lock
 // and owners keys were read as lockKV and ownersKV: one more hold count, by
 // compare-and-swap on the owners key.
-func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, ownersKV *mvccpb.KeyValue) (bool, error) {
+func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, ownersKV *EtcdKV) (bool, error) {
 	pk := s.keys.permitKeys(p)
 	for range 10 { // each round lost a race with another hold of the same owner
 		if lockKV == nil {
@@ -553,12 +546,12 @@ func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, owne
 		if owner != s.owner || n < 1 {
 			return false, nil
 		}
-		id := clientv3.LeaseID(lockKV.Lease)
-		next, err := b.cl.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(pk.owners), "=", ownersKV.ModRevision),
-				clientv3.Compare(clientv3.CreateRevision(pk.lock), "=", lockKV.CreateRevision)).
-			Then(clientv3.OpPut(pk.owners, ownersValue(n+1, owner), clientv3.WithLease(id))).
-			Else(clientv3.OpGet(pk.lock), clientv3.OpGet(pk.owners)).
+		id := lockKV.Lease
+		next, err := b.txn(ctx).
+			If(cmpMod(pk.owners, "=", ownersKV.ModRevision),
+				cmpCreate(pk.lock, "=", lockKV.CreateRevision)).
+			Then(opPut(pk.owners, ownersValue(n+1, owner), id)).
+			Else(opGet(pk.lock), opGet(pk.owners)).
 			Commit()
 		if err != nil {
 			return false, fmt.Errorf("etcd: re-enter: %w", err)
@@ -575,8 +568,8 @@ func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, owne
 	return false, errors.New("etcd: re-enter: too many concurrent changes of the hold count")
 }
 
-func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
-	if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+func firstKV(rr *EtcdRange) *EtcdKV {
+	if rr != nil && len(rr.Kvs) > 0 {
 		return rr.Kvs[0]
 	}
 	return nil
@@ -609,21 +602,21 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 	}
 	copies, delay := len(b.cl.Endpoints()), timeout/4
 	sent := time.Now()
-	ids := map[clientv3.LeaseID]error{} // keep-alive result per etcd lease
-	var distinct []clientv3.LeaseID
+	ids := map[int64]error{} // keep-alive result per etcd lease
+	var distinct []int64
 	for _, s := range leases {
 		if id := s.ext.(*etcdLease).id; !slices.Contains(distinct, id) {
 			distinct = append(distinct, id)
 		}
 	}
-	kvs := make([]*mvccpb.KeyValue, len(leases))
+	kvs := make([]*EtcdKV, len(leases))
 	checkErrs := make([]error, len(leases))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, id := range distinct {
 		wg.Go(func() {
-			_, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
-				return b.cl.KeepAliveOnce(ctx, id)
+			_, err := hedged(ctx, copies, delay, func(ctx context.Context) (struct{}, error) {
+				return struct{}{}, b.cl.KeepAliveOnce(ctx, id)
 			})
 			mu.Lock()
 			ids[id] = err
@@ -633,12 +626,12 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 	for from := 0; from < len(leases); from += checkBatch {
 		to := min(from+checkBatch, len(leases))
 		wg.Go(func() {
-			ops := make([]clientv3.Op, 0, to-from)
+			ops := make([]EtcdOp, 0, to-from)
 			for _, s := range leases[from:to] {
-				ops = append(ops, clientv3.OpGet(s.keys.lock))
+				ops = append(ops, opGet(s.keys.lock))
 			}
-			resp, err := hedged(ctx, copies, delay, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-				return b.cl.Txn(ctx).Then(ops...).Commit()
+			resp, err := hedged(ctx, copies, delay, func(ctx context.Context) (*EtcdTxnResponse, error) {
+				return b.txn(ctx).Then(ops...).Commit()
 			})
 			for k := from; k < to; k++ {
 				if err != nil {
@@ -659,7 +652,7 @@ func (b *etcdBackend) renew(ctx context.Context, leases []*Lease, results []erro
 		e := s.ext.(*etcdLease)
 		kaErr := ids[e.id]
 		switch {
-		case errors.Is(kaErr, rpctypes.ErrLeaseNotFound):
+		case errors.Is(kaErr, ErrEtcdLeaseNotFound):
 			results[i] = s.lost(ReasonExpired)
 		case kaErr != nil:
 			results[i] = fmt.Errorf("lock: renew %q: etcd: keep-alive: %w", s.resource, kaErr)
@@ -701,7 +694,7 @@ func hedged[T any](ctx context.Context, n int, delay time.Duration, call func(co
 		select {
 		case a := <-answers:
 			pending--
-			if a.err == nil || errors.Is(a.err, rpctypes.ErrLeaseNotFound) || pending == 0 && (started >= n || ctx.Err() != nil) {
+			if a.err == nil || errors.Is(a.err, ErrEtcdLeaseNotFound) || pending == 0 && (started >= n || ctx.Err() != nil) {
 				return a.v, a.err
 			}
 			if pending == 0 { // every copy failed quickly: try the next member now
@@ -718,12 +711,12 @@ func hedged[T any](ctx context.Context, n int, delay time.Duration, call func(co
 }
 
 // keyStatus tells what kv (the lock key as read, or nil) says of s.
-func keyStatus(s *Lease, kv *mvccpb.KeyValue) error {
+func keyStatus(s *Lease, kv *EtcdKV) error {
 	switch {
 	case kv == nil:
 		return s.lost(ReasonExpired)
 	case string(kv.Value) != s.token || kv.CreateRevision != s.fence ||
-		clientv3.LeaseID(kv.Lease) != s.ext.(*etcdLease).id:
+		kv.Lease != s.ext.(*etcdLease).id:
 		return s.lost(ReasonStolen)
 	}
 	return nil
@@ -746,24 +739,22 @@ func (b *etcdBackend) release(ctx context.Context, s *Lease) error {
 }
 
 func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
-	ours := clientv3.Compare(clientv3.CreateRevision(s.keys.lock), "=", s.fence)
-	mine := clientv3.Compare(clientv3.Value(s.keys.lock), "=", s.token)
-	del := []clientv3.Op{clientv3.OpDelete(s.keys.lock)}
+	ours := cmpCreate(s.keys.lock, "=", s.fence)
+	mine := cmpValue(s.keys.lock, s.token)
+	del := []EtcdOp{opDelete(s.keys.lock)}
 	if s.owner != "" {
-		del = append(del, clientv3.OpDelete(s.keys.owners))
+		del = append(del, opDelete(s.keys.owners))
 	}
 	// What is left of the resource once deleted (a read in a transaction
 	// sees its writes): for dropLimit.
 	base := s.keys.permitKeys(0)
-	del = append(del, clientv3.OpGet(base.lock, clientv3.WithCountOnly()),
-		clientv3.OpGet(base.permitPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(base.limitKey(), clientv3.WithCountOnly()))
+	del = append(del, opCount(base.lock), opCountPrefix(base.permitPrefix()), opCount(base.limitKey()))
 	for range 10 { // each round lost a race with another hold of the same owner
-		var cmps []clientv3.Cmp
-		var owners *mvccpb.KeyValue
+		var cmps []EtcdCmp
+		var owners *EtcdKV
 		if s.owner != "" {
 			// One hold of several: give it back; the last one deletes.
-			resp, err := b.cl.Txn(ctx).If(ours, mine).Then(clientv3.OpGet(s.keys.owners)).Else(clientv3.OpGet(s.keys.lock)).Commit()
+			resp, err := b.txn(ctx).If(ours, mine).Then(opGet(s.keys.owners)).Else(opGet(s.keys.lock)).Commit()
 			if err != nil {
 				return err
 			}
@@ -772,10 +763,10 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 			}
 			owners = firstKV(resp.Responses[0])
 			if owners != nil {
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.keys.owners), "=", owners.ModRevision))
+				cmps = append(cmps, cmpMod(s.keys.owners, "=", owners.ModRevision))
 				if n, owner := parseOwners(owners.Value); owner == s.owner && n > 1 {
-					r, err := b.cl.Txn(ctx).If(append(cmps, ours, mine)...).
-						Then(clientv3.OpPut(s.keys.owners, ownersValue(n-1, owner), clientv3.WithLease(clientv3.LeaseID(owners.Lease)))).
+					r, err := b.txn(ctx).If(append(cmps, ours, mine)...).
+						Then(opPut(s.keys.owners, ownersValue(n-1, owner), owners.Lease)).
 						Commit()
 					if err != nil {
 						return err
@@ -787,7 +778,7 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 				}
 			}
 		}
-		resp, err := b.cl.Txn(ctx).If(append(cmps, ours, mine)...).Then(del...).Else(clientv3.OpGet(s.keys.lock)).Commit()
+		resp, err := b.txn(ctx).If(append(cmps, ours, mine)...).Then(del...).Else(opGet(s.keys.lock)).Commit()
 		if err != nil {
 			return err
 		}
@@ -807,16 +798,16 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 // limit key after it), unless a permit was taken meanwhile: the limit lives
 // no longer than its permits. It is bound to a holder's shared lease, which
 // may outlive the hold. A failure leaves it to that lease's expiry.
-func (b *etcdBackend) dropLimit(ctx context.Context, s *Lease, left []*etcdserverpb.ResponseOp) {
-	lock, permits, limit := left[0].GetResponseRange(), left[1].GetResponseRange(), left[2].GetResponseRange()
+func (b *etcdBackend) dropLimit(ctx context.Context, s *Lease, left []*EtcdRange) {
+	lock, permits, limit := left[0], left[1], left[2]
 	if lock == nil || permits == nil || limit == nil || lock.Count+permits.Count > 0 || limit.Count == 0 {
 		return // a permit is held, or there is no limit
 	}
 	k := s.keys.permitKeys(0)
-	_, _ = b.cl.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k.lock), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(k.permitPrefix()), "=", 0).WithPrefix()).
-		Then(clientv3.OpDelete(k.limitKey())).
+	_, _ = b.txn(ctx).
+		If(cmpCreate(k.lock, "=", 0),
+			cmpCreate(k.permitPrefix(), "=", 0).WithPrefix()).
+		Then(opDelete(k.limitKey())).
 		Commit()
 }
 
@@ -877,8 +868,7 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 	for stream := 0; ctx.Err() == nil; stream++ {
 		// The client shares one gRPC stream among the watches of equal
 		// metadata: a new value is a new stream, and a new pick of member.
-		sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "lockstep-watch", strconv.Itoa(stream)))
-		sctx = clientv3.WithRequireLeader(sctx)
+		sctx, cancel := context.WithCancel(ctx)
 		var heard atomic.Bool
 		checked, stalled := make(chan struct{}), make(chan struct{})
 		go func() {
@@ -888,7 +878,7 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 				cancel() // Watch itself waits for the member to confirm the watch
 			}
 		}()
-		wch := b.cl.Watch(sctx, b.watchPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		wch := b.cl.Watch(sctx, b.watchPrefix, rev, strconv.Itoa(stream))
 	read:
 		for {
 			select {
@@ -904,13 +894,13 @@ func (b *etcdBackend) watch(ctx context.Context, rev int64) {
 				if resp.CompactRevision > 0 {
 					rev = resp.CompactRevision
 				}
-				if resp.Err() != nil {
+				if resp.Err != nil {
 					break read
 				}
 				for _, ev := range resp.Events {
 					b.changed(ev)
 				}
-				rev = max(rev, resp.Header.Revision+1)
+				rev = max(rev, resp.Revision+1)
 			}
 		}
 		cancel()
@@ -951,7 +941,7 @@ func (b *etcdBackend) checkWatch(ctx context.Context, heard *atomic.Bool) bool {
 }
 
 // changed applies one event to the leases held on its key.
-func (b *etcdBackend) changed(ev *clientv3.Event) {
+func (b *etcdBackend) changed(ev EtcdEvent) {
 	key := string(ev.Kv.Key)
 	b.mu.Lock()
 	var lost []*Lease
@@ -961,7 +951,7 @@ func (b *etcdBackend) changed(ev *clientv3.Event) {
 	for _, s := range list {
 		switch {
 		case ev.Kv.ModRevision <= s.fence: // before our acquire
-		case ev.Type == mvccpb.DELETE:
+		case ev.Delete:
 			lost, reasons = append(lost, s), append(reasons, ReasonExpired)
 			continue
 		case ev.Kv.CreateRevision != s.fence || string(ev.Kv.Value) != s.token:
@@ -1008,6 +998,6 @@ func (b *etcdBackend) close() error {
 
 // ping reads one key, linearizably: it needs the cluster's quorum.
 func (b *etcdBackend) ping(ctx context.Context) error {
-	_, err := b.cl.Get(ctx, b.watchPrefix+"ready", clientv3.WithCountOnly())
+	_, err := b.get(ctx, opCount(b.watchPrefix+"ready"))
 	return err
 }

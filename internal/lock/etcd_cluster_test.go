@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdclient"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
@@ -40,7 +41,7 @@ type etcdHolds struct {
 func holdOnEtcdCluster(t *testing.T) *etcdHolds {
 	t.Helper()
 	cluster := etcdtest.StartCluster(t, 3)
-	l := lock.NewEtcd(cluster.Client())
+	l := etcdclient.NewLocker(cluster.Client())
 	t.Cleanup(func() { _ = l.Close() })
 	m := metrics.New(nil)
 	wd := watchdog.New(watchdog.Options{Interval: etcdInterval, DriftMargin: etcdDrift, Metrics: m})
@@ -185,7 +186,7 @@ func TestEtcdClusterLeaderPausedPastTheTTLCancelsEveryLostHolder(t *testing.T) {
 	t.Parallel()
 	h := holdOnEtcdCluster(t)
 	h.keepsEveryLock(t, "start")
-	contender := lock.NewEtcd(h.cluster.Client())
+	contender := etcdclient.NewLocker(h.cluster.Client())
 	t.Cleanup(func() { _ = contender.Close() })
 	stop := make(chan struct{})
 	taken := make(chan int, etcdHeld)
@@ -267,7 +268,7 @@ func TestEtcdClusterLeaderPausedPastTheTTLCancelsEveryLostHolder(t *testing.T) {
 func TestEtcdClusterWatchLeavesAPausedMember(t *testing.T) {
 	t.Parallel()
 	cluster := etcdtest.StartCluster(t, 3)
-	l := lock.NewEtcd(cluster.Client())
+	l := etcdclient.NewLocker(cluster.Client())
 	t.Cleanup(func() { _ = l.Close() })
 	wd := watchdog.New(watchdog.Options{Interval: 10 * time.Second})
 	t.Cleanup(func() { _ = wd.Stop(context.Background()) })

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/etcdclient"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
@@ -62,7 +63,7 @@ func (e etcdStore) ttl(t *testing.T, key string) []time.Duration {
 func etcdDeployment(t *testing.T, cluster *etcdtest.Cluster) deployment {
 	return deployment{
 		locker: func(opts ...lock.Option) *lock.Locker {
-			l := lock.NewEtcd(cluster.Client(), opts...)
+			l := etcdclient.NewLocker(cluster.Client(), opts...)
 			t.Cleanup(func() { _ = l.Close() })
 			return l
 		},
@@ -160,7 +161,7 @@ func TestEtcdLockIsKeyBoundToLeaseWithRevisionFence(t *testing.T) {
 					t.Fatalf("NewEtcd with a Redis option: panic %q", r)
 				}
 			}()
-			lock.NewEtcd(admin, o)
+			etcdclient.NewLocker(admin, o)
 		}()
 	}
 }

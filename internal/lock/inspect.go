@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Held is one lock as its back end stores it: what the operator's view
@@ -401,7 +399,7 @@ func (r *redlock) breakLock(ctx context.Context, l *Locker, h Held) (bool, error
 // create revision the fence, bound to a lease whose time to live is the
 // permit's TTL left; P{R}:limit holds the limit of a resource with permits.
 func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
-	resp, err := b.cl.Get(ctx, b.watchPrefix, clientv3.WithPrefix())
+	resp, err := b.get(ctx, opGetPrefix(b.watchPrefix))
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
@@ -410,7 +408,7 @@ func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
 
 // heldFrom turns the keys kvs (any keys under the prefix) into the permits
 // they hold, each with its resource's limit (etcdLimit).
-func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*mvccpb.KeyValue) ([]Held, error) {
+func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*EtcdKV) ([]Held, error) {
 	var out []Held
 	limits := map[string]int{}
 	ttls := map[int64]time.Duration{} // by lease id: the shared leases are asked once
@@ -427,11 +425,11 @@ func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*mvccpb.Key
 		if kv.Lease != 0 {
 			ttl, ok := ttls[kv.Lease]
 			if !ok {
-				resp, err := b.cl.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+				left, err := b.cl.TimeToLive(ctx, kv.Lease)
 				if err != nil {
 					return nil, fmt.Errorf("etcd: lease of %q: %w", r, err)
 				}
-				ttl = time.Duration(max(resp.TTL, 0)) * time.Second
+				ttl = time.Duration(max(left, 0)) * time.Second
 				ttls[kv.Lease] = ttl
 			}
 			h.TTL = ttl
@@ -459,8 +457,8 @@ func etcdLimit(n, highest int) int {
 }
 
 // resourceKeys reads every key of resource (its permits, owners and limit).
-func (b *etcdBackend) resourceKeys(ctx context.Context, l *Locker, resource string) ([]*mvccpb.KeyValue, error) {
-	resp, err := b.cl.Get(ctx, l.keysFor(resource).lock, clientv3.WithPrefix())
+func (b *etcdBackend) resourceKeys(ctx context.Context, l *Locker, resource string) ([]*EtcdKV, error) {
+	resp, err := b.get(ctx, opGetPrefix(l.keysFor(resource).lock))
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
@@ -505,9 +503,9 @@ func (b *etcdBackend) permitLimit(ctx context.Context, l *Locker, resource strin
 // watch sees the delete and cancels it (expired).
 func (b *etcdBackend) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
 	k := l.keysFor(h.Resource).permitKeys(h.Permit)
-	resp, err := b.cl.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(k.lock), "=", h.Token), clientv3.Compare(clientv3.CreateRevision(k.lock), "=", h.Fence)).
-		Then(clientv3.OpDelete(k.lock), clientv3.OpDelete(k.owners)).
+	resp, err := b.txn(ctx).
+		If(cmpValue(k.lock, h.Token), cmpCreate(k.lock, "=", h.Fence)).
+		Then(opDelete(k.lock), opDelete(k.owners)).
 		Commit()
 	if err != nil {
 		return false, fmt.Errorf("etcd: %w", err)

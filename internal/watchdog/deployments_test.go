@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/etcdclient"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -97,7 +98,7 @@ func TestNoticeThroughSentinel(t *testing.T) {
 func TestNoticeOnEtcd(t *testing.T) {
 	t.Parallel()
 	cl := etcdtest.Start(t)
-	l := lock.NewEtcd(cl.Client())
+	l := etcdclient.NewLocker(cl.Client())
 	defer l.Close()
 	wd := watchdog.New(watchdog.Options{})
 	defer wd.Stop(context.Background())

@@ -1,4 +1,7 @@
-package metrics
+// Package asynqmetrics exports asynq's queue state to Prometheus for the
+// worker. It is apart from package metrics, which the lock imports, so that
+// code that only locks does not link asynq.
+package asynqmetrics
 
 import (
 	"cmp"

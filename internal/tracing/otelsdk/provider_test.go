@@ -1,4 +1,4 @@
-package tracing_test
+package otelsdk_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/tracing"
+	"github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 )
 
 func env(kv ...string) func(string) (string, bool) {
@@ -33,7 +34,7 @@ func TestFromEnvOffIsNoop(t *testing.T) {
 		{"OTEL_TRACES_EXPORTER", "none", "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1"},
 		{"OTEL_SDK_DISABLED", "true", "OTEL_TRACES_EXPORTER", "console"},
 	} {
-		p, err := tracing.FromEnv(t.Context(), env(vars...), "svc", io.Discard)
+		p, err := otelsdk.FromEnv(t.Context(), env(vars...), "svc", io.Discard)
 		if err != nil {
 			t.Fatalf("%v: %v", vars, err)
 		}
@@ -68,7 +69,7 @@ func TestFromEnvExportsOTLPToTheEndpoint(t *testing.T) {
 		w.Header().Set("Content-Type", "application/x-protobuf")
 	}))
 	t.Cleanup(collector.Close)
-	p, err := tracing.FromEnv(t.Context(), env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL, "OTEL_SERVICE_NAME", "billing-worker"), "lockstep-worker", io.Discard)
+	p, err := otelsdk.FromEnv(t.Context(), env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL, "OTEL_SERVICE_NAME", "billing-worker"), "lockstep-worker", io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestFromEnvExportsOTLPToTheEndpoint(t *testing.T) {
 func TestFromEnvConsoleAndErrors(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	p, err := tracing.FromEnv(t.Context(), env("OTEL_TRACES_EXPORTER", "console", "OTEL_TRACES_SAMPLER", "always_on"), "svc", &out)
+	p, err := otelsdk.FromEnv(t.Context(), env("OTEL_TRACES_EXPORTER", "console", "OTEL_TRACES_SAMPLER", "always_on"), "svc", &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestFromEnvConsoleAndErrors(t *testing.T) {
 		{"OTEL_TRACES_EXPORTER", "console", "OTEL_TRACES_SAMPLER", "sometimes"}:                                    "OTEL_TRACES_SAMPLER",
 		{"OTEL_TRACES_EXPORTER", "console", "OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "2"}: "OTEL_TRACES_SAMPLER_ARG",
 	} {
-		_, err := tracing.FromEnv(t.Context(), env(vars[:]...), "svc", io.Discard)
+		_, err := otelsdk.FromEnv(t.Context(), env(vars[:]...), "svc", io.Discard)
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v: error %v, want one naming %s", vars, err, name)
 		}

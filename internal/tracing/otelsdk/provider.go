@@ -1,4 +1,9 @@
-package tracing
+// Package otelsdk sets up OpenTelemetry's SDK and exporters from the
+// standard OTEL_* variables for Lockstep's binaries. Library packages use the
+// OpenTelemetry API only; a binary links this package (for its side effect:
+// tracing.ForRole then builds the provider from OTEL_*), as cmd/worker,
+// cmd/scheduler, cmd/lockstep and cmd/local do.
+package otelsdk
 
 import (
 	"cmp"
@@ -18,7 +23,19 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/lockstep-dev/lockstep/internal/tracing"
 )
+
+func init() {
+	tracing.RegisterFromEnv(func(ctx context.Context, lookup func(string) (string, bool), service string, stderr io.Writer) (trace.TracerProvider, func(context.Context) error, error) {
+		p, err := FromEnv(ctx, lookup, service, stderr)
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.TracerProvider, p.Shutdown, nil
+	})
+}
 
 // Provider is a process's tracer provider and what ends it.
 type Provider struct {
