@@ -23,7 +23,17 @@
 // worker.demo: true in the configuration).
 //
 // Tasks are asynq tasks: a type, a JSON payload, a queue. Enqueue them with
-// an asynq client or let the Lockstep scheduler do it from cron entries.
+// an asynq (v0.26) client or let the Lockstep scheduler do it from cron
+// entries. OnStart lends the worker's Redis client, logger and
+// configuration to the program's own code. docs/quickstart.md walks through
+// a service of your own (examples/orders in the repository).
+//
+// A worker links the etcd back end only when its program imports package
+// github.com/lockstep-dev/lockstep/etcd; lock.backend etcd without it stops
+// the worker at start (exit 2), naming the import. Tracing uses the
+// provider passed with WithTracerProvider, else the global one
+// (otel.SetTracerProvider); Lockstep's own binaries set one up from the
+// OTEL_* variables.
 //
 // # What a handler can rely on
 //
@@ -45,9 +55,9 @@
 //     OnContention selects Skip (a duplicate of running work completes
 //     without running) or Wait (wait a bounded moment in the worker first).
 //   - A worker that crashes holding a lock frees it within one lock TTL, and
-//     its task runs again on a live worker within TTL + 3s (where the
-//     hand-off runs; with Redlock, etcd or lock.wait_replicas, once asynq's
-//     own lease on the task expires).
+//     its task runs again on a live worker within TTL + 3s, on every lock
+//     back end (on etcd the lock's lease counts whole seconds, at least the
+//     server's minimum).
 //   - A payload that does not decode, or whose Validate method fails, is
 //     archived at once with the reason as the task's last error.
 //   - SIGTERM (or the end of Run's context) stops taking tasks, lets running

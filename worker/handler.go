@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/jobs"
@@ -107,8 +109,9 @@ func (h HandlerOf[T]) Lock(resource func(payload T) string, ttl time.Duration) H
 // release hands its permit to the longest waiter. The limit is the
 // resource's: the latest task to take it declares the one that holds, and a
 // lowered limit (a deploy from Limit(3) to Limit(2)) cancels no one but
-// admits no one until fewer than 2 hold it. n must be at least 1, and above
-// 1 needs the single Redis back end (Redlock and etcd refuse it at start).
+// admits no one until fewer than 2 hold it. n must be at least 1; above 1
+// needs a back end with permits, lock.backend redis or etcd (with redlock
+// the worker refuses to start, exit 2).
 func (h HandlerOf[T]) Limit(n int) HandlerOf[T] {
 	h.limit, h.limited = n, true
 	return h
@@ -179,6 +182,47 @@ type tracerProvider struct{ tp trace.TracerProvider }
 
 func (tracerProvider) spec() (jobs.Spec, error) {
 	return jobs.Spec{}, errors.New("worker: a tracer provider is not a handler")
+}
+
+// Runtime is what a worker built from its configuration lends to the
+// program's own code (OnStart): handlers reach the worker's Redis client,
+// logger and configuration through it instead of reading the environment
+// again.
+type Runtime struct {
+	// Redis is the worker's client of the redis section (the one asynq and
+	// the locks use); the worker closes it after its handlers returned.
+	Redis redis.UniversalClient
+	// Log is the worker's JSON logger (log.level, log.format).
+	Log *slog.Logger
+	// Lookup reads the variables the worker read its LOCKSTEP_* from (the
+	// process's, or Env.LookupEnv).
+	Lookup func(string) (string, bool)
+	// Queues are the queues the worker takes tasks from, with their
+	// priorities (worker.queues).
+	Queues map[string]int
+	// LockPrefix is lock.prefix, the start of every lock key.
+	LockPrefix string
+}
+
+// OnStart runs f once the worker has its configuration and its Redis client,
+// before it takes any task; an error from f stops the worker from starting
+// (Run returns it; Main exits 1). It is how handlers get what the worker
+// built, e.g. a client to enqueue follow-up tasks with:
+//
+//	var rt worker.Runtime
+//	worker.Main(worker.OnStart(func(_ context.Context, r worker.Runtime) error { rt = r; return nil }),
+//		worker.Handle("order:pay", pay))
+//
+// Pass it among the handlers, as often as needed; each runs in order.
+func OnStart(f func(ctx context.Context, rt Runtime) error) Handler { return onStart{f} }
+
+// onStart is OnStart's marker.
+type onStart struct {
+	f func(context.Context, Runtime) error
+}
+
+func (onStart) spec() (jobs.Spec, error) {
+	return jobs.Spec{}, errors.New("worker: OnStart is not a handler")
 }
 
 // demoJob is DemoJob's marker: the demo's spec needs the worker's Redis

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
@@ -93,7 +94,10 @@ func (e Env) Run(ctx context.Context, handlers ...Handler) error {
 	}
 	defer endTracing() // after the app stopped: the last spans are flushed
 	log := config.NewLogger(cfg.Log, env.Errors())
-	app := fx.New(appOptions(cfg, hs, log), fx.Provide(func() trace.TracerProvider { return tp }))
+	onStarts := fx.Module("onstart", fx.Invoke(func(lc fx.Lifecycle, c redis.UniversalClient) {
+		starts(handlers, lc, Runtime{Redis: c, Log: log, Lookup: env.Lookup(), Queues: cfg.Worker.Queues, LockPrefix: cfg.Lock.Prefix})
+	}))
+	app := fx.New(appOptions(cfg, hs, log, onStarts), fx.Provide(func() trace.TracerProvider { return tp }))
 	return role.Run(ctx, app, log, "lockstep worker running", "redis", cfg.Redis, "http", cfg.HTTP.Addr)
 }
 
@@ -124,11 +128,17 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 		if _, ok := h.(tracerProvider); ok {
 			continue
 		}
+		if _, ok := h.(onStart); ok {
+			continue
+		}
 		own = append(own, h)
 	}
 	hs, err := specs(own)
 	if err != nil {
 		return nil, err
+	}
+	if err := cfg.CheckLinked(); err != nil {
+		return nil, role.ConfigError(err)
 	}
 	if b := cfg.Lock.Backend; b == config.BackendRedlock {
 		for _, s := range hs {
@@ -164,6 +174,16 @@ func loadConfig(env role.Env) (*config.WorkerConfig, error) {
 		cfg.HTTP.Addr = f.HTTPAddr
 	}
 	return cfg, nil
+}
+
+// starts appends the OnStart functions among handlers to lc, in order: the
+// jobs server, appended later, starts after them.
+func starts(handlers []Handler, lc fx.Lifecycle, rt Runtime) {
+	for _, h := range handlers {
+		if o, ok := h.(onStart); ok && o.f != nil {
+			lc.Append(fx.StartHook(func(ctx context.Context) error { return o.f(ctx, rt) }))
+		}
+	}
 }
 
 // ownTracerProvider is the provider passed among handlers

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"go.uber.org/goleak"
 
+	_ "github.com/lockstep-dev/lockstep/etcd" // lock.backend etcd in Check
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -257,5 +259,93 @@ func TestLimitIsCheckedAtStart(t *testing.T) {
 	etcd := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\nlock: {backend: etcd, etcd: {endpoints: [\"127.0.0.1:1\"]}}\n")
 	if err := Check([]string{"--config", etcd}, h.Lock(orderLock, 0).Limit(3)); err != nil {
 		t.Errorf("etcd: a limit: %v", err)
+	}
+	// What go doc says of the back ends is what this test saw: etcd takes
+	// a limit, Redlock refuses one.
+	limitDoc := docOf(t, "handler.go", "// Limit lets")
+	if !strings.Contains(limitDoc, "redis or etcd") || !strings.Contains(limitDoc, "redlock") || strings.Contains(limitDoc, "etcd refuse") {
+		t.Errorf("HandlerOf.Limit's doc does not say that redis and etcd take a limit and redlock refuses one:\n%s", limitDoc)
+	}
+	// Recovery within TTL + 3s runs on every back end (cmd/worker's
+	// recovery tests kill holders on Redis and on etcd).
+	if d := docOf(t, "doc.go", "//   - A worker that crashes"); !strings.Contains(d, "every lock") || strings.Contains(d, "asynq's") {
+		t.Errorf("the package doc's recovery claim is not that of every back end:\n%s", d)
+	}
+}
+
+// docOf returns the comment block of file that starts with first.
+func docOf(t *testing.T, file, first string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i := strings.Index(s, first)
+	if i < 0 {
+		t.Fatalf("%s has no comment starting %q", file, first)
+	}
+	var lines []string
+	for line := range strings.SplitSeq(s[i:], "\n") {
+		if !strings.HasPrefix(line, "//") {
+			break
+		}
+		lines = append(lines, line)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// OnStart hands the program the worker's own Redis client, logger and
+// variables before the first task runs, so a handler uses them without
+// reading the environment again; an OnStart error keeps the worker from
+// starting.
+func TestOnStartLendsTheWorkersClientBeforeTheFirstTask(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	cfg := writeConfig(t, fmt.Sprintf("redis: {addr: %q}\nhttp: {addr: \"127.0.0.1:0\"}\nlog: {level: error}\nworker: {demo: false}\n", rs.Addr))
+	var rt Runtime // set by OnStart, read by the handler: OnStart happens before any task
+	ran := make(chan string, 1)
+	h := Handle("note", func(ctx context.Context, job Job, p pay) error {
+		if err := rt.Redis.Set(ctx, "note:"+p.OrderID, job.ID, 0).Err(); err != nil {
+			return err
+		}
+		ran <- p.OrderID
+		return nil
+	})
+	lookup := func(k string) (string, bool) {
+		if k == "MY_SERVICE_DSN" {
+			return "dsn", true
+		}
+		return "", false
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Env{Args: []string{"--config", cfg}, LookupEnv: lookup, Stderr: io.Discard}.Run(ctx,
+			OnStart(func(_ context.Context, r Runtime) error { rt = r; return nil }), h)
+	}()
+	enq := asynq.NewClientFromRedisClient(rs.Client())
+	defer enq.Close()
+	if _, err := enq.Enqueue(asynq.NewTask("note", []byte(`{"order_id":"7","cents":1}`)), asynq.TaskID("n1")); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Receive(t, ran, 20*time.Second, "the handler to run")
+	if got := rs.Client().Get(ctx, "note:7").Val(); got != "n1" {
+		t.Errorf("the handler wrote %q through the worker's client, want n1", got)
+	}
+	if v, _ := rt.Lookup("MY_SERVICE_DSN"); v != "dsn" || rt.Log == nil || rt.Queues["default"] == 0 || rt.LockPrefix != "lockstep:" {
+		t.Errorf("Runtime %+v: want the worker's variables, logger, queues and lock prefix", rt)
+	}
+	cancel()
+	if err := redistest.Receive(t, done, 10*time.Second, "Run to return"); err != nil {
+		t.Fatal(err)
+	}
+
+	boom := errors.New("store unreachable")
+	err := Env{Args: []string{"--config", cfg}, Stderr: io.Discard}.Run(context.Background(),
+		OnStart(func(context.Context, Runtime) error { return boom }), h)
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run with a failing OnStart: %v, want its error", err)
 	}
 }

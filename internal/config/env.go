@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -99,4 +100,51 @@ func setPairs(v reflect.Value, s string, p fieldPath, src origin, o origins) []e
 	}
 	v.Set(m)
 	return errs
+}
+
+// otherEnv are the LOCKSTEP_* variables that set no configuration key but
+// are Lockstep's all the same.
+var otherEnv = map[string]bool{
+	"LOCKSTEP_LOCAL_DURATION":     true, // cmd/local: how long make run runs
+	"LOCKSTEP_BENCH_HOLD":         true, // the benchmarks' hold
+	"LOCKSTEP_TEST_KNOWN_DEFECTS": true, // a test that shows a known defect
+}
+
+// envNames adds the variable of every configuration key of v to out.
+func envNames(v reflect.Value, p fieldPath, out map[string]bool) {
+	for _, f := range fields(v) {
+		fp := p.field(f.name)
+		if f.v.Kind() == reflect.Struct {
+			envNames(f.v, fp, out)
+			continue
+		}
+		out[envName(fp.key)] = true
+	}
+}
+
+// CheckEnv returns an *Error (joined) naming every LOCKSTEP_ variable of environ
+// ("NAME=value" entries, as os.Environ gives them) that sets no key of
+// either binary's configuration: a misspelt variable is refused as an
+// unknown YAML key is, not silently ignored. A key of the other binary (a
+// worker's variable in the scheduler's environment) is accepted: one set of
+// variables often serves both.
+func CheckEnv(environ []string) error {
+	known := map[string]bool{}
+	envNames(reflect.ValueOf(&WorkerConfig{}).Elem(), fieldPath{}, known)
+	envNames(reflect.ValueOf(&SchedulerConfig{}).Elem(), fieldPath{}, known)
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) && !known[name] && !otherEnv[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	errs := make([]error, len(unknown))
+	for i, name := range unknown {
+		errs[i] = &Error{Env: name, Msg: "unknown variable: it sets no configuration key (docs/configuration.md lists them)"}
+	}
+	return errors.Join(errs...)
 }

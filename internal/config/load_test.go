@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -309,5 +310,22 @@ func TestFenceTTLDefaultIsTheClockBound(t *testing.T) {
 		DefaultScheduler().Scheduler.MaxClockSkew != DefaultMaxClockSkew {
 		t.Fatalf("lock.DefaultFenceTTL %v, worker lock.fence_ttl %v, scheduler max_clock_skew %v: want all %v",
 			lock.DefaultFenceTTL, DefaultWorker().Lock.FenceTTL, DefaultScheduler().Scheduler.MaxClockSkew, DefaultMaxClockSkew)
+	}
+}
+
+// A misspelt LOCKSTEP_ variable is refused, naming it, as an unknown YAML
+// key is; a key of either binary and Lockstep's other variables are not.
+func TestCheckEnvNamesUnknownVariables(t *testing.T) {
+	t.Parallel()
+	ok := []string{"LOCKSTEP_REDIS_ADDR=r:6379", "LOCKSTEP_WORKER_CONCURRENCY=4", "LOCKSTEP_SCHEDULER_MAX_CATCH_UP=3",
+		"LOCKSTEP_LOCK_ETCD_ENDPOINTS=a,b", "LOCKSTEP_LOCAL_DURATION=30s", "PATH=/bin", "REDIS_ADDR=x"}
+	if err := CheckEnv(ok); err != nil {
+		t.Fatalf("CheckEnv(%v): %v", ok, err)
+	}
+	err := CheckEnv(append(ok, "LOCKSTEP_WORKER_CONCURENCY=4", "LOCKSTEP_REDIS_ADRR="))
+	for _, name := range []string{"env LOCKSTEP_WORKER_CONCURENCY: unknown variable", "env LOCKSTEP_REDIS_ADRR: unknown variable"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("CheckEnv with misspelt variables: %v, want it to name %s", err, name)
+		}
 	}
 }

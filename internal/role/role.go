@@ -26,8 +26,11 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 
@@ -105,6 +108,11 @@ func Parse(name, defaultConfig string, optional bool, e Env) (Flags, error) {
 	if fl.NArg() > 0 {
 		return f, ConfigError(fmt.Errorf("unexpected argument %q", fl.Arg(0)))
 	}
+	if e.LookupEnv == nil { // the process's variables, which can be listed
+		if err := config.CheckEnv(os.Environ()); err != nil {
+			return f, ConfigError(err)
+		}
+	}
 	explicit := false
 	fl.Visit(func(fl *flag.Flag) { explicit = explicit || fl.Name == "config" })
 	if optional && !explicit {
@@ -144,6 +152,12 @@ func FxLogger(log *slog.Logger) fx.Option {
 // Run starts app, logs running (with attrs) and runs until ctx ends, then
 // stops app within its stop timeout. A start that fails is undone.
 func Run(ctx context.Context, app *fx.App, log *slog.Logger, running string, attrs ...any) error {
+	if wholeProcess.Load() {
+		// go-redis logs (a dial that failed, a Sentinel switch) through one
+		// logger per process: in a process of its own, a role's lines are
+		// all its JSON.
+		redis.SetLogger(redisLog{log})
+	}
 	if err := app.Err(); err != nil {
 		return err
 	}
@@ -163,11 +177,29 @@ func Run(ctx context.Context, app *fx.App, log *slog.Logger, running string, att
 	return app.Stop(stopCtx)
 }
 
+// wholeProcess is set by Main: the role is the whole process, so its
+// process-wide settings (go-redis's logger) are the role's.
+var wholeProcess atomic.Bool
+
+// redisLog writes go-redis's lines as records of the role's logger: a
+// warning when they tell of a failure, else information.
+type redisLog struct{ log *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
+	level := slog.LevelInfo
+	if l := strings.ToLower(msg); strings.Contains(l, "fail") || strings.Contains(l, "error") {
+		level = slog.LevelWarn
+	}
+	r.log.Log(ctx, level, msg, "source", "go-redis")
+}
+
 // Main is the whole main function of role name: it calls run with the
 // process's arguments and environment and a context that the first SIGTERM
 // or SIGINT ends (a second one ends the process at once), then exits with
 // ExitCode.
 func Main(name string, run func(context.Context, Env) error) {
+	wholeProcess.Store(true)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	go func() {
 		<-ctx.Done()
