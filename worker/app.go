@@ -77,7 +77,7 @@ func newRedisClient(lc fx.Lifecycle, cfg *config.WorkerConfig) (redis.UniversalC
 	if err != nil {
 		return nil, err
 	}
-	lc.Append(fx.StopHook(c.Close))
+	lc.Append(fx.StartStopHook(role.WaitForRedis(c, cfg.Redis.String()), c.Close))
 	return c, nil
 }
 

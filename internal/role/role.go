@@ -29,11 +29,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
 )
 
@@ -175,6 +177,28 @@ func Run(ctx context.Context, app *fx.App, log *slog.Logger, running string, att
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), app.StopTimeout())
 	defer cancel()
 	return app.Stop(stopCtx)
+}
+
+// WaitForRedis is the start hook of a role's Redis client: it waits for
+// Redis to answer PING, retrying with the reconnect backoff, until the
+// start's deadline (fx's start timeout, 15s). A role whose Redis does not
+// answer by then fails to start, naming addr: the worker and the scheduler
+// alike exit 1, and a supervisor (Kubernetes, systemd) starts them again.
+func WaitForRedis(c redis.UniversalClient, addr string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var delay time.Duration
+		for {
+			err := c.Ping(ctx).Err()
+			if err == nil {
+				return nil
+			}
+			delay = backoff.Reconnect.Next(delay)
+			if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(d) < delay {
+				return fmt.Errorf("redis (%s) does not answer: %w", addr, err)
+			}
+			backoff.Sleep(ctx, delay)
+		}
+	}
 }
 
 // wholeProcess is set by Main: the role is the whole process, so its

@@ -1,10 +1,14 @@
 package role
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 func TestExitCode(t *testing.T) {
@@ -60,5 +64,32 @@ func TestParse(t *testing.T) {
 		if !errors.Is(err, ErrConfig) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: %v, want one line matching ErrConfig", name, err)
 		}
+	}
+}
+
+// A role whose Redis does not answer at start waits for it until the start's
+// deadline, then fails naming it (the worker and the scheduler alike exit 1);
+// a Redis that comes up meanwhile lets it start.
+func TestWaitForRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	srv.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := WaitForRedis(c, "addr="+srv.Addr)(ctx)
+	if err == nil || !strings.Contains(err.Error(), "redis (addr="+srv.Addr+") does not answer") {
+		t.Fatalf("WaitForRedis with Redis down: %v, want an error naming it", err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- WaitForRedis(c, srv.Addr)(ctx)
+	}()
+	srv.Restart()
+	if err := redistest.Receive(t, done, 30*time.Second, "WaitForRedis to return once Redis is back"); err != nil {
+		t.Fatalf("WaitForRedis after Redis came back: %v", err)
 	}
 }

@@ -122,7 +122,7 @@ func newRedis(lc fx.Lifecycle, cfg *config.SchedulerConfig) (redis.UniversalClie
 	if err != nil {
 		return nil, err
 	}
-	lc.Append(fx.StopHook(c.Close))
+	lc.Append(fx.StartStopHook(role.WaitForRedis(c, cfg.Redis.String()), c.Close))
 	return c, nil
 }
 
