@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the programs the tests start, from Debian's packages, when missing:
 # redis-server (internal/redistest), etcd-server (internal/etcdtest: the etcd
-# lock back end), prometheus with promtool (internal/deploytest checks the
+# lock back end), postgresql and mariadb-server (internal/sqltest: the fence
+# package's tests run on real servers), prometheus with promtool (internal/deploytest checks the
 # alert rules and runs the dashboard queries) and chromium (cmd/lockstep
 # opens the operator's page in headless Chromium). Jaeger (internal/jaegertest:
 # the traces of the real binaries) has no Debian package: it is built from
@@ -16,6 +17,13 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 	need+=(prometheus)
 fi
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Debian keeps PostgreSQL's server programs off PATH, under its version.
+if ! command -v initdb >/dev/null 2>&1 && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+	need+=(postgresql)
+fi
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+	need+=(mariadb-server)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
 	sudo=""
@@ -37,6 +45,21 @@ if [ ${#need[@]} -gt 0 ]; then
 		echo "deps: stopping and disabling the etcd service the package started"
 		$sudo systemctl disable --now etcd >/dev/null 2>&1 || true
 	fi
+	# Likewise PostgreSQL on :5432 and MariaDB on :3306 (a cluster the
+	# package creates and starts): internal/sqltest starts private servers.
+	for svc in postgresql mariadb; do
+		pkg=$svc
+		[ "$svc" = mariadb ] && pkg=mariadb-server
+		[[ " ${need[*]} " == *" $pkg "* ]] || continue
+		if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+			echo "deps: stopping and disabling the $svc service the package started"
+			$sudo systemctl disable --now "$svc" >/dev/null 2>&1 || true
+		elif command -v service >/dev/null 2>&1 && service "$svc" status >/dev/null 2>&1; then
+			# Without systemd (a container) the package starts it through its init script.
+			echo "deps: stopping the $svc service the package started"
+			$sudo service "$svc" stop >/dev/null 2>&1 || true
+		fi
+	done
 fi
 
 # Jaeger, cached in the user's cache directory (where internal/jaegertest's
@@ -68,6 +91,9 @@ redis-server --version
 etcd --version 2>&1 | sed -n 1p
 promtool --version 2>&1 | sed -n 1p
 chromium --version 2>/dev/null || true
+pg_bin="$(command -v postgres 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tail -n 1)"
+"$pg_bin" --version
+"$(command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd)" --version
 # `jaeger version` is empty without Jaeger's own release flags: the module
 # version comes from the binary's build information instead.
 "$go" version -m "$jaeger_bin" | awk -v bin="$jaeger_bin" '($1 == "mod" || $1 == "dep") && $2 == "github.com/jaegertracing/jaeger" { print "jaeger " $3 " (" bin ")" }'

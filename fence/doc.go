@@ -1,0 +1,46 @@
+// Package fence checks a lock's fencing token inside the caller's own SQL
+// transaction, so that a holder whose lock has passed on cannot write.
+//
+// A Table keeps, per (resource, permit), the highest fence it accepted and
+// the name of the lock that issued it. Check runs in the transaction of the
+// business write: it accepts a fence at least the recorded one (equal too: a
+// holder writes more than once) and records it, and refuses a lower one with
+// a *StaleError that carries the current fence. The write and the fence then
+// commit or roll back together:
+//
+//	fences := fence.Postgres("lockstep_fences")
+//	tx, err := db.BeginTx(ctx, nil)
+//	...
+//	if err := fences.Check(ctx, tx, job.Resource, job.Permit, job.Fence); err != nil {
+//		tx.Rollback()
+//		return err // errors.Is(err, fence.ErrStale): a newer holder has begun
+//	}
+//	// the business write, in tx
+//	return tx.Commit()
+//
+// What it guarantees, on PostgreSQL and on MySQL or MariaDB with InnoDB, at
+// READ COMMITTED, REPEATABLE READ and SERIALIZABLE:
+//   - Check locks the fence row until the transaction ends, so a stale holder
+//     and its successor take turns: once a transaction that accepted fence n
+//     commits, no transaction accepts a fence below n, and one that rolls back
+//     leaves the fence where it was.
+//   - The verdict comes from the row read under that lock (MySQL: a locking
+//     read, which sees the latest version, not the REPEATABLE READ snapshot),
+//     never from affected-row counts.
+//   - A fence of 0 or less is refused (ErrNoFence): the caller holds no lock.
+//   - Fences of two locks are never compared: a check whose lock name (see
+//     LockName) differs from the recorded one is refused (ErrOtherLock).
+//   - A serialization failure or deadlock is returned as the driver's error,
+//     for which IsRetryable reports true: retry the whole transaction. A
+//     refusal (stale, other lock, no fence) is never retryable.
+//
+// What it does not: open or commit a transaction (given a *sql.DB, each
+// statement commits on its own, which records a fence but guards no write);
+// reset a fence (a lower fence stays refused until a new lock's fences
+// outgrow it, which is why a lock's fences must never restart).
+//
+// The package imports only database/sql: the driver is the application's.
+// Drivers' errors are recognised without importing them (an error with a
+// SQLState() method, as pgx's and lib/pq's have; go-sql-driver/mysql's
+// *MySQLError by its Number).
+package fence

@@ -1,0 +1,11 @@
+package fence_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m)) }

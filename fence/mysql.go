@@ -1,0 +1,66 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+)
+
+// mysql is MySQL and MariaDB with InnoDB.
+//
+// INSERT ... ON DUPLICATE KEY UPDATE takes the row's exclusive lock and
+// changes the latest version (not the REPEATABLE READ snapshot) only when the
+// fence is not lower and the lock name is the same. Its affected-row count
+// (0, 1 or 2, and 1 for an unchanged row under clientFoundRows) says too
+// little, so the verdict comes from a locking read of the row, which sees the
+// latest version and, the row being locked by now, the one that stays.
+//
+// resource and lock_name are VARBINARY: compared byte for byte, without the
+// case folding and trailing-space padding of the default collations, which
+// would give two resources one fence.
+type mysql struct{}
+
+const (
+	mysqlMaxResource = 512
+	mysqlMaxLock     = 255
+)
+
+func (mysql) quote(id string) string { return "`" + id + "`" }
+
+func (mysql) statements(table string) statements {
+	return statements{
+		ddl: fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	resource  VARBINARY(%d) NOT NULL,
+	permit    INT NOT NULL,
+	lock_name VARBINARY(%d) NOT NULL,
+	fence     BIGINT NOT NULL,
+	PRIMARY KEY (resource, permit)
+) ENGINE=InnoDB`, table, mysqlMaxResource, mysqlMaxLock),
+		accept: fmt.Sprintf(`INSERT INTO %s (resource, permit, lock_name, fence) VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name) AND fence <= VALUES(fence), VALUES(fence), fence)`, table),
+		read: fmt.Sprintf(`SELECT fence, lock_name FROM %s WHERE resource = ? AND permit = ? FOR UPDATE`, table),
+	}
+}
+
+// validate refuses what the columns would truncate (silently, outside strict
+// mode): two long resources would share a fence.
+func (mysql) validate(resource, lock string) error {
+	if len(resource) > mysqlMaxResource {
+		return fmt.Errorf("fence: resource %.40q...: %d bytes, more than MySQL's column holds (%d)", resource, len(resource), mysqlMaxResource)
+	}
+	if len(lock) > mysqlMaxLock {
+		return fmt.Errorf("fence: lock name %.40q...: %d bytes, more than MySQL's column holds (%d)", lock, len(lock), mysqlMaxLock)
+	}
+	return nil
+}
+
+func (mysql) check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (int64, string, error) {
+	if err := r.exec(ctx, s.accept, resource, permit, lock, token); err != nil {
+		return 0, "", err
+	}
+	var current int64
+	var recorded []byte
+	if err := r.queryRow(ctx, s.read, resource, permit).Scan(&current, &recorded); err != nil {
+		return 0, "", err
+	}
+	return current, string(recorded), nil
+}

@@ -1,0 +1,85 @@
+package sqltest_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m)) }
+
+// TestServers: each test gets its own empty database, on a server that
+// answers, and the server's view shows a session blocked on another's row
+// lock (and not before).
+func TestServers(t *testing.T) {
+	for _, open := range []func(testing.TB) *sqltest.DB{sqltest.Postgres, sqltest.MySQL} {
+		a, b := open(t), open(t)
+		t.Run(a.Kind, func(t *testing.T) {
+			if a.Name == b.Name {
+				t.Fatalf("two tests share database %s", a.Name)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			mustExec(t, a.DB, ctx, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+			mustExec(t, a.DB, ctx, "INSERT INTO t VALUES (1, 0)")
+			if _, err := b.ExecContext(ctx, "SELECT v FROM t"); err == nil {
+				t.Fatalf("%s: a table of database %s is seen from %s", a.Kind, a.Name, b.Name)
+			}
+
+			holder, waiter := conn(t, a.DB), conn(t, a.DB)
+			id := a.Session(t, waiter)
+			tx, err := holder.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			mustExec(t, tx, ctx, "UPDATE t SET v = 1 WHERE id = 1")
+			if w, err := a.Waiting(ctx, id); err != nil || w {
+				t.Fatalf("session %d waits before it asked for the row: %v, %v", id, w, err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := waiter.ExecContext(ctx, "UPDATE t SET v = 2 WHERE id = 1")
+				done <- err
+			}()
+			a.WaitLockWait(t, id, 10*time.Second)
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the waiter never finished")
+			}
+		})
+	}
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func mustExec(t *testing.T, db execer, ctx context.Context, q string) {
+	t.Helper()
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func conn(t *testing.T, db *sql.DB) *sql.Conn {
+	t.Helper()
+	c, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
