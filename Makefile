@@ -21,9 +21,20 @@ deps:
 # TestChaos at its default flags): the harness and the checker run on every
 # change. It runs after the other packages, not beside them: its seven
 # processes would otherwise starve the short-TTL fault tests of CPU.
+#
+# It also builds and vets the example service (examples/, modules of their
+# own; internal/exampletest runs them), and builds and tests the library
+# packages with the oldest Go release go.mod declares (GOTOOLCHAIN fetches it
+# through the module proxy once).
+GO_MIN   := $(shell awk '$$1 == "go" { print $$2; exit }' go.mod)
+LIBPKGS  ?= . ./worker ./schedules ./etcd ./fence
+EXAMPLES := $(wildcard examples/*/go.mod)
 test: deps
 	$(GO) vet $(PKGS)
+	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet ./... && $(GO) build ./...) || exit 1; done
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/chaos$$')
+	GOTOOLCHAIN=go$(GO_MIN) $(GO) vet $(LIBPKGS)
+	GOTOOLCHAIN=go$(GO_MIN) $(GO) test -count=1 $(TESTFLAGS) $(LIBPKGS)
 	$(GO) test -race -count=1 -timeout 8m $(TESTFLAGS) ./internal/chaos
 
 # bench runs each benchmark next to its baseline in one run, so ratios can be

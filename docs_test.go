@@ -255,7 +255,10 @@ func TestMetricsAreDocumented(t *testing.T) {
 	metric := regexp.MustCompile("`((?:lockstep|asynq)_[a-z_]+)(?:\\{[^`]*\\})?`")
 	inOperations := map[string]bool{}
 	for _, f := range docFiles(t) {
-		for _, m := range metric.FindAllStringSubmatch(read(t, f), -1) {
+		// SQL blocks quote identifiers with backquotes (MySQL): a table
+		// named lockstep_... there is not a metric.
+		text := regexp.MustCompile("(?s)```sql\n.*?```").ReplaceAllString(read(t, f), "")
+		for _, m := range metric.FindAllStringSubmatch(text, -1) {
 			if !registered[m[1]] {
 				t.Errorf("%s names the metric %s, which no collector registers", f, m[1])
 			}

@@ -33,7 +33,8 @@ func deps(t *testing.T, pkg string) []string {
 
 // A user's import takes only what it uses: the library packages link no
 // etcd, gRPC, OpenTelemetry SDK or exporter; the root package (a lock) no
-// asynq either, and at most maxRootDeps non-standard packages.
+// asynq either, and at most maxRootDeps non-standard packages; fence the
+// standard library only.
 func TestImportsStayLight(t *testing.T) {
 	for _, pkg := range []string{".", "./worker", "./schedules"} {
 		ps := deps(t, pkg)
@@ -51,6 +52,11 @@ func TestImportsStayLight(t *testing.T) {
 				}
 			}
 		}
+	}
+	// fence checks in the caller's transaction with database/sql alone: a
+	// user's driver is the user's.
+	if ps := deps(t, "./fence"); len(ps) != 1 {
+		t.Errorf("package fence links %v; want the standard library only", ps)
 	}
 	// The etcd back end is in its own package, which links etcd's client.
 	if !slicesHasPrefix(deps(t, "./etcd"), "go.etcd.io/etcd/client/v3") {

@@ -24,12 +24,25 @@ func TestREADMESnippetsComeFromCheckedFiles(t *testing.T) {
 	}
 }
 
+// The README's handler is a whole file of the example service, so that it
+// compiles as shown, imports included.
+func TestREADMEHandlerIsAWholeFile(t *testing.T) {
+	t.Parallel()
+	want := normalize(read(t, "examples/orders/pay.go"))
+	for _, b := range regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(read(t, "README.md"), -1) {
+		if normalize(b[1]) == want {
+			return
+		}
+	}
+	t.Fatal("README.md has no Go block that is examples/orders/pay.go as a whole")
+}
+
 func snippets(t *testing.T, file string) map[string]int {
 	t.Helper()
 	blocks := regexp.MustCompile("(?s)```(go|yaml|sh)\n(.*?)```").FindAllStringSubmatch(read(t, file), -1)
 	sources := map[string][]string{
-		"go":   glob(t, "example_test.go", "*/example_test.go"),
-		"yaml": glob(t, "configs/*.yaml"),
+		"go":   glob(t, "example_test.go", "*/example_test.go", "examples/*/*.go", "examples/*/cmd/*/*.go"),
+		"yaml": glob(t, "configs/*.yaml", "examples/*/configs/*.yaml"),
 	}
 	counted := map[string]int{}
 	for _, b := range blocks {
