@@ -9,6 +9,57 @@
 # source once per machine, below.
 set -euo pipefail
 
+go="${GO:-go}"
+jaeger_version=v1.76.0
+jaeger_bin="${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/jaeger-$jaeger_version/jaeger"
+logs="$(mktemp -d)"
+
+# Jaeger, cached in the user's cache directory (where internal/jaegertest's
+# BinaryPath looks; keep the version equal to jaegertest.Version). `go install
+# ...@version` is refused because Jaeger's go.mod has replace directives, so a
+# scratch module requires it as a tool and builds it: about 5 minutes on 2
+# cores, once; a 121 MB binary. It is built under a temporary name and renamed,
+# so an interrupted build leaves no binary that looks whole.
+build_jaeger() {
+	mkdir -p "$(dirname "$jaeger_bin")"
+	scratch="$(mktemp -d)"
+	trap 'rm -rf "$scratch" "$jaeger_bin.tmp.$$"' EXIT
+	(
+		cd "$scratch"
+		"$go" mod init lockstep.invalid/jaeger-build >/dev/null 2>&1
+		"$go" get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$jaeger_version"
+		"$go" build -o "$jaeger_bin.tmp.$$" github.com/jaegertracing/jaeger/cmd/jaeger
+	)
+	mv -f "$jaeger_bin.tmp.$$" "$jaeger_bin"
+}
+
+# What needs the network or the CPU runs side by side on a fresh machine: the
+# Jaeger build, the modules of this repository and of examples/ (go mod
+# download) and the oldest Go toolchain that go.mod declares (make test
+# builds the library packages with it) start in the background while apt
+# installs the servers, and the script waits for all of them.
+pids=()
+names=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$logs"' EXIT
+bg() {
+	local name=$1
+	shift
+	"$@" >"$logs/$name.log" 2>&1 &
+	pids+=($!)
+	names+=("$name")
+}
+if [ ! -x "$jaeger_bin" ]; then
+	echo "deps: building jaeger $jaeger_version into $jaeger_bin in the background (once per machine, about 5 minutes on 2 cores)"
+	bg jaeger build_jaeger
+fi
+bg modules "$go" mod download
+for m in examples/*/go.mod; do
+	[ -e "$m" ] || continue
+	bg "modules-$(basename "$(dirname "$m")")" sh -c "cd '$(dirname "$m")' && '$go' mod download"
+done
+go_min="$(awk '$1 == "go" { print $2; exit }' go.mod)"
+bg toolchain env GOTOOLCHAIN="go$go_min" "$go" version
+
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
@@ -62,28 +113,16 @@ if [ ${#need[@]} -gt 0 ]; then
 	done
 fi
 
-# Jaeger, cached in the user's cache directory (where internal/jaegertest's
-# BinaryPath looks; keep the version equal to jaegertest.Version). `go install
-# ...@version` is refused because Jaeger's go.mod has replace directives, so a
-# scratch module requires it as a tool and builds it: about 5 minutes on 2
-# cores, once; a 121 MB binary. It is built under a temporary name and renamed,
-# so an interrupted build leaves no binary that looks whole.
-go="${GO:-go}"
-jaeger_version=v1.76.0
-jaeger_bin="${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/jaeger-$jaeger_version/jaeger"
-if [ ! -x "$jaeger_bin" ]; then
-	echo "deps: building jaeger $jaeger_version into $jaeger_bin (once per machine, about 5 minutes on 2 cores)"
-	mkdir -p "$(dirname "$jaeger_bin")"
-	scratch="$(mktemp -d)"
-	trap 'rm -rf "$scratch" "$jaeger_bin.tmp.$$"' EXIT
-	(
-		cd "$scratch"
-		"$go" mod init lockstep.invalid/jaeger-build >/dev/null 2>&1
-		"$go" get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$jaeger_version"
-		"$go" build -o "$jaeger_bin.tmp.$$" github.com/jaegertracing/jaeger/cmd/jaeger
-	)
-	mv -f "$jaeger_bin.tmp.$$" "$jaeger_bin"
-fi
+
+failed=0
+for i in "${!pids[@]}"; do
+	if ! wait "${pids[$i]}"; then
+		echo "deps: ${names[$i]} failed:"
+		tail -n 40 "$logs/${names[$i]}.log"
+		failed=1
+	fi
+done
+[ "$failed" -eq 0 ] || exit 1
 
 redis-server --version
 # sed, not head: head exits after one line, and the version command's next
