@@ -144,6 +144,13 @@ func TestRolesRunUnderTheirACLUsers(t *testing.T) {
 	}
 	waitDemoOK(t, c, before+8, 30*time.Second)
 
+	// Lock-loss notices are on (CLIENT TRACKING was allowed).
+	for _, w := range []*binProc{w1, w2} {
+		if rec := w.log.Find(noticesOff); rec != nil {
+			t.Errorf("a worker under lockstep-worker: %v", rec)
+		}
+	}
+
 	// Nothing any of the three did was refused.
 	entries, err := c.ACLLog(ctx, 1000).Result()
 	if err != nil {
@@ -160,4 +167,27 @@ func TestRolesRunUnderTheirACLUsers(t *testing.T) {
 	if code == 0 || !denied.MatchString(out) {
 		t.Errorf("lockstep locks under the CLI's rules less +scan: exit %d, want a refusal (NOPERM):\n%s", code, out)
 	}
+}
+
+// noticesOff matches the worker's record that CLIENT TRACKING was refused.
+func noticesOff(rec map[string]any) bool {
+	msg, _ := rec["msg"].(string)
+	return strings.HasPrefix(msg, "watchdog: lock-loss notices off")
+}
+
+// TestWorkerWithoutClientTracking: a worker whose user lacks
+// +client|tracking still runs its jobs, and says that lock-loss notices are
+// off (a lost lock is then found at the next renewal), as the docs tell.
+func TestWorkerWithoutClientTracking(t *testing.T) {
+	t.Parallel()
+	users := aclUsers(t)
+	line := strings.Replace(users["lockstep-worker"], " +client|tracking", "", 1)
+	if line == users["lockstep-worker"] {
+		t.Fatal("the worker's rules have no +client|tracking")
+	}
+	srv := startWithUsers(t, line, users["lockstep-scheduler"])
+	startBinary(t, "scheduler", asUser(srv, "lockstep-scheduler"), "--config", proctest.WriteFile(t, "scheduler.yaml", schedulerConfig))
+	w := startBinary(t, "worker", asUser(srv, "lockstep-worker"), "--config", proctest.WriteFile(t, "worker.yaml", workerConfig))
+	w.log.Wait(t, 0, 20*time.Second, w.Exited(), "lock-loss notices off", noticesOff)
+	waitDemoOK(t, srv.Client(), 3, 60*time.Second)
 }
