@@ -33,9 +33,10 @@ network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?res
 /api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see docs/operations.md).`
 
 func cmdUI(ctx context.Context, a *app, args []string) int {
-	fs := a.flags("ui", "ui [--http-addr ADDR] [--asynqmon URL]", uiAbout)
+	fs := a.flags("ui", "ui [--http-addr ADDR] [--asynqmon URL] [--hide-payloads]", uiAbout)
 	addr := fs.String("http-addr", defaultUIAddr, "address to listen on, host:port")
 	asynqmon := fs.String("asynqmon", "", "base URL of an asynqmon, e.g. http://localhost:8080, to link tasks to")
+	hidePayloads := fs.Bool("hide-payloads", false, "leave task payloads out of /api/tasks/ID (payload_hidden: true)")
 	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code
 	}
@@ -53,7 +54,7 @@ func cmdUI(ctx context.Context, a *app, args []string) int {
 		return exitUsage
 	}
 	fmt.Fprintf(a.stdout, "lockstep ui: serving http://%s/\n", ln.Addr())
-	if err := serveUI(ctx, ln, newUI(a, *asynqmon)); err != nil {
+	if err := serveUI(ctx, ln, newUI(a, *asynqmon, *hidePayloads)); err != nil {
 		fmt.Fprintln(a.stderr, "lockstep ui:", err)
 		return exitUsage
 	}
@@ -79,13 +80,14 @@ func serveUI(ctx context.Context, ln net.Listener, h http.Handler) error {
 
 // ui is the page and its JSON endpoints.
 type ui struct {
-	a        *app
-	asynqmon string // base URL, "" for none
+	a            *app
+	asynqmon     string // base URL, "" for none
+	hidePayloads bool   // --hide-payloads: a task's payload may hold what the page's viewers must not see
 }
 
 // newUI returns the page's handler; see "The page and its API" in docs/operations.md.
-func newUI(a *app, asynqmon string) http.Handler {
-	u := &ui{a: a, asynqmon: strings.TrimSuffix(asynqmon, "/")}
+func newUI(a *app, asynqmon string, hidePayloads bool) http.Handler {
+	u := &ui{a: a, asynqmon: strings.TrimSuffix(asynqmon, "/"), hidePayloads: hidePayloads}
 	static, _ := fs.Sub(uiFiles, "ui")
 	mux := http.NewServeMux()
 	mux.Handle("GET /", http.FileServerFS(static))
@@ -238,6 +240,7 @@ type taskView struct {
 	Type          string `json:"type"`
 	State         string `json:"state"`
 	Payload       string `json:"payload"`
+	PayloadHidden bool   `json:"payload_hidden,omitempty"` // with --hide-payloads; payload is then ""
 	Retried       int    `json:"retried"`
 	MaxRetry      int    `json:"max_retry"`
 	LastErr       string `json:"last_err"`
@@ -253,6 +256,9 @@ func (u *ui) findTask(id string) (*taskView, error) {
 	}
 	v := &taskView{ID: info.ID, Queue: info.Queue, Type: info.Type, State: info.State.String(),
 		Payload: string(info.Payload), Retried: info.Retried, MaxRetry: info.MaxRetry, LastErr: info.LastErr}
+	if u.hidePayloads {
+		v.Payload, v.PayloadHidden = "", true
+	}
 	if !info.NextProcessAt.IsZero() {
 		v.NextProcessAt = info.NextProcessAt.UTC().Format(time.RFC3339Nano)
 	}

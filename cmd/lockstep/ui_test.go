@@ -139,6 +139,15 @@ func TestUIEndpoints(t *testing.T) {
 		task.Asynqmon != "http://asynqmon.example:8080/queues/default/tasks/hold-42" {
 		t.Fatalf("/api/tasks/hold-42 = %+v", task)
 	}
+	if task.Payload == "" || task.PayloadHidden {
+		t.Fatalf("/api/tasks/hold-42 = %+v, want its payload", task)
+	}
+	hidden := startUI(t, srv.Addr, "--hide-payloads")
+	var bare taskView
+	getJSON(t, hidden+"/api/tasks/hold-42", 200, &bare)
+	if bare.Payload != "" || !bare.PayloadHidden || bare.Type != "demo:order.pay" {
+		t.Fatalf("--hide-payloads: /api/tasks/hold-42 = %+v, want no payload, payload_hidden", bare)
+	}
 	getJSON(t, base+"/api/tasks/nope", 404, &e)
 	if status, loc := get(t, base+"/tasks/hold-42"); status != http.StatusFound || loc != task.Asynqmon {
 		t.Fatalf("/tasks/hold-42: %d to %q, want a redirect to asynqmon", status, loc)

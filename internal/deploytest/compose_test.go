@@ -19,6 +19,7 @@ import (
 
 type composeFile struct {
 	Services map[string]composeService `yaml:"services"`
+	Volumes  map[string]any            `yaml:"volumes"` // named volumes
 }
 
 type composeService struct {

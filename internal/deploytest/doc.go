@@ -16,6 +16,8 @@
 // binary paths, probe paths and metric and label names (against what
 // metrics.New registers and what asynq's queue collector exports); that
 // promtool accepts and passes the alert rules and their unit tests; and that
+// the Redis of compose.yaml and of k8s/ keeps its data on a volume, checked
+// by killing and restarting a redis-server started with their own arguments;
 // every query parses and evaluates on a Prometheus scraping an in-process
 // metrics server, and again, end to end, on a Prometheus scraping two
 // scheduler and two worker binaries (built by the test) that run demo jobs on

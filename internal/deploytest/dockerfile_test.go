@@ -3,6 +3,7 @@ package deploytest
 import (
 	"encoding/json"
 	"go/build"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -10,19 +11,26 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
-// image is what deploy/Dockerfile puts into its final stage.
+// image is what a stage of deploy/Dockerfile puts into its image.
+// parseDockerfile returns the final stage's (the default target), with every
+// named stage's in targets.
 type image struct {
-	base     string            // the final stage's FROM
-	user     string            // its USER
-	binaries map[string]string // path in the image -> package built ("cmd/worker")
-	dirs     map[string]string // directory in the image -> directory of the build context ("configs")
-	ports    []int             // EXPOSE
-	cmd      []string          // CMD (exec form)
-	cgo      map[string]bool   // package -> built with CGO_ENABLED=0
+	name       string            // the stage's name (FROM ... AS name), "" if none
+	base       string            // the stage's FROM
+	user       string            // its USER
+	binaries   map[string]string // path in the image -> package built ("cmd/worker")
+	dirs       map[string]string // directory in the image -> directory of the build context ("configs")
+	ports      []int             // EXPOSE
+	entrypoint []string          // ENTRYPOINT (exec form)
+	cmd        []string          // CMD (exec form)
+	cgo        map[string]bool   // package -> built with CGO_ENABLED=0 (any stage)
+	targets    map[string]*image // every named stage, by name (on the final stage's image)
 }
 
 type stage struct {
@@ -40,7 +48,8 @@ func parseDockerfile(t *testing.T, file string) *image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := &image{binaries: map[string]string{}, dirs: map[string]string{}, cgo: map[string]bool{}}
+	cgo, targets := map[string]bool{}, map[string]*image{}
+	var img *image
 	stages := map[string]*stage{}
 	var cur *stage
 	for _, line := range instructions(string(b)) {
@@ -50,14 +59,16 @@ func parseDockerfile(t *testing.T, file string) *image {
 		switch strings.ToUpper(inst) {
 		case "FROM":
 			cur = &stage{env: map[string]string{}, builds: map[string]string{}}
-			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
-				cur.name = f[2]
-				stages[cur.name] = cur
+			if parent, ok := stages[f[0]]; ok { // FROM an earlier stage: its ENV and its files
+				maps.Copy(cur.env, parent.env)
+				maps.Copy(cur.builds, parent.builds)
 			}
-			img.base = f[0]
-			img.user, img.ports, img.cmd = "", nil, nil
-			clear(img.binaries)
-			clear(img.dirs)
+			img = &image{base: f[0], binaries: map[string]string{}, dirs: map[string]string{}, cgo: cgo, targets: targets}
+			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
+				cur.name, img.name = f[2], f[2]
+				stages[cur.name] = cur
+				targets[img.name] = img
+			}
 		case "ENV":
 			for _, kv := range f {
 				k, v, _ := strings.Cut(kv, "=")
@@ -114,7 +125,14 @@ func parseDockerfile(t *testing.T, file string) *image {
 			if err := json.Unmarshal([]byte(rest), &img.cmd); err != nil {
 				t.Errorf("Dockerfile: CMD %s: want the exec form (a JSON array): %v", rest, err)
 			}
+		case "ENTRYPOINT":
+			if err := json.Unmarshal([]byte(rest), &img.entrypoint); err != nil {
+				t.Errorf("Dockerfile: ENTRYPOINT %s: want the exec form (a JSON array): %v", rest, err)
+			}
 		}
+	}
+	if img == nil {
+		t.Fatalf("Dockerfile: no FROM")
 	}
 	return img
 }
@@ -238,7 +256,7 @@ func TestDockerfile(t *testing.T) {
 		if strings.HasPrefix(pattern, "#") {
 			continue
 		}
-		for _, needed := range []string{"go.mod", "go.sum", "cmd/worker/main.go", "cmd/scheduler/main.go", "internal/config/config.go", "configs/worker.yaml"} {
+		for _, needed := range []string{"go.mod", "go.sum", "cmd/worker/main.go", "cmd/scheduler/main.go", "cmd/lockstep/main.go", "internal/config/config.go", "configs/worker.yaml"} {
 			if ignored(pattern, needed) {
 				t.Errorf("Dockerfile.dockerignore: %q excludes %s, which the build needs", pattern, needed)
 			}
@@ -275,4 +293,44 @@ func ignored(pattern, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestDockerfileCLI checks the target "cli": the lockstep command alone,
+// static, on distroless as a non-root user, run by its ENTRYPOINT; its
+// default command (the built binary run with the image's CMD) exits 0.
+func TestDockerfileCLI(t *testing.T) {
+	t.Parallel()
+	root := Root(t)
+	img, ok := parseDockerfile(t, filepath.Join(root, "deploy", "Dockerfile")).targets["cli"]
+	if !ok {
+		t.Fatalf("deploy/Dockerfile has no stage named cli (docker build --target cli)")
+	}
+	if !strings.Contains(img.base, "distroless/static") && img.base != "scratch" {
+		t.Errorf("cli: FROM %s: want a static distroless image or scratch", img.base)
+	}
+	if u, _, _ := strings.Cut(img.user, ":"); u == "" || u == "root" || u == "0" {
+		t.Errorf("cli: USER %q: want a non-root user", img.user)
+	}
+	const bin = "/usr/local/bin/lockstep"
+	if want := map[string]string{bin: "cmd/lockstep"}; !maps.Equal(img.binaries, want) {
+		t.Errorf("cli: binaries %v, want %v", img.binaries, want)
+	}
+	if !img.cgo["cmd/lockstep"] {
+		t.Errorf("cli: ./cmd/lockstep is not built with CGO_ENABLED=0")
+	}
+	if len(img.dirs) > 0 {
+		t.Errorf("cli: copies %v; the CLI reads LOCKSTEP_* variables and needs no file", img.dirs)
+	}
+	if !slices.Equal(img.entrypoint, []string{bin}) {
+		t.Fatalf("cli: ENTRYPOINT %q, want [%q]", img.entrypoint, bin)
+	}
+
+	bins := buildBinaries(t, root, "lockstep")
+	var out proctest.Log
+	p := proctest.Start(t, proctest.Spec{What: "lockstep " + strings.Join(img.cmd, " "), Bin: bins["lockstep"], Args: img.cmd,
+		Env: []string{"PATH=" + os.Getenv("PATH")}, Output: &out})
+	code, exited := p.Wait(time.Minute)
+	if !exited || code != 0 || !strings.Contains(out.String(), "usage: lockstep") {
+		t.Errorf("cli: the default command %q exits %d (exited %v), want 0 with the usage:\n%s", img.cmd, code, exited, out.String())
+	}
 }

@@ -59,6 +59,9 @@ type podSpec struct {
 		ConfigMap *struct {
 			Name string `yaml:"name"`
 		} `yaml:"configMap"`
+		PersistentVolumeClaim *struct {
+			ClaimName string `yaml:"claimName"`
+		} `yaml:"persistentVolumeClaim"`
 	} `yaml:"volumes"`
 }
 
@@ -187,7 +190,8 @@ func TestKubernetes(t *testing.T) {
 	img := parseDockerfile(t, filepath.Join(root, "deploy", "Dockerfile"))
 	objs := readK8s(t, dir)
 
-	known := map[string]bool{"v1/ConfigMap": true, "v1/Service": true, "apps/v1/Deployment": true, "policy/v1/PodDisruptionBudget": true}
+	known := map[string]bool{"v1/ConfigMap": true, "v1/Service": true, "apps/v1/Deployment": true, "policy/v1/PodDisruptionBudget": true,
+		"v1/PersistentVolumeClaim": true}
 	byKind := map[string]map[string]k8sObject{}
 	for _, o := range objs {
 		if !known[o.APIVersion+"/"+o.Kind] {

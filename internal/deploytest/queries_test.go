@@ -24,6 +24,7 @@ func TestDeployFilesParse(t *testing.T) {
 	checkedElsewhere := map[string]string{
 		"Dockerfile":              "TestDockerfile",
 		"Dockerfile.dockerignore": "TestDockerfile",
+		"redis-acl.conf":          "internal/acltest's TestRolesRunUnderTheirACLUsers",
 	}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
