@@ -1,12 +1,15 @@
 package fence_test
 
 import (
+	"database/sql"
 	"go/parser"
 	"go/token"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lockstep-dev/lockstep/fence"
 )
 
 // TestImportsStandardLibraryOnly: package fence (and the bridge under it)
@@ -42,3 +45,10 @@ func TestImportsStandardLibraryOnly(t *testing.T) {
 		t.Fatalf("checked %d files; the glob no longer finds the package", files)
 	}
 }
+
+// The handles a check runs on.
+var (
+	_ fence.Querier = (*sql.Tx)(nil)
+	_ fence.Querier = (*sql.Conn)(nil)
+	_ fence.Querier = (*sql.DB)(nil)
+)
