@@ -33,8 +33,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 )
 
-// startTimeout bounds a server's setup and start, and readyTimeout each wait
-// for it to answer.
+// startTimeout bounds a server's setup (initdb, mariadb-install-db), its
+// start and the creation of a test's database; pollEvery is how often a
+// readiness wait pings, and a lock wait asks PostgreSQL.
 const (
 	startTimeout = 60 * time.Second
 	pollEvery    = 5 * time.Millisecond
@@ -98,8 +99,8 @@ type server struct {
 // kind is what differs between the two servers.
 type kind struct {
 	name, driver string
-	// start installs and starts a server in dir and returns its process,
-	// port and admin DSN.
+	// start sets up and starts a server in dir and returns its process and
+	// port.
 	start func(dir string) (*process, int, error)
 	dsn   func(port int, db string) string
 	// create creates database db.
