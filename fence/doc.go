@@ -36,8 +36,13 @@
 //
 // What it does not: open or commit a transaction (given a *sql.DB, each
 // statement commits on its own, which records a fence but guards no write);
-// reset a fence (a lower fence stays refused until a new lock's fences
-// outgrow it, which is why a lock's fences must never restart).
+// reset a fence (a lower fence stays refused for good, so a lock's fences
+// must never restart; moving a resource to another lock means deleting its
+// row while no holder of the old lock can write).
+//
+// A *lockstep.Lease passes itself to CheckLease; a job handler passes
+// job.Resource, job.Permit and job.Fence. Package fence/pgxfence does the same
+// on pgx's own interface (pgx.Tx) for those who do not use database/sql.
 //
 // The package imports only database/sql: the driver is the application's.
 // Drivers' errors are recognised without importing them (an error with a

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/lockstep-dev/lockstep/fence/internal/bridge"
 )
 
 // Querier is what Create and Check need of a database handle: *sql.Tx,
@@ -93,10 +95,14 @@ func (t *Table) DDL() string { return t.stmts.ddl }
 
 // Create creates the table if it does not exist.
 func (t *Table) Create(ctx context.Context, q Querier) error {
+	return t.create(ctx, sqlRunner{q})
+}
+
+func (t *Table) create(ctx context.Context, r runner) error {
 	if t.err != nil {
 		return t.err
 	}
-	if _, err := q.ExecContext(ctx, t.stmts.ddl); err != nil {
+	if err := r.Exec(ctx, t.stmts.ddl); err != nil {
 		return fmt.Errorf("fence: create %s: %w", t.name, err)
 	}
 	return nil
@@ -114,10 +120,14 @@ func (t *Table) Create(ctx context.Context, q Querier) error {
 // On a refusal the transaction is still usable but holds the fence row: roll
 // it back.
 func (t *Table) Check(ctx context.Context, q Querier, resource string, permit int, token int64) error {
+	return t.check(ctx, sqlRunner{q}, resource, permit, token)
+}
+
+func (t *Table) check(ctx context.Context, r runner, resource string, permit int, token int64) error {
 	if err := t.validate(resource, permit, token); err != nil {
 		return err
 	}
-	current, lock, err := t.d.check(ctx, sqlRunner{q}, t.stmts, resource, permit, t.lock, token)
+	current, lock, err := t.d.check(ctx, r, t.stmts, resource, permit, t.lock, token)
 	if err != nil {
 		return fmt.Errorf("fence: check %q permit %d in %s: %w", resource, permit, t.name, err)
 	}
@@ -156,24 +166,27 @@ func (t *Table) validate(resource string, permit int, token int64) error {
 	return t.d.validate(resource, t.lock)
 }
 
-// runner runs the statements of a check: on database/sql (sqlRunner) or on
-// another client.
-type runner interface {
-	exec(ctx context.Context, query string, args ...any) error
-	queryRow(ctx context.Context, query string, args ...any) scanner
-}
-
-type scanner interface{ Scan(dest ...any) error }
+// runner runs a table's statements: on database/sql (sqlRunner) or, through
+// package bridge, on another client (pgxfence).
+type runner = bridge.Runner
 
 type sqlRunner struct{ q Querier }
 
-func (r sqlRunner) exec(ctx context.Context, query string, args ...any) error {
+func (r sqlRunner) Exec(ctx context.Context, query string, args ...any) error {
 	_, err := r.q.ExecContext(ctx, query, args...)
 	return err
 }
 
-func (r sqlRunner) queryRow(ctx context.Context, query string, args ...any) scanner {
+func (r sqlRunner) QueryRow(ctx context.Context, query string, args ...any) bridge.Row {
 	return r.q.QueryRowContext(ctx, query, args...)
+}
+
+func init() {
+	bridge.Create = func(ctx context.Context, t any, r bridge.Runner) error { return t.(*Table).create(ctx, r) }
+	bridge.Check = func(ctx context.Context, t any, r bridge.Runner, resource string, permit int, token int64) error {
+		return t.(*Table).check(ctx, r, resource, permit, token)
+	}
+	bridge.Postgres = func(t any) bool { _, ok := t.(*Table).d.(postgres); return ok }
 }
 
 // dialect is what differs between servers.

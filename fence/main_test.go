@@ -5,7 +5,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m)) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(sqltest.Main(m), redistest.LeakOptions()...)
+}

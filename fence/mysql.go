@@ -54,12 +54,12 @@ func (mysql) validate(resource, lock string) error {
 }
 
 func (mysql) check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (int64, string, error) {
-	if err := r.exec(ctx, s.accept, resource, permit, lock, token); err != nil {
+	if err := r.Exec(ctx, s.accept, resource, permit, lock, token); err != nil {
 		return 0, "", err
 	}
 	var current int64
 	var recorded []byte
-	if err := r.queryRow(ctx, s.read, resource, permit).Scan(&current, &recorded); err != nil {
+	if err := r.QueryRow(ctx, s.read, resource, permit).Scan(&current, &recorded); err != nil {
 		return 0, "", err
 	}
 	return current, string(recorded), nil

@@ -40,7 +40,7 @@ func (postgres) validate(resource, lock string) error { return nil }
 
 func (postgres) check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (int64, string, error) {
 	var current int64
-	err := r.queryRow(ctx, s.accept, resource, permit, lock, token).Scan(&current)
+	err := r.QueryRow(ctx, s.accept, resource, permit, lock, token).Scan(&current)
 	if err == nil {
 		return current, lock, nil
 	}
@@ -48,7 +48,7 @@ func (postgres) check(ctx context.Context, r runner, s statements, resource stri
 		return 0, "", err
 	}
 	var recorded string
-	if err := r.queryRow(ctx, s.read, resource, permit).Scan(&current, &recorded); err != nil {
+	if err := r.QueryRow(ctx, s.read, resource, permit).Scan(&current, &recorded); err != nil {
 		return 0, "", err
 	}
 	return current, recorded, nil

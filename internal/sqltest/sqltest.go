@@ -33,8 +33,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 )
 
-// startTimeout bounds a server's setup and start, and readyTimeout each wait
-// for it to answer.
+// startTimeout bounds a server's setup (initdb, mariadb-install-db), its
+// start and the creation of a test's database; pollEvery is how often a
+// readiness wait pings, and a lock wait asks PostgreSQL.
 const (
 	startTimeout = 60 * time.Second
 	pollEvery    = 5 * time.Millisecond
@@ -86,6 +87,7 @@ var (
 // server is one private server process and its admin connection.
 type server struct {
 	kind  *kind
+	ready chan struct{} // closed once started or failed; then the fields below are set
 	proc  *process
 	dir   string
 	port  int
@@ -97,8 +99,8 @@ type server struct {
 // kind is what differs between the two servers.
 type kind struct {
 	name, driver string
-	// start installs and starts a server in dir and returns its process,
-	// port and admin DSN.
+	// start sets up and starts a server in dir and returns its process and
+	// port.
 	start func(dir string) (*process, int, error)
 	dsn   func(port int, db string) string
 	// create creates database db.
@@ -134,19 +136,26 @@ func newDB(tb testing.TB, k *kind) *DB {
 }
 
 // acquire returns the package's running server of kind k, starting it on
-// first use; a failed start fails every test that asks.
+// first use (servers of two kinds start at once); a failed start fails
+// every test that asks.
 func acquire(tb testing.TB, k *kind) *server {
 	tb.Helper()
 	mu.Lock()
-	defer mu.Unlock()
 	if !mainRuns {
+		mu.Unlock()
 		tb.Fatalf("sqltest: the test package has no TestMain running sqltest.Main, which kills the servers: " +
 			"func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m)) }")
 	}
 	s := servers[k.name]
 	if s == nil {
-		s = startServer(k)
+		s = &server{kind: k, ready: make(chan struct{})}
 		servers[k.name] = s
+		mu.Unlock()
+		s.start()
+		close(s.ready)
+	} else {
+		mu.Unlock()
+		<-s.ready
 	}
 	if s.err != nil {
 		tb.Fatalf("sqltest: %v", s.err)
@@ -154,25 +163,24 @@ func acquire(tb testing.TB, k *kind) *server {
 	return s
 }
 
-func startServer(k *kind) *server {
-	s := &server{kind: k}
-	dir, err := os.MkdirTemp("", "sqltest-"+k.name+"-")
+func (s *server) start() {
+	dir, err := os.MkdirTemp("", "sqltest-"+s.kind.name+"-")
 	if err != nil {
 		s.err = err
-		return s
+		return
 	}
 	s.dir = dir
-	if s.proc, s.port, s.err = k.start(dir); s.err != nil {
-		return s
+	if s.proc, s.port, s.err = s.kind.start(dir); s.err != nil {
+		return
 	}
-	s.admin, s.err = sql.Open(k.driver, k.dsn(s.port, ""))
-	return s
+	s.admin, s.err = sql.Open(s.kind.driver, s.kind.dsn(s.port, ""))
 }
 
 func stopAll() {
 	mu.Lock()
 	defer mu.Unlock()
 	for name, s := range servers {
+		<-s.ready // a test may have ended while its server started
 		if s.admin != nil {
 			_ = s.admin.Close()
 		}
