@@ -48,6 +48,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'MemoryParked' -benchtime 100000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
+	$(GO) test -run '^$$' -bench 'FencedWrite' -benchtime 2s ./fence
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'Contention|HotResources' -benchtime 3x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'TickLateness' -benchtime 20x ./internal/scheduler
