@@ -23,7 +23,7 @@ logs="$(mktemp -d)"
 build_jaeger() {
 	mkdir -p "$(dirname "$jaeger_bin")"
 	scratch="$(mktemp -d)"
-	trap 'rm -rf "$scratch" "$jaeger_bin.tmp.$$"' EXIT
+	trap 'rm -rf "$scratch" "$jaeger_bin.tmp.$$" "$jaeger_bin.building"' EXIT
 	(
 		cd "$scratch"
 		"$go" mod init lockstep.invalid/jaeger-build >/dev/null 2>&1
@@ -48,9 +48,27 @@ bg() {
 	pids+=($!)
 	names+=("$name")
 }
+# Jaeger builds at the lowest priority and is not waited for: the tests that
+# need it (internal/jaegertest's Start) wait while its pid is in
+# $jaeger_bin.building, and the others run meanwhile, the build taking only
+# the CPU they leave idle. JAEGER_WAIT=1 waits for it here.
 if [ ! -x "$jaeger_bin" ]; then
-	echo "deps: building jaeger $jaeger_version into $jaeger_bin in the background (once per machine, about 5 minutes on 2 cores)"
-	bg jaeger build_jaeger
+	building=""
+	[ -s "$jaeger_bin.building" ] && kill -0 "$(cat "$jaeger_bin.building")" 2>/dev/null && building=1
+	if [ -n "$building" ]; then
+		echo "deps: jaeger $jaeger_version is being built (pid $(cat "$jaeger_bin.building"))"
+	else
+		echo "deps: building jaeger $jaeger_version into $jaeger_bin in the background at nice 19 (once per machine, about 5 minutes of 2 cores; log: $jaeger_bin.build.log)"
+		mkdir -p "$(dirname "$jaeger_bin")"
+		export go jaeger_bin jaeger_version
+		setsid nohup nice -n 19 bash -c "set -euo pipefail; $(declare -f build_jaeger); build_jaeger" \
+			>"$jaeger_bin.build.log" 2>&1 </dev/null &
+		echo $! >"$jaeger_bin.building"
+	fi
+	if [ "${JAEGER_WAIT:-}" = 1 ]; then
+		while kill -0 "$(cat "$jaeger_bin.building" 2>/dev/null || echo 0)" 2>/dev/null; do sleep 2; done
+		[ -x "$jaeger_bin" ] || { echo "deps: the jaeger build failed:"; tail -n 40 "$jaeger_bin.build.log"; exit 1; }
+	fi
 fi
 bg modules "$go" mod download
 for m in examples/*/go.mod; do
@@ -135,4 +153,8 @@ pg_bin="$(command -v postgres 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/pos
 "$(command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd)" --version
 # `jaeger version` is empty without Jaeger's own release flags: the module
 # version comes from the binary's build information instead.
-"$go" version -m "$jaeger_bin" | awk -v bin="$jaeger_bin" '($1 == "mod" || $1 == "dep") && $2 == "github.com/jaegertracing/jaeger" { print "jaeger " $3 " (" bin ")" }'
+if [ -x "$jaeger_bin" ]; then
+	"$go" version -m "$jaeger_bin" | awk -v bin="$jaeger_bin" '($1 == "mod" || $1 == "dep") && $2 == "github.com/jaegertracing/jaeger" { print "jaeger " $3 " (" bin ")" }'
+else
+	echo "jaeger $jaeger_version: building in the background ($jaeger_bin.build.log)"
+fi

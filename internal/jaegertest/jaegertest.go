@@ -8,8 +8,9 @@
 //
 // The binary is not a Debian package: scripts/deps.sh (make deps, make test)
 // builds Jaeger Version from source once per machine into BinaryPath, where
-// Start finds it. When it is missing, Start fails the test saying how to
-// build it; it never skips.
+// Start finds it; it builds in the background at low priority, and Start
+// waits while that build is under way. When it is missing and no build is,
+// Start fails the test saying how to build it; it never skips.
 package jaegertest
 
 import (
@@ -26,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +50,45 @@ func BinaryPath() (string, error) {
 		return "", err
 	}
 	return filepath.Join(dir, "lockstep", "jaeger-"+Version, "jaeger"), nil
+}
+
+// buildWait bounds how long a test waits for a build of Jaeger under way:
+// about 5 minutes of 2 cores, at low priority beside the tests.
+const buildWait = 20 * time.Minute
+
+// waitForBuild waits while scripts/deps.sh builds Jaeger in the background
+// (bin.building holds the builder's pid) and reports whether it waited: the
+// binary is there when the build succeeded, else bin.build.log says why.
+func waitForBuild(tb testing.TB, bin string) bool {
+	b, err := os.ReadFile(bin + ".building")
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return false
+	}
+	tb.Logf("jaegertest: waiting for the build of jaeger %s under way (pid %d)", Version, pid)
+	deadline := time.Now().Add(buildWait)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(bin); err == nil {
+			return true
+		}
+		if syscall.Kill(pid, 0) != nil { // the builder is gone: built, or failed
+			return true
+		}
+		time.Sleep(time.Second) // a build of minutes; nothing to be told by
+	}
+	return true
+}
+
+// buildLog returns the tail of the last background build's log, if any.
+func buildLog(bin string) string {
+	b, err := os.ReadFile(bin + ".build.log")
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return "\nThe last background build's log ends:\n" + string(b[max(0, len(b)-2000):])
 }
 
 // Server is one Jaeger process owned by a test.
@@ -106,10 +147,13 @@ func Start(tb testing.TB) *Server {
 	bin, err := BinaryPath()
 	if err == nil {
 		_, err = os.Stat(bin)
+		if err != nil && waitForBuild(tb, bin) {
+			_, err = os.Stat(bin)
+		}
 	}
 	if err != nil {
 		tb.Fatalf("jaeger %s is not built (%v). Build it with `scripts/deps.sh` (or `make deps`; "+
-			"`make test` runs it): it builds github.com/jaegertracing/jaeger/cmd/jaeger once per machine.", Version, err)
+			"`make test` runs it): it builds github.com/jaegertracing/jaeger/cmd/jaeger once per machine.%s", Version, err, buildLog(bin))
 	}
 	var lastErr error
 	for range 3 { // a free port can be taken between probe and bind; try again
