@@ -17,7 +17,8 @@ build:
 deps:
 	@GO=$(GO) scripts/deps.sh
 
-# test includes the 90-second chaos run with a fixed seed (internal/chaos
+# test vets with -race so that vet and the race-enabled tests share one
+# compile of every package. It includes the 90-second chaos run with a fixed seed (internal/chaos
 # TestChaos at its default flags): the harness and the checker run on every
 # change. It runs after the other packages, not beside them: its seven
 # processes would otherwise starve the short-TTL fault tests of CPU.
@@ -30,10 +31,9 @@ GO_MIN   := $(shell awk '$$1 == "go" { print $$2; exit }' go.mod)
 LIBPKGS  ?= . ./worker ./schedules ./etcd ./fence
 EXAMPLES := $(wildcard examples/*/go.mod)
 test: deps
-	$(GO) vet $(PKGS)
-	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet ./... && $(GO) build ./...) || exit 1; done
+	$(GO) vet -race $(PKGS)
+	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet -race ./... && $(GO) build -race ./...) || exit 1; done
 	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/chaos$$')
-	GOTOOLCHAIN=go$(GO_MIN) $(GO) vet $(LIBPKGS)
 	GOTOOLCHAIN=go$(GO_MIN) $(GO) test -count=1 $(TESTFLAGS) $(LIBPKGS)
 	$(GO) test -race -count=1 -timeout 8m $(TESTFLAGS) ./internal/chaos
 

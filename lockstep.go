@@ -28,7 +28,10 @@
 //
 // What it does not: a failover with asynchronous replication can lose a
 // lock (WaitReplicas narrows the window); then only a store that checks
-// fences is protected. docs/locking.md says how to choose a back end.
+// fences is protected (package fence checks one in your SQL transaction).
+// For strict locks, NewRedlock takes a quorum of independent Redis masters,
+// and package github.com/lockstep-dev/lockstep/etcd gives the same Locker
+// over etcd. docs/locking.md says how to choose a back end.
 package lockstep
 
 import (

@@ -68,7 +68,8 @@ func build(dir string) error {
 	}
 	pkgs := []string{"./cmd/orders-worker", "./cmd/orders-enqueue",
 		"github.com/lockstep-dev/lockstep/cmd/scheduler", "github.com/lockstep-dev/lockstep/cmd/lockstep"}
-	cmd := exec.Command(goTool, append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)...)
+	args := append(append([]string{"build", "-o", dir + string(filepath.Separator)}, raceFlags...), pkgs...)
+	cmd := exec.Command(goTool, args...)
 	cmd.Dir = orders
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build in %s: %v\n%s", orders, err, out)

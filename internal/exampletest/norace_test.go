@@ -1,0 +1,5 @@
+//go:build !race
+
+package exampletest
+
+var raceFlags []string
