@@ -35,9 +35,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	_ "github.com/lockstep-dev/lockstep/etcd"
-	_ "github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 )
 
 func main() {

@@ -16,7 +16,7 @@ import (
 
 // The operator's page is `lockstep ui` (cmd/lockstep), which is a command of
 // its own: a local run starts that binary, found next to this one (make run
-// builds both into bin/), as a child on the run's Redis.
+// builds both into bin/run/), as a child on the run's Redis.
 
 // page is a running `lockstep ui`.
 type page struct {

@@ -16,9 +16,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-
-	_ "github.com/lockstep-dev/lockstep/etcd"
-	_ "github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 )
 
 // commands are the subcommands by name, in the order the usage lists them.
