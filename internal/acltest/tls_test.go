@@ -1,7 +1,6 @@
 package acltest
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -24,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/proctest"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // pki is a CA generated for one test, a server certificate for 127.0.0.1
@@ -127,7 +126,9 @@ func startTLSRedis(t *testing.T, p *pki) string {
 			Args: []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
 				"--tls-cert-file", p.cert, "--tls-key-file", p.key, "--tls-ca-cert-file", p.ca,
 				"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", log, "--daemonize", "no"},
-			Ready: func(exited <-chan struct{}) error { return pingTLS(addr, p, exited) },
+			Ready: func(exited <-chan struct{}) error {
+				return redistest.WaitPong(&redis.Options{Addr: addr, TLSConfig: p.tlsConfig()}, exited, 10*time.Second)
+			},
 		})
 		if lastErr = srv.Start(); lastErr == nil {
 			t.Cleanup(srv.Kill)
@@ -136,30 +137,6 @@ func startTLSRedis(t *testing.T, p *pki) string {
 	}
 	t.Fatalf("start redis-server with TLS: %v", lastErr)
 	return ""
-}
-
-// pingTLS waits for PONG over TLS.
-func pingTLS(addr string, p *pki, exited <-chan struct{}) error {
-	c := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: p.tlsConfig(), MaxRetries: -1, DialTimeout: time.Second})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-exited:
-			return errors.New("exited during start")
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no PONG over TLS from %s: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // TestWorkerOverTLS: a worker configured with redis.tls.* (the generated CA,

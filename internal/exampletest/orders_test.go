@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"go.yaml.in/yaml/v3"
 	"go.uber.org/goleak"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/proctest"

@@ -177,9 +177,19 @@ func addrsOf(servers []*Server) []string {
 
 // waitReady waits for PONG (proctest's Ready).
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	return WaitPong(&redis.Options{Addr: s.Addr}, exited, startTimeout)
+}
+
+// WaitPong waits up to timeout for the server that opts reach (its address,
+// TLS, credentials) to answer PING, or for exited to close (the process died
+// during its start): a proctest.Spec's Ready for a redis-server started
+// another way (e.g. TLS only).
+func WaitPong(opts *redis.Options, exited <-chan struct{}, timeout time.Duration) error {
+	o := *opts
+	o.MaxRetries, o.DialTimeout = -1, time.Second
+	c := redis.NewClient(&o)
 	defer c.Close()
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(timeout)
 	for {
 		select {
 		case <-exited:
@@ -193,7 +203,7 @@ func (s *Server) waitReady(exited <-chan struct{}) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no PONG from %s within %v: %w", s.Addr, startTimeout, err)
+			return fmt.Errorf("no PONG from %s within %v: %w", o.Addr, timeout, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
