@@ -49,6 +49,11 @@ const (
 	testTTL             = 600 * time.Millisecond
 	testRenewInterval   = testTTL / 3
 	testShutdownTimeout = 2 * time.Second
+	// recoveryBound is how soon after a kill a live worker brings back a
+	// task the dead one held without a lock: its beats (a third of the TTL)
+	// are overdue after three, a look comes every 0.25-0.75 s, and a little
+	// for a loaded machine.
+	recoveryBound = 3*testTTL/3 + 3*time.Second
 )
 
 // writeFile writes a file of the test's own and returns its path.
@@ -311,28 +316,4 @@ func (r *rig) waitCompleted(n int, timeout time.Duration) {
 		}
 		return q.Completed == n
 	})
-}
-
-// awaitRecovery waits until asynq would recover task id of queue, active on
-// a killed worker, once a worker starts. asynq hands a dead worker's task on
-// once its lease (30s, extended every 5s) has been expired for 30s, from a
-// recoverer that runs at a server's start and then every minute: the test
-// starts a fresh worker when this returns, as a restarted replica would.
-func (r *rig) awaitRecovery(queue, id string) {
-	r.t.Helper()
-	var orphaned time.Time
-	waitFor(r.t, 45*time.Second, id+" to be orphaned", func() bool {
-		active, err := r.insp.ListActiveTasks(queue)
-		if err != nil {
-			return false
-		}
-		for _, a := range active {
-			if a.ID == id && a.IsOrphaned {
-				orphaned = time.Now()
-				return true
-			}
-		}
-		return false
-	})
-	time.Sleep(time.Until(orphaned.Add(31 * time.Second))) // asynq's fixed cutoff; see above
 }

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"context"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -51,6 +55,13 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 		victim, rec := whoLogged(t, workers, "job started", id)
 		first := fenceOf(rec)
 		time.Sleep(rand.N(1500 * time.Millisecond)) // a random moment of the run
+		// The dead run's lock expires no earlier than its last renewal and
+		// the TTL: on Redis, its PTTL read just before the kill; elsewhere,
+		// renewed at most TTL/3 before the kill, 2/3 of the TTL after it.
+		expires := ttl * 2 / 3
+		if env == nil {
+			expires = r.admin.PTTL(context.Background(), "lockstep:{lock:order:rec"+id+"}").Val()
+		}
 		victim.Kill()
 		killed := time.Now()
 		workers = slices.DeleteFunc(workers, func(w *proc) bool { return w == victim })
@@ -68,10 +79,8 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 		d := time.UnixMilli(again.StartedMS).Sub(killed)
 		delays = append(delays, d)
 		t.Logf("round %d: %s ran again %v after its worker was killed (TTL %v)", i, id, d.Round(time.Millisecond), ttl)
-		// The dead run's lock was renewed at most TTL/3 before the kill, so it
-		// expired no earlier than 2/3 of the TTL after it.
-		if d < ttl*2/3-50*time.Millisecond {
-			t.Errorf("%s ran again %v after the kill: before the dead run's lock could have expired", id, d)
+		if d < expires-50*time.Millisecond {
+			t.Errorf("%s ran again %v after the kill: before the dead run's lock could have expired (%v)", id, d, expires)
 		}
 		if d > ttl+3*time.Second {
 			t.Errorf("%s ran again %v after the kill, want within the TTL (%v) + 3s", id, d, ttl)
@@ -88,4 +97,69 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 	// No run overlapped the dead one (the rerun took the lock only once it
 	// had expired), and each task ran to ok once.
 	r.check(ids)
+}
+
+// A worker SIGKILLed while it runs tasks that take no lock: a live worker
+// brings each back as soon as the dead one's beats are overdue (their bare
+// records), not after asynq's lease (30 s, and its recoverer's minute),
+// never before the kill; each runs again to its end once, without using a
+// retry.
+func TestKilledWorkersUnlockedTasksComeBack(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, redistest.Start(t), testYAML)
+	victim := r.start(bins["ignorer"], nil)
+	victim.waitLog(10*time.Second, "the first worker to start", proctest.Msg("worker started"))
+	ids := names("free", 3)
+	for _, id := range ids {
+		r.enqueueTest("test:free", id, 3000)
+	}
+	waitFor(t, 10*time.Second, "the first worker to start every task", func() bool {
+		return len(readFreeStarts(t, r.admin)) == len(ids)
+	})
+	rescuer := r.start(bins["ignorer"], nil)
+	rescuer.waitLog(10*time.Second, "the second worker to start", proctest.Msg("worker started"))
+	victim.Kill()
+	killed := time.Now()
+
+	for _, id := range ids {
+		info := r.waitTask("default", id, asynq.TaskStateCompleted, 30*time.Second)
+		if info.Retried != 0 {
+			t.Errorf("%s used %d retries; a crash is not the task's failure", id, info.Retried)
+		}
+		rescuer.waitLog(time.Second, id+"'s recovery", proctest.Msg("dead worker's task recovered: it held no lock; back at the head of its queue", "id", id))
+	}
+	starts := readFreeStarts(t, r.admin)
+	for _, id := range ids {
+		if len(starts[id]) != 2 {
+			t.Errorf("%s started %d times, want twice (killed once, then to its end)", id, len(starts[id]))
+			continue
+		}
+		again := time.UnixMilli(starts[id][1])
+		switch d := again.Sub(killed); {
+		case d < -50*time.Millisecond:
+			t.Errorf("%s ran again %v before its worker was killed", id, -d)
+		case d > recoveryBound:
+			t.Errorf("%s ran again %v after its worker was killed, want within %v", id, d, recoveryBound)
+		default:
+			t.Logf("%s ran again %v after its worker was killed", id, d.Round(time.Millisecond))
+		}
+	}
+}
+
+// readFreeStarts returns the start times (Unix ms) of test:free's runs by task id.
+func readFreeStarts(t *testing.T, c *redis.Client) map[string][]int64 {
+	t.Helper()
+	msgs, err := c.XRange(context.Background(), "test:free:runs", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts := map[string][]int64{}
+	for _, m := range msgs {
+		if m.Values["event"] == "start" {
+			id, _ := m.Values["task_id"].(string)
+			at, _ := strconv.ParseInt(m.Values["at_ms"].(string), 10, 64)
+			starts[id] = append(starts[id], at)
+		}
+	}
+	return starts
 }

@@ -4,7 +4,9 @@
 // them (internal/base and internal/rdb there). The job server's hand-off
 // uses it to bring a parked task back at once (Wake), and to complete the
 // task a chain ran while claiming the next one (Claim), both under the
-// queue's hash tag.
+// queue's hash tag; its recovery brings a dead worker's task back (Recover,
+// RecoverActive), and asynq's own dequeue records each task for it
+// (RecordDequeues).
 //
 // A binary linked against another asynq version does not use it: Supported
 // says so, and the job server then requeues contended tasks with its
@@ -178,9 +180,20 @@ func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Ti
 // the retry set, and returns its message; nil when it left the task alone.
 // Its retry count is left as it is: a crash is not the task's failure.
 func (s *Store) Recover(ctx context.Context, queue, id string) (*TaskMsg, error) {
+	return s.recover(ctx, queue, id, "")
+}
+
+// RecoverActive is Recover for a task its dead worker held no lock for: it
+// is brought back only while it is active; in the retry set, asynq has it
+// again.
+func (s *Store) RecoverActive(ctx context.Context, queue, id string) (*TaskMsg, error) {
+	return s.recover(ctx, queue, id, "active")
+}
+
+func (s *Store) recover(ctx context.Context, queue, id, only string) (*TaskMsg, error) {
 	p := queuePrefix(queue)
 	v, err := script.Run(ctx, s.client, scriptRecover, "asynq recover",
-		[]string{p + "t:" + id, p + "active", p + "lease", p + "retry", p + "pending"}, id, time.Now().UnixNano())
+		[]string{p + "t:" + id, p + "active", p + "lease", p + "retry", p + "pending"}, id, time.Now().UnixNano(), only)
 	m, ok := v.(string)
 	if err != nil || !ok {
 		return nil, err

@@ -100,7 +100,12 @@ func (s *Server) watchGrants(ctx context.Context) error {
 // (asynq keeps retry times in whole seconds), by which time the first has
 // handed on to them in order. A task that comes back while the holder lives
 // only waits again, in its place.
+//
+// The take that parked the task recorded its bare record (recovery.go):
+// should this worker die before asynq has the task back, a recoverer brings
+// it back. It goes a whole beat after the task left.
 func (s *Server) requeue(job Job, r lock.Taken) error {
+	s.recovery.left("", job.Queue, job.ID)
 	d := max(r.PTTL, 0) + s.cfg.Backoff.Nth(1)
 	if r.Ahead > 0 {
 		d += time.Second + s.cfg.Backoff.Nth(1+r.Ahead)
@@ -143,18 +148,25 @@ func (s *Server) lockAcquire(result string) { s.metrics.LockAcquire.WithLabelVal
 // job's lock: as a waiter of the one queue (Locker.Acquire), woken by the
 // release that hands it the lock. It returns nil, nil when the wait ended
 // without the lock; the caller then parks the task, at the end of the queue.
+//
+// While it waits, the task is recorded for a recoverer by its bare record
+// (recovery.go); once it holds the lock, by its hold record, as a taken
+// lock is. A wait that ends without the lock removes the bare record before
+// the caller parks the task.
 func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Duration) (*lock.Lease, error) {
+	bare := s.holdBare(ctx, job)
+	if bare {
+		defer s.recovery.left("", job.Queue, job.ID) // gone by then, unless the wait failed
+	}
 	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(maxWait), lock.Permits(max(job.limit, 1)))
 	switch {
 	case err == nil:
-		// Recoverable as a taken lock is (recovery.go).
-		if holds := s.holdsFor(ctx); holds != "" {
-			if err := s.client.SAdd(ctx, holds, lock.HoldRecord(job.Resource, job.Queue, job.ID)).Err(); err != nil {
-				s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
-			}
-		}
+		s.swapBare(ctx, job, job.Resource)
 		return lease, nil
-	case ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired):
+	case bare:
+		s.dropBare(ctx, job)
+	}
+	if ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired) {
 		return nil, nil
 	}
 	return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/procid"
 )
@@ -18,7 +19,7 @@ import (
 //
 //   - records each task it takes a lock for in its process's holds set (the
 //     take and the hand-off do it in the same script), and removes the
-//     record one beat after the task left its hands;
+//     record a whole beat after the task left its hands;
 //   - beats: its entry in the processes zset says until when it is alive
 //     (three beats ahead);
 //   - looks, every recoverPoll, for processes whose beat is overdue (once
@@ -57,26 +58,48 @@ type recovery struct {
 	process string // this process, host:pid
 	holds   string // its holds set
 
-	mu      sync.Mutex
-	done    []any     // hold records to remove at the next beat
-	markers []string  // done markers to delete at the next beat
-	landed  time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
+	mu sync.Mutex
+	// Records of the tasks that left, by task (lock.TaskWaiter), to remove:
+	// those that left before the last beat (aged) at the next beat, the
+	// others (done) at the one after. A record outlives its task's leaving
+	// by a whole beat, so that asynq has recorded the task's result first.
+	done, aged map[string][]any
+	markers    []string  // done markers to delete at the next beat
+	landed     time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
+
+	// dequeues says that asynq's every dequeue records its task's bare
+	// record (asynqstore.RecordDequeues), for a task id it can record.
+	dequeues bool
 }
 
 func newRecovery(l *lock.Locker) *recovery {
 	p := procid.Self() // the holder in this process's lock tokens
-	return &recovery{process: p, holds: l.HoldsKey(p)}
+	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string][]any{}, aged: map[string][]any{}}
 }
 
 // left queues the hold record of a task that left this process's hands (it
-// returned to asynq, or a chain completed it) for removal at the next beat,
-// once asynq has recorded it.
+// returned to asynq, or a chain completed it) for removal a whole beat
+// later, once asynq has recorded it.
 func (r *recovery) left(resource, queue, id string) {
 	if r == nil {
 		return
 	}
+	task := lock.TaskWaiter(queue, id)
 	r.mu.Lock()
-	r.done = append(r.done, lock.HoldRecord(resource, queue, id))
+	r.done[task] = append(r.done[task], lock.HoldRecord(resource, queue, id))
+	r.mu.Unlock()
+}
+
+// back cancels the removals queued for the task id of queue: it is in this
+// process's hands again (asynq's dequeue or a hand-off recorded it anew).
+func (r *recovery) back(queue, id string) {
+	if r == nil {
+		return
+	}
+	task := lock.TaskWaiter(queue, id)
+	r.mu.Lock()
+	delete(r.done, task)
+	delete(r.aged, task)
 	r.mu.Unlock()
 }
 
@@ -103,6 +126,55 @@ func (s *Server) holdsFor(ctx context.Context) string {
 	return s.recovery.holds
 }
 
+// holdBare records, for a recoverer, a task this process holds without a
+// lock (its handler takes none, or it waits in the worker for one): its
+// bare record, a hold record without a resource. A dead process's bare
+// records are brought back as soon as it is judged dead, while the task is
+// still active. It reports whether the record was written; the caller then
+// has it removed once the task leaves (recovery.left with no resource), or
+// replaced by the task's hold record when it gets its lock (swapBare).
+func (s *Server) holdBare(ctx context.Context, job Job) bool {
+	holds := s.holdsFor(ctx)
+	if holds == "" {
+		return false
+	}
+	if s.recovery.dequeues && asynqstore.Recorded(job.ID) {
+		return true // recorded as asynq handed it over
+	}
+	if err := s.client.SAdd(ctx, holds, lock.HoldRecord("", job.Queue, job.ID)).Err(); err != nil {
+		s.log.Warn("recording a task failed; a crash of this worker leaves it to asynq's lease recovery", "id", job.ID, "err", err)
+		return false
+	}
+	return true
+}
+
+// swapBare replaces job's bare record (if any) with its hold record on
+// resource, in one step (a recoverer sees one or the other), once it holds
+// the lock. (take.lua does the same for a lock it takes.)
+func (s *Server) swapBare(ctx context.Context, job Job, resource string) {
+	holds := s.holdsFor(ctx)
+	if holds == "" {
+		return
+	}
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, holds, lock.HoldRecord(resource, job.Queue, job.ID))
+		p.SRem(ctx, holds, lock.HoldRecord("", job.Queue, job.ID))
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
+	}
+}
+
+// dropBare removes job's bare record now, before the task goes back to
+// asynq to wait in the resource's queue: asynq may deliver it again to
+// another worker before this process's next beat.
+func (s *Server) dropBare(ctx context.Context, job Job) {
+	if holds := s.holdsFor(ctx); holds != "" {
+		s.client.SRem(context.WithoutCancel(ctx), holds, lock.HoldRecord("", job.Queue, job.ID))
+	}
+}
+
 // Recovery on the back ends without the hand-off (Redlock, etcd,
 // wait_replicas): the locks live elsewhere, so the hold record and the done
 // marker are written beside the queue, in their own commands: the record
@@ -121,13 +193,10 @@ func (s *Server) ranBefore(ctx context.Context, job Job) (string, bool) {
 // runRecoverable runs job under lease (taken through the Locker) with its
 // hold recorded for recovery.
 func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
-	holds := s.holdsFor(ctx)
-	if holds == "" {
+	if s.holdsFor(ctx) == "" {
 		return s.run(ctx, spec, job, payload, lease, nil)
 	}
-	if err := s.client.SAdd(ctx, holds, lock.HoldRecord(job.Resource, job.Queue, job.ID)).Err(); err != nil {
-		s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
-	}
+	s.swapBare(ctx, job, job.Resource)
 	defer s.recovery.left(job.Resource, job.Queue, job.ID)
 	marker := s.locker.DoneKey(job.Resource, job.Queue, job.ID)
 	h := &handoff{release: func(ctx context.Context, outcome string) error {
@@ -163,13 +232,17 @@ func (s *Server) runRecovery(ctx context.Context) {
 }
 
 // beat says this process is alive for three more beats, and removes the
-// hold records of the tasks that left since the last beat.
+// hold records of the tasks that left before the last beat.
 func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
 	r.mu.Lock()
-	done, markers := r.done, r.markers
-	r.done, r.markers = nil, nil
+	aged, markers := r.aged, r.markers
+	r.aged, r.done, r.markers = r.done, map[string][]any{}, nil
 	r.mu.Unlock()
+	var done []any
+	for _, recs := range aged {
+		done = append(done, recs...)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
 	sent := time.Now()
@@ -188,7 +261,9 @@ func (s *Server) beat(ctx context.Context) {
 	defer r.mu.Unlock()
 	if err != nil {
 		s.log.Debug("recovery beat failed", "err", err)
-		r.done = append(r.done, done...)
+		for task, recs := range aged {
+			r.aged[task] = append(r.aged[task], recs...)
+		}
 		r.markers = append(r.markers, markers...)
 		r.landed = time.Time{}
 		return
@@ -242,11 +317,34 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 	if err != nil {
 		return
 	}
+	locked := map[string]bool{} // tasks with a hold record: their lock decides
+	for _, rec := range records {
+		if resource, queue, id, ok := lock.ParseHoldRecord(rec); ok && resource != "" {
+			locked[lock.TaskWaiter(queue, id)] = true
+		}
+	}
 	waiting := 0
 	for _, rec := range records {
 		resource, queue, id, ok := lock.ParseHoldRecord(rec)
-		if !ok {
+		if !ok || resource == "" && locked[lock.TaskWaiter(queue, id)] {
 			s.client.SRem(ctx, holds, rec)
+			continue
+		}
+		if resource == "" {
+			// A task p held without a lock: back as soon as p is judged
+			// dead, if it is still active and no live process holds it (a
+			// parked task asynq took back and delivered again meanwhile).
+			if !s.stillDead(ctx, p) {
+				return
+			}
+			if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
+				continue
+			}
+			if live, err := s.heldByLive(ctx, queue, id); err != nil || live {
+				continue
+			}
+			m, err := s.store.RecoverActive(ctx, queue, id)
+			s.recovered(m, err, id, "", p)
 			continue
 		}
 		if held, err := s.locker.HeldBy(ctx, resource, p); err != nil || held {
@@ -260,14 +358,7 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 			continue // another recoverer has it
 		}
 		m, err := s.store.Recover(ctx, queue, id)
-		switch {
-		case err != nil:
-			s.log.Warn("recovery: bringing back a dead worker's task failed; asynq's own lease recovery remains", "id", id, "err", err)
-		case m != nil:
-			s.metrics.JobsRecovered.WithLabelValues(m.Type).Inc()
-			s.log.Info("dead worker's task recovered: its lock expired; back at the head of its queue",
-				"id", id, "type", m.Type, "resource", resource, "worker", p)
-		}
+		s.recovered(m, err, id, resource, p)
 	}
 	if waiting == 0 {
 		// Forget p (p alone: other dead processes may still have records),
@@ -275,6 +366,44 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		if score, err := s.client.ZScore(ctx, s.locker.ProcessesKey(), p).Result(); err == nil && score <= float64(time.Now().UnixMilli()) {
 			s.client.ZRem(ctx, s.locker.ProcessesKey(), p)
 		}
+	}
+}
+
+// heldByLive reports whether a live process (its beat not overdue) has a
+// record of the task id of queue: it runs or waits there.
+func (s *Server) heldByLive(ctx context.Context, queue, id string) (bool, error) {
+	live, err := s.client.ZRangeByScore(ctx, s.locker.ProcessesKey(), &redis.ZRangeBy{Min: "(" + itoa(time.Now().UnixMilli()), Max: "+inf"}).Result()
+	if err != nil {
+		return false, err
+	}
+	for _, p := range live {
+		records, err := s.client.SMembers(ctx, s.locker.HoldsKey(p)).Result()
+		if err != nil {
+			return false, err
+		}
+		for _, rec := range records {
+			if _, q, i, ok := lock.ParseHoldRecord(rec); ok && q == queue && i == id {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// recovered logs and counts the outcome of a recovery of task id that dead
+// process p held on resource ("": without a lock).
+func (s *Server) recovered(m *asynqstore.TaskMsg, err error, id, resource, p string) {
+	switch {
+	case err != nil:
+		s.log.Warn("recovery: bringing back a dead worker's task failed; asynq's own lease recovery remains", "id", id, "err", err)
+	case m != nil && resource == "":
+		s.metrics.JobsRecovered.WithLabelValues(m.Type).Inc()
+		s.log.Info("dead worker's task recovered: it held no lock; back at the head of its queue",
+			"id", id, "type", m.Type, "worker", p)
+	case m != nil:
+		s.metrics.JobsRecovered.WithLabelValues(m.Type).Inc()
+		s.log.Info("dead worker's task recovered: its lock expired; back at the head of its queue",
+			"id", id, "type", m.Type, "resource", resource, "worker", p)
 	}
 }
 

@@ -152,7 +152,14 @@ func NewServer(p Params) *Server {
 			}
 		}
 	}
-	s.srv = asynq.NewServerFromRedisClient(p.Client, asynq.Config{
+	asynqClient := p.Client
+	if _, cluster := p.Client.(*redis.ClusterClient); s.recovery != nil && !cluster {
+		// Every task is recorded for a recoverer as asynq hands it over
+		// (recovery.go); on a Cluster the holds set lies in another slot.
+		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.holds, func(queue, id string) string { return lock.HoldRecord("", queue, id) })
+		s.recovery.dequeues = true
+	}
+	s.srv = asynq.NewServerFromRedisClient(asynqClient, asynq.Config{
 		Concurrency:              c.Concurrency,
 		Queues:                   c.Queues,
 		StrictPriority:           c.StrictPriority,
@@ -294,7 +301,13 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		// only after asynq gave up on the task at shutdown and requeued it.
 		return err
 	}
+	job := jobOf(ctx, t.Type())
+	s.recovery.back(job.Queue, job.ID)           // recorded anew as asynq handed it over
+	defer s.recovery.left("", job.Queue, job.ID) // its record from the dequeue
 	if schedule := t.Headers()[overlap.HeaderSchedule]; schedule != "" {
+		if s.recovery != nil && s.recovery.dequeues {
+			s.dropBare(ctx, job) // a run is not recovered (holdsFor)
+		}
 		return s.processRun(ctx, t, schedule) // under the schedule's run lock (runs.go)
 	}
 	return s.process(ctx, t)
@@ -313,6 +326,9 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, err)
 	}
 	if spec.Resource == nil {
+		if s.holdBare(ctx, job) {
+			defer s.recovery.left("", job.Queue, job.ID)
+		}
 		return s.run(ctx, spec, job, payload, nil, nil)
 	}
 	if job.Resource = spec.Resource(payload); job.Resource == "" {
@@ -380,6 +396,11 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 		return s.replay(job, out)
 	}
 	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl, lock.Permits(job.limit))
+	bare := false // the task waits in this worker: its bare record is written
+	wait := func(opts ...lock.AcquireOption) (*lock.Lease, error) {
+		bare = bare || s.holdBare(ctx, job)
+		return s.locker.Acquire(ctx, job.Resource, ttl, append(opts, lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))...)
+	}
 	if errors.Is(err, lock.ErrNotAcquired) {
 		s.metrics.JobContended.WithLabelValues(job.Type).Inc()
 		switch spec.Contention {
@@ -390,16 +411,22 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 			}
 			return nil
 		case Wait:
-			lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(spec.ContentionWait), lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))
+			lease, err = wait(lock.MaxWait(spec.ContentionWait))
 		}
 		if errors.Is(err, lock.ErrNotAcquired) && ctx.Err() == nil {
 			if job.Attempt > job.MaxRetry {
 				// No retries left to requeue with: wait for the lock.
-				lease, err = s.locker.Acquire(ctx, job.Resource, ttl, lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))
+				lease, err = wait()
 			} else {
+				if bare {
+					s.dropBare(ctx, job)
+				}
 				return &ContendedError{Resource: job.Resource, Delay: s.cfg.Backoff.Nth(job.Attempt)}
 			}
 		}
+	}
+	if bare {
+		defer s.recovery.left("", job.Queue, job.ID)
 	}
 	if err != nil {
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}

@@ -59,7 +59,8 @@ type Taken struct {
 // done marker), or it is busy; then, with join, the task keeps or takes its
 // place in the waiter queue, which outlives its last join by queueTTL.
 // When holds is not "" (HoldsKey of this process), a lock taken adds the
-// task's hold record to it (HoldRecord), for a recoverer to find. limit is
+// task's hold record to it (HoldRecord), and a task that joins the queue
+// its bare record (HoldRecord with no resource), for a recoverer to find. limit is
 // the task's limit (1: a lock; see Permits); the lease says which permit.
 func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string, limit int) (Taken, error) {
 	b, err := l.redis()
@@ -119,6 +120,12 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		return Taken{Done: true, Outcome: out}, nil
 	case int64(0), int64(4):
 		l.busy.Inc()
+		if join && holds != "" && !b.oneNode() {
+			// The task's bare record, as take.lua writes it on one node.
+			if err := b.client.SAdd(ctx, holds, HoldRecord("", queue, id)).Err(); err != nil {
+				return Taken{}, fmt.Errorf("lock: record the wait of %q: %w", resource, err)
+			}
+		}
 		var t Taken
 		if len(vals) >= 4 {
 			p, _ := vals[1].(int64)

@@ -3,7 +3,9 @@
 -- asynq's own lease and recoverer: an active task leaves the active list
 -- and its lease, a handed-on task (claimed in the retry set) leaves the
 -- retry set, and either goes to the head of its queue, pending. Any other
--- state (completed, archived, pending, scheduled, gone) is left alone.
+-- state (completed, archived, pending, scheduled, gone) is left alone, and
+-- so is a task in the retry set when ARGV[3] is "active" (a task its dead
+-- worker held no lock for: in the retry set, asynq has it again).
 --
 -- This follows asynq v0.26's layout (internal/rdb): the task hash's state,
 -- the active list, the lease and retry zsets and the pending list, all under
@@ -16,6 +18,7 @@
 -- KEYS[5]  pending list  asynq:{<queue>}:pending
 -- ARGV[1]  task id
 -- ARGV[2]  now, Unix nanoseconds (pending_since)
+-- ARGV[3]  "active": recover an active task only
 --
 -- Returns the task's encoded message when recovered, 0 when left alone.
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -24,7 +27,7 @@ if state == 'active' then
     return 0
   end
   redis.call('ZREM', KEYS[3], ARGV[1])
-elseif state == 'retry' then
+elseif state == 'retry' and ARGV[3] ~= 'active' then
   local group = redis.call('HGET', KEYS[1], 'group')
   if (group and group ~= '') or redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then
     return 0

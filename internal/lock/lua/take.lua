@@ -17,8 +17,11 @@
 -- ARGV[6]  when busy: "q" join the queue, "n" do not wait
 -- KEYS[6]  fence floor       lockstep:fences:{<tag of R's slot>} (lib.lua)
 -- KEYS[7]  (optional) the holds set of the taking process (lockstep:holds:<process>):
---          the task's hold record, ARGV[7], is added when it gets the lock, so that
---          a recoverer finds the task if the process dies (see tasks.go)
+--          the task's hold record, ARGV[7], replaces its bare record ("\n" ..
+--          ARGV[4], no resource: written as asynq handed the task over) when it
+--          gets the lock, and the bare record is added when it joins the queue to
+--          go back to asynq, so that a recoverer finds the task if the process
+--          dies (see tasks.go)
 -- ARGV[8]  the task's limit n: 1 for a lock, n > 1 for n permits (lib.lua);
 --          with a limit, or on a limited resource, the replies {1..} and
 --          {2..} end with the permit k taken and the task's arrival in the
@@ -51,6 +54,7 @@ local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local function held()
   if KEYS[7] then
     redis.call('SADD', KEYS[7], ARGV[7])
+    redis.call('SREM', KEYS[7], '\n' .. me)
   end
 end
 
@@ -64,6 +68,9 @@ local function join()
   end
   if redis.call('PTTL', q) < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', q, ARGV[5])
+  end
+  if KEYS[7] then
+    redis.call('SADD', KEYS[7], '\n' .. me)
   end
   return since, redis.call('ZRANK', q, me)
 end

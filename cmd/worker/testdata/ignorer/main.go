@@ -2,7 +2,9 @@
 // for work_ms ignoring its context (as a careless handler would), then
 // records that it ran and returns nil. Its handler test:wait, with the Wait
 // contention policy, works for work_ms (ending early if its context ends)
-// and records each run's start and end with its fence.
+// and records each run's start and end with its fence. Its handler
+// test:free takes no lock: it works for work_ms (ending early if its
+// context ends) and records each run's start and end.
 package main
 
 import (
@@ -44,5 +46,16 @@ func main() {
 			return record(ctx, "test:waiter:runs", "task_id", job.ID, "fence", job.Fence, "event", "end",
 				"at_ms", time.Now().UnixMilli())
 		}).Lock(func(p payload) string { return "lock:wait:" + p.Key }, 0).OnContention(worker.Wait(30*time.Second)),
+		worker.Handle("test:free", func(ctx context.Context, job worker.Job, p payload) error {
+			if err := record(ctx, "test:free:runs", "task_id", job.ID, "event", "start", "at_ms", time.Now().UnixMilli()); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(time.Duration(p.WorkMS) * time.Millisecond):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			return record(ctx, "test:free:runs", "task_id", job.ID, "event", "end", "at_ms", time.Now().UnixMilli())
+		}),
 	)
 }
