@@ -43,8 +43,8 @@ type Postgres struct {
 }
 
 // NewPostgres returns the store on db, whose fences are those of the lock
-// named lockName (the lock back end: "redis" or "etcd"; fences of two locks
-// are never compared, see fence.Table.LockName). db's driver is the
+// named lockName (the worker names them after lock.backend; fences of two
+// locks are never compared, see fence.Table.LockName). db's driver is the
 // caller's; Create makes the tables.
 func NewPostgres(db *sql.DB, lockName string) *Postgres {
 	return &Postgres{db: db, fences: fence.Postgres(FenceTable).LockName(lockName)}
