@@ -86,7 +86,8 @@ run:
 # chaos runs the real binaries (3 scheduler replicas, 3 workers, an AOF Redis)
 # under a fault schedule drawn from SEED (empty: a new one, printed) for
 # DURATION (FAULTS: a comma-separated subset of the fault kinds; empty: all;
-# LOCK=etcd: the locks on a 3-member etcd cluster, with its faults added),
+# LOCK=etcd: the locks on a 3-member etcd cluster, with its faults added;
+# STORE=postgres: the demo's fenced store in a private PostgreSQL),
 # prints a live line, checks the recorded history and writes
 # OUT/chaos-report.md and OUT/chaos-report.json (and OUT/logs). It exits 1
 # when the checker finds a violation. The run bounds each of its own phases,
@@ -97,7 +98,8 @@ SEED     ?=
 OUT      ?= chaos-out
 FAULTS   ?=
 LOCK     ?= redis
+STORE    ?= redis
 chaos: deps
 	$(GO) test -c -o bin/chaos.test ./internal/chaos
 	bin/chaos.test -test.run '^TestChaos$$' -test.v -test.timeout 0 \
-		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)' -chaos.lock $(LOCK)
+		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)' -chaos.lock $(LOCK) -chaos.store $(STORE)

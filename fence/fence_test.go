@@ -14,14 +14,15 @@ import (
 
 // server is one SQL server kind the tests run on.
 type server struct {
-	name  string
-	open  func(testing.TB) *sqltest.DB
-	table func(string) *fence.Table
+	name     string
+	open     func(testing.TB) *sqltest.DB
+	openSync func(testing.TB) *sqltest.DB // a server that syncs each commit (benchmarks)
+	table    func(string) *fence.Table
 }
 
 var servers = []server{
-	{"postgres", sqltest.Postgres, fence.Postgres},
-	{"mysql", sqltest.MySQL, fence.MySQL},
+	{"postgres", sqltest.Postgres, sqltest.PostgresSync, fence.Postgres},
+	{"mysql", sqltest.MySQL, sqltest.MySQLSync, fence.MySQL},
 }
 
 // each runs f as a parallel subtest per server.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -56,7 +57,7 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 		jobs.Module,
 	}
 	if cfg.Worker.Demo {
-		opts = append(opts, fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
+		opts = append(opts, fx.Provide(newDemoStore), fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
 		if demoTenants(cfg) {
 			opts = append(opts, fx.Provide(fx.Annotate(demoTenantSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
 		}
@@ -129,12 +130,55 @@ func jobsConfig(cfg *config.WorkerConfig) jobs.Config {
 	}
 }
 
-func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
-	return demo.Spec(c, cfg.Lock.Prefix, procid.Self())
+func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient, pg *demo.Postgres) jobs.Spec {
+	return demo.Spec(c, cfg.Lock.Prefix, procid.Self(), demoOptions(pg)...)
 }
 
-func demoTenantSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
-	return demo.TenantSpec(c, cfg.Lock.Prefix, procid.Self())
+func demoTenantSpec(cfg *config.WorkerConfig, c redis.UniversalClient, pg *demo.Postgres) jobs.Spec {
+	return demo.TenantSpec(c, cfg.Lock.Prefix, procid.Self(), demoOptions(pg)...)
+}
+
+func demoOptions(pg *demo.Postgres) []demo.Option {
+	if pg == nil {
+		return nil
+	}
+	return []demo.Option{demo.WithPostgres(pg)}
+}
+
+// newDemoStore is the demo jobs' PostgreSQL store with demo.store postgres
+// (nil with redis): its tables are created at start, which fails, naming
+// the store, when PostgreSQL does not answer within the start's deadline.
+// Its fences are named after the lock back end (fence.Table.LockName).
+func newDemoStore(lc fx.Lifecycle, cfg *config.WorkerConfig) (*demo.Postgres, error) {
+	if cfg.Demo.Store != config.DemoPostgres {
+		return nil, nil
+	}
+	// It only fails for a driver not linked, which CheckLinked refused;
+	// the DSN is parsed at the first connection.
+	db, err := sql.Open(config.PostgresDriver, string(cfg.Demo.PostgresDSN))
+	if err != nil {
+		return nil, err
+	}
+	// Every handler may hold a connection; more would only queue in
+	// PostgreSQL.
+	db.SetMaxOpenConns(cfg.Worker.Concurrency * 2)
+	db.SetMaxIdleConns(cfg.Worker.Concurrency)
+	pg := demo.NewPostgres(db, string(cfg.Lock.Backend))
+	lc.Append(fx.StartStopHook(func(ctx context.Context) error {
+		var delay time.Duration
+		for {
+			err := pg.Create(ctx)
+			if err == nil {
+				return nil
+			}
+			delay = backoff.Reconnect.Next(delay)
+			if d, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(d) < delay {
+				return fmt.Errorf("demo.store postgres (demo.postgres_dsn) does not answer: %w", err)
+			}
+			backoff.Sleep(ctx, delay)
+		}
+	}, db.Close))
+	return pg, nil
 }
 
 // demoTenants reports whether the demo's demo:tenant.sync (limit 3) runs:

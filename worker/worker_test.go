@@ -206,6 +206,23 @@ func TestRunRejectsBadFlagsAndConfig(t *testing.T) {
 	}
 }
 
+// The demo on demo.store postgres needs pgx's driver, which this package
+// does not link (a program chooses its driver): the worker refuses to start
+// with a configuration error naming the key and the import; without the demo
+// the store is never opened, so the setting costs nothing.
+func TestDemoPostgresStoreNeedsItsDriverLinked(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\ndemo: {store: postgres, postgres_dsn: \"postgres://u:secret@127.0.0.1:1/d\"}\n")
+	err := Check([]string{"--config", cfg}, DemoJob())
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "demo.store") ||
+		!strings.Contains(err.Error(), `import _ "github.com/jackc/pgx/v5/stdlib"`) || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Check with the demo on postgres, no driver linked = %v, want a config error naming demo.store and the import", err)
+	}
+	if err := Check([]string{"--config", cfg}); err != nil {
+		t.Fatalf("Check without the demo = %v", err)
+	}
+}
+
 func TestDuplicateTaskTypeFails(t *testing.T) {
 	t.Parallel()
 	cfg := writeConfig(t, "redis: {addr: \"127.0.0.1:1\"}\n")

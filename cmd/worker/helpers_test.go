@@ -15,16 +15,17 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
 // bins holds the binaries the tests run, built once for the package:
 // "worker" (this command), "ignorer" (testdata/ignorer: handlers
-// test:ignore and test:wait) and "withlock" (testdata/withlock: a user's
+// test:ignore, test:wait and test:pay) and "withlock" (testdata/withlock: a user's
 // program that locks its own code), race-enabled when the tests are.
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	os.Exit(proctest.Main(m, bins, append(raceFlags, ".", "./testdata/ignorer", "./testdata/withlock"), redistest.LeakOptions()...))
+	os.Exit(proctest.Main(sqltest.Main(m), bins, append(raceFlags, ".", "./testdata/ignorer", "./testdata/withlock"), redistest.LeakOptions()...))
 }
 
 // testYAML configures a quick worker: short lock TTL (renewed every 200ms),

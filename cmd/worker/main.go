@@ -5,11 +5,14 @@
 //
 // A worker with your own handlers is the same binary with your handlers: see
 // the worker package and examples/. It links the etcd back end (package
-// etcd, for lock.backend etcd) and OpenTelemetry's SDK (the OTEL_*
-// variables), which library code leaves to the program.
+// etcd, for lock.backend etcd), pgx's database/sql driver (for the demo's
+// demo.store postgres) and OpenTelemetry's SDK (the OTEL_* variables), which
+// library code leaves to the program.
 package main
 
 import (
+	_ "github.com/jackc/pgx/v5/stdlib"
+
 	_ "github.com/lockstep-dev/lockstep/etcd"
 	_ "github.com/lockstep-dev/lockstep/internal/tracing/otelsdk"
 	"github.com/lockstep-dev/lockstep/worker"

@@ -17,6 +17,7 @@ var (
 	flagOut      = flag.String("chaos.out", "", "folder for chaos-report.md, chaos-report.json and the logs (default: a temporary folder)")
 	flagFaults   = flag.String("chaos.faults", "", "comma-separated fault kinds to draw from (empty: all)")
 	flagLock     = flag.String("chaos.lock", "redis", "the workers' lock back end: redis, or etcd (a 3-member etcd cluster; adds the etcd faults)")
+	flagStore    = flag.String("chaos.store", "redis", "the demo's fenced store: redis, or postgres (a private PostgreSQL; the checker reads its log table)")
 )
 
 // TestChaos runs the binaries under a seeded fault schedule and fails on any
@@ -38,8 +39,11 @@ func TestChaos(t *testing.T) {
 	if *flagLock != "redis" {
 		replay += " LOCK=" + *flagLock
 	}
+	if *flagStore != "redis" {
+		replay += " STORE=" + *flagStore
+	}
 	t.Logf("chaos: %s (report in %s)", replay, out)
-	rep, h := Run(t, Config{Duration: *flagDuration, Seed: seed, Out: out, Faults: faults, Progress: os.Stderr, Lock: *flagLock})
+	rep, h := Run(t, Config{Duration: *flagDuration, Seed: seed, Out: out, Faults: faults, Progress: os.Stderr, Lock: *flagLock, Store: *flagStore})
 	if err := WriteReport(out, rep, h, replay); err != nil {
 		t.Fatal(err)
 	}

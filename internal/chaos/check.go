@@ -29,6 +29,7 @@ const maxEvidence = 50
 type Report struct {
 	Seed                          uint64 `json:"seed"`
 	Lock                          string `json:"lock_backend"`
+	Store                         string `json:"demo_store"`
 	Overlaps                      int    `json:"overlaps"`
 	StaleWritesAccepted           int    `json:"stale_writes_accepted"`
 	JobsLost                      int    `json:"jobs_lost"`
@@ -116,6 +117,7 @@ func Check(h History) *Report {
 	r := &Report{
 		Seed:            h.Seed,
 		Lock:            h.Lock,
+		Store:           h.Store,
 		Faults:          map[string]int{},
 		Executions:      map[string]int{},
 		PerFault:        map[string]*FaultStats{},
@@ -201,7 +203,7 @@ func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
 // that had already begun (or committed) on the same order (G5).
 func checkWrites(h History, r *Report, add func(Violation)) int {
 	if !h.WritesAvailable {
-		r.NotChecked = append(r.NotChecked, "stale_writes_accepted: the demo store keeps no log of accepted writes (stream absent)")
+		r.NotChecked = append(r.NotChecked, "stale_writes_accepted: the demo store keeps no log of accepted writes (stream or table absent)")
 		return NotAvailable
 	}
 	if !h.WritesComplete {

@@ -14,6 +14,9 @@ var (
 	// fence, task_id, worker, op begin|commit, at_ms in Redis time), appended
 	// in the same script that accepts each write.
 	demoWrites = demo.Writes
+	// readPostgresWrites reads the log table of the demo's PostgreSQL store
+	// (demo.store postgres), the same fields in the store's order.
+	readPostgresWrites = demo.ReadPostgresWrites
 )
 
 type demoPayload = demo.Payload

@@ -10,6 +10,8 @@
 // SIGTERM drain) or a scheduler (at a random offset inside a tick), SIGSTOP of
 // a worker or of Redis for less and for more than the lock TTL, SIGKILL of
 // Redis and restart from its AOF, and a worker's link black-holed and healed.
+// With Config.Store "postgres" the workers keep the demo's fenced store in a
+// private PostgreSQL (internal/sqltest) and the checker reads its log table.
 //
 // Check then reads what happened from the history, not from asynq's
 // bookkeeping alone:
@@ -19,7 +21,8 @@
 //     while Redis was healthy (G3), more syncs of a tenant at once than its
 //     limit (over_limit), and tasks completed more than once (G8 and asynq's
 //     at-least-once);
-//   - the demo store's log of accepted fenced writes, when the demo keeps one:
+//   - the demo store's log of accepted fenced writes (a Redis stream, or the
+//     PostgreSQL store's table), when the demo keeps one:
 //     a write accepted with a fence below one that had already begun (G5),
 //     per order and per (tenant, permit);
 //   - every scheduler replica's own log lines of each tick it claimed and

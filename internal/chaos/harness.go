@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
 // Config is one run's shape.
@@ -41,6 +43,10 @@ type Config struct {
 	// 3-member etcd cluster holds the locks; the queue stays on Redis, and
 	// the etcd faults join the schedule).
 	Lock string
+	// Store is the demo's fenced store: "redis" (default) or "postgres" (a
+	// private PostgreSQL from internal/sqltest, whose log table the checker
+	// reads back; the executions stream stays in Redis).
+	Store string
 }
 
 // The run's fixed shape: 3 scheduler replicas, 3 workers, 20 hot orders.
@@ -91,8 +97,8 @@ schedules:
 }
 
 // workerConfig is a worker's file; lockExtra adds lines under lock: (the
-// etcd back end).
-func workerConfig(redisAddr, lockExtra string) string {
+// etcd back end), extra top-level sections (demo:).
+func workerConfig(redisAddr, lockExtra, extra string) string {
 	return fmt.Sprintf(`%slog:
   format: json
   level: info
@@ -105,7 +111,7 @@ lock:
   contention_backoff_min: 50ms
   contention_backoff_max: 1s
   demo: true
-`, redisSection(redisAddr), prefix, lockTTL, lockExtra)
+%s`, redisSection(redisAddr), prefix, lockTTL, lockExtra, extra)
 }
 
 // redisSection is both roles' redis: section, with short timeouts so that a
@@ -126,6 +132,7 @@ type run struct {
 	workers    []*role
 	proxies    []*redistest.Proxy
 	etcd       *etcdtest.Cluster // the locks' store in the etcd mode, else nil
+	pg         *sqltest.DB       // the demo's store in the postgres mode, else nil
 
 	hist    History
 	faults  atomic.Int64
@@ -146,6 +153,13 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	case "etcd":
 	default:
 		tb.Fatalf("chaos: lock back end %q: want redis or etcd", cfg.Lock)
+	}
+	switch cfg.Store {
+	case "", "redis":
+		cfg.Store = "redis"
+	case "postgres":
+	default:
+		tb.Fatalf("chaos: demo store %q: want redis or postgres", cfg.Store)
 	}
 	known := AllFaults
 	if cfg.Lock == "etcd" {
@@ -180,6 +194,11 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		lockYAML = fmt.Sprintf("  backend: etcd\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n    election_timeout: %v\n",
 			strings.Join(r.etcd.Endpoints(), ", "), etcdtest.ElectionTimeout)
 	}
+	var demoYAML string
+	if cfg.Store == "postgres" {
+		r.pg = sqltest.Postgres(tb)
+		demoYAML = fmt.Sprintf("demo:\n  store: postgres\n  postgres_dsn: %q\n", r.pg.DSN)
+	}
 	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(r.redis.Addr))
 	for i := range replicas {
 		r.schedulers = append(r.schedulers, &role{name: fmt.Sprintf("scheduler-%d", i+1), bin: schedBin, config: schedCfg, logDir: logDir})
@@ -189,7 +208,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		r.proxies = append(r.proxies, p)
 		name := fmt.Sprintf("worker-%d", i+1)
 		r.workers = append(r.workers, &role{name: name, bin: workerBin, logDir: logDir,
-			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr, lockYAML))})
+			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr, lockYAML, demoYAML))})
 	}
 	tb.Cleanup(func() { // whatever happened, no process outlives the run
 		for _, p := range append(r.schedulers, r.workers...) {
@@ -200,7 +219,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		p.start(tb)
 	}
 
-	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock}
+	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock, Store: cfg.Store}
 	firstTick := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	ctx, stopTraffic := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -522,7 +541,9 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 			Started: msTime(m["started_ms"]), Finished: msTime(m["finished_ms"]), Outcome: m["outcome"],
 		})
 	}
-	if n, err := r.rc.Exists(ctx, demoWrites(prefix)).Result(); err == nil && n == 1 {
+	if r.pg != nil {
+		r.collectPostgresWrites(ctx)
+	} else if n, err := r.rc.Exists(ctx, demoWrites(prefix)).Result(); err == nil && n == 1 {
 		writes, complete, err := readStream(ctx, r.rc, demoWrites(prefix))
 		h.WritesAvailable, h.WritesComplete = true, complete && err == nil
 		for _, m := range writes {
@@ -532,7 +553,7 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 	}
 	// The tenants' store is fenced per (tenant, permit): its log names each
 	// "<tenant>/<permit>", checked like an order.
-	if n, err := r.rc.Exists(ctx, tenantWrites(prefix)).Result(); err == nil && n == 1 {
+	if n, err := r.rc.Exists(ctx, tenantWrites(prefix)).Result(); r.pg == nil && err == nil && n == 1 {
 		writes, complete, err := readStream(ctx, r.rc, tenantWrites(prefix))
 		h.WritesComplete = h.WritesComplete && complete && err == nil
 		for _, m := range writes {
@@ -581,4 +602,36 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 			}
 		}
 	}
+}
+
+// collectPostgresWrites reads the PostgreSQL store's log table into the
+// history.
+func (r *run) collectPostgresWrites(ctx context.Context) {
+	h := &r.hist
+	writes, err := postgresWrites(ctx, r.pg.DB)
+	if err != nil {
+		r.tb.Logf("chaos: read the demo's PostgreSQL log: %v", err)
+		return
+	}
+	h.Writes, h.WritesAvailable, h.WritesComplete = append(h.Writes, writes...), true, true
+}
+
+// postgresWrites returns the rows of the PostgreSQL store's log table as the
+// history's writes: the orders' and the tenants' (named "tenant
+// <tenant>/<permit>", as from Redis), each in the store's order.
+func postgresWrites(ctx context.Context, db *sql.DB) ([]Write, error) {
+	orders, tenants, err := readPostgresWrites(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	var out []Write
+	for _, w := range orders {
+		out = append(out, Write{OrderID: w.OrderID, Fence: w.Fence, TaskID: w.TaskID,
+			Worker: w.Worker, Op: w.Op, At: time.UnixMilli(w.AtMS)})
+	}
+	for _, w := range tenants {
+		out = append(out, Write{OrderID: "tenant " + w.OrderID, Fence: w.Fence, TaskID: w.TaskID,
+			Worker: w.Worker, Op: w.Op, At: time.UnixMilli(w.AtMS)})
+	}
+	return out, nil
 }

@@ -13,6 +13,9 @@ type History struct {
 	// Lock is the workers' lock back end, "redis" or "etcd". With etcd, a
 	// Redis fault excuses no overlap: the locks do not live there.
 	Lock string
+	// Store is the demo's fenced store, "redis" or "postgres" (where Writes
+	// are the rows of its log table).
+	Store string
 
 	// Executions is the demo's executions stream, in stream order.
 	Executions []Execution
@@ -20,9 +23,10 @@ type History struct {
 	// be read in full): checks on it are then incomplete.
 	ExecutionsComplete bool
 
-	// Writes is the demo store's log of accepted fenced writes, in stream
-	// (that is, real) order; nil with WritesAvailable false when the demo
-	// keeps no such log.
+	// Writes is the demo store's log of accepted fenced writes, in the
+	// store's (that is, real) order: its streams' order on Redis, its table's
+	// ids on PostgreSQL; nil with WritesAvailable false when the demo keeps
+	// no such log.
 	Writes          []Write
 	WritesAvailable bool
 	WritesComplete  bool

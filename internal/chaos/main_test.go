@@ -6,8 +6,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, redistest.LeakOptions()...)
+	goleak.VerifyTestMain(sqltest.Main(m), redistest.LeakOptions()...)
 }

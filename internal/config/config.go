@@ -117,7 +117,32 @@ const (
 type WorkerConfig struct {
 	Common `yaml:",inline"`
 	Worker WorkerSettings `yaml:"worker"`
+	Demo   DemoSettings   `yaml:"demo"`
 }
+
+// DemoSettings says where the demo jobs (worker.demo) keep their fenced
+// store. Their executions stream stays in Redis either way.
+type DemoSettings struct {
+	Store DemoStore `yaml:"store"`
+	// PostgresDSN reaches the database of demo.store postgres: a URL
+	// (postgres://user:password@host:5432/db) or key=value pairs, as pgx
+	// reads them. It may hold a password, so it is a Secret.
+	PostgresDSN Secret `yaml:"postgres_dsn"`
+}
+
+// DemoStore is where the demo jobs' fenced store lives.
+type DemoStore string
+
+// The demo stores.
+const (
+	DemoRedis    DemoStore = "redis"    // Lua scripts in the redis section's deployment
+	DemoPostgres DemoStore = "postgres" // PostgreSQL at demo.postgres_dsn, checked with package fence
+)
+
+// PostgresDriver is the database/sql driver the worker opens
+// demo.postgres_dsn with: pgx's, registered by importing
+// github.com/jackc/pgx/v5/stdlib (cmd/worker does).
+const PostgresDriver = "pgx"
 
 // WorkerSettings configures the asynq server and the contention requeue.
 type WorkerSettings struct {
@@ -211,6 +236,7 @@ func DefaultWorker() *WorkerConfig {
 			ContentionBackoffMin: backoff.Requeue.Min,
 			ContentionBackoffMax: backoff.Requeue.Max,
 		},
+		Demo: DemoSettings{Store: DemoRedis},
 	}
 }
 

@@ -184,6 +184,16 @@ func TestErrors(t *testing.T) {
 		{name: "negative poll interval", yaml: ok + "worker:\n  poll_interval: -1s\n",
 			want: `FILE: line 4: worker.poll_interval: must be at least 0s, got -1s`},
 
+		// Demo.
+		{name: "unknown demo store", yaml: ok + "demo:\n  store: mysql\n",
+			want: `FILE: line 4: demo.store: must be redis or postgres, got "mysql"`},
+		{name: "postgres store without dsn", yaml: ok + "demo:\n  store: postgres\n",
+			want: `FILE: line 3: demo.postgres_dsn: required with demo.store postgres`},
+		{name: "env unknown demo store", yaml: ok, env: map[string]string{"LOCKSTEP_DEMO_STORE": "Postgres"},
+			want: `env LOCKSTEP_DEMO_STORE: must be redis or postgres, got "Postgres"`},
+		{name: "dsn with the redis store", yaml: ok, env: map[string]string{"LOCKSTEP_DEMO_POSTGRES_DSN": "postgres://u:pw@db/demo"},
+			want: `env LOCKSTEP_DEMO_POSTGRES_DSN: is allowed only with demo.store: postgres`},
+
 		// Environment.
 		{name: "env bad integer", yaml: ok, env: map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": "ten"},
 			want: `env LOCKSTEP_WORKER_CONCURRENCY: invalid integer "ten"`},

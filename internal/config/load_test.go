@@ -64,6 +64,7 @@ func TestLoadWorkerFileValues(t *testing.T) {
 			Concurrency: 4, Queues: map[string]int{"critical": 6, "default": 3}, StrictPriority: true,
 			ShutdownTimeout: 90 * time.Second, ContentionBackoffMin: 50 * time.Millisecond, ContentionBackoffMax: 2 * time.Second,
 		},
+		Demo: DemoSettings{Store: DemoPostgres, PostgresDSN: "postgres://demo@db.internal/demo"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -187,6 +188,9 @@ func TestEnvOverrides(t *testing.T) {
 		{"http addr", map[string]string{"LOCKSTEP_HTTP_ADDR": ":1234"}, func(c *WorkerConfig) bool { return c.HTTP.Addr == ":1234" }},
 		{"int beats file", map[string]string{"LOCKSTEP_WORKER_CONCURRENCY": " 25 "}, func(c *WorkerConfig) bool { return c.Worker.Concurrency == 25 }},
 		{"bool", map[string]string{"LOCKSTEP_WORKER_DEMO": "true"}, func(c *WorkerConfig) bool { return c.Worker.Demo }},
+		{"demo store", map[string]string{"LOCKSTEP_DEMO_STORE": "postgres", "LOCKSTEP_DEMO_POSTGRES_DSN": "postgres://u:pw@db/demo"}, func(c *WorkerConfig) bool {
+			return c.Demo.Store == DemoPostgres && c.Demo.PostgresDSN == "postgres://u:pw@db/demo"
+		}},
 		{"duration", map[string]string{"LOCKSTEP_WORKER_SHUTDOWN_TIMEOUT": "45s"}, func(c *WorkerConfig) bool { return c.Worker.ShutdownTimeout == 45*time.Second }},
 		{"fence ttl", map[string]string{"LOCKSTEP_LOCK_FENCE_TTL": "1m"}, func(c *WorkerConfig) bool { return c.Lock.FenceTTL == time.Minute }},
 		{"nested", map[string]string{"LOCKSTEP_REDIS_TLS_SERVER_NAME": "r", "LOCKSTEP_REDIS_TLS_ENABLED": "true"}, func(c *WorkerConfig) bool { return c.Redis.TLS.ServerName == "r" }},

@@ -2,7 +2,9 @@ package config
 
 import (
 	"crypto/tls"
+	"database/sql"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -116,6 +118,19 @@ func RegisterEtcd(f func(EtcdConfig, []lock.Option) (*lock.Locker, func() error,
 func (c *Common) CheckLinked() error {
 	if c.Lock.Backend == BackendEtcd && etcdLocker == nil {
 		return &Error{Field: "lock.backend", Msg: `etcd needs the etcd back end linked into this program: add import _ "github.com/lockstep-dev/lockstep/etcd" to its main package (Lockstep's own binaries have it)`}
+	}
+	return nil
+}
+
+// CheckLinked is Common.CheckLinked, and for demo jobs on demo.store
+// postgres (worker.demo) an *Error naming the import of the PostgreSQL
+// driver when the program does not link it.
+func (c *WorkerConfig) CheckLinked() error {
+	if err := c.Common.CheckLinked(); err != nil {
+		return err
+	}
+	if c.Worker.Demo && c.Demo.Store == DemoPostgres && !slices.Contains(sql.Drivers(), PostgresDriver) {
+		return &Error{Field: "demo.store", Msg: `postgres needs a PostgreSQL driver linked into this program: add import _ "github.com/jackc/pgx/v5/stdlib" to its main package (cmd/worker has it)`}
 	}
 	return nil
 }

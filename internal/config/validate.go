@@ -96,6 +96,15 @@ func (c *WorkerConfig) check(v *validator) {
 		v.fail(p.field("contention_backoff_max"), "must be at least worker.contention_backoff_min (%v), got %v",
 			w.ContentionBackoffMin, w.ContentionBackoffMax)
 	}
+
+	d, p := &c.Demo, root.field("demo")
+	oneOf(v, p.field("store"), d.Store, DemoRedis, DemoPostgres)
+	switch {
+	case d.Store == DemoPostgres && d.PostgresDSN == "":
+		v.fail(p.field("postgres_dsn"), "required with demo.store postgres")
+	case d.Store != DemoPostgres && d.PostgresDSN != "":
+		v.fail(p.field("postgres_dsn"), "is allowed only with demo.store: postgres")
+	}
 }
 
 var scheduleName = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)

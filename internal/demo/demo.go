@@ -16,6 +16,10 @@
 // as soon as the next holder has begun, not only once it has finished.
 // Every accepted begin and commit is also appended, in the same script, to
 // the accepted-writes log, so a checker can replay the store's history.
+//
+// The store is Redis (Lua scripts, the default) or, with WithPostgres,
+// PostgreSQL, where each step is a transaction that checks the fence with
+// package fence (Postgres). The executions stream stays in Redis either way.
 package demo
 
 import (
@@ -88,10 +92,24 @@ var (
 	scriptCommit = redis.NewScript(commitLua)
 )
 
-// Spec returns the demo job for a worker: its records name workerID.
-func Spec(client redis.UniversalClient, prefix, workerID string) jobs.Spec {
+// Option configures the demo jobs.
+type Option func(*job)
+
+// WithPostgres keeps the jobs' fenced store in pg instead of Redis.
+func WithPostgres(pg *Postgres) Option { return func(d *job) { d.pg = pg } }
+
+func newJob(client redis.UniversalClient, prefix, workerID string, opts []Option) *job {
 	_, cluster := client.(*redis.ClusterClient)
 	d := &job{client: client, prefix: prefix, worker: workerID, log: !cluster}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
+
+// Spec returns the demo job for a worker: its records name workerID.
+func Spec(client redis.UniversalClient, prefix, workerID string, opts ...Option) jobs.Spec {
+	d := newJob(client, prefix, workerID, opts)
 	return jobs.Spec{
 		Type:     Type,
 		Decode:   Decode,
@@ -121,7 +139,8 @@ type job struct {
 	client redis.UniversalClient
 	prefix string
 	worker string
-	log    bool // keep the accepted-writes log
+	log    bool      // keep the accepted-writes log (Redis)
+	pg     *Postgres // the fenced store, when not Redis
 }
 
 // target is what one run of a demo job works on: the fenced record, the
@@ -143,7 +162,7 @@ func (d *job) run(ctx context.Context, j jobs.Job, payload any) error {
 func (d *job) runOn(ctx context.Context, j jobs.Job, tg target, x Execution) error {
 	started := time.Now()
 	outcome, err := d.pay(ctx, j, tg)
-	if outcome == "" { // Redis failed: nothing to record that we know to be true
+	if outcome == "" { // the store failed: nothing to record that we know to be true
 		return err
 	}
 	// Record even when the context ended: that is when the record matters.
@@ -167,9 +186,9 @@ func (d *job) runOn(ctx context.Context, j jobs.Job, tg target, x Execution) err
 }
 
 // pay begins, works (honouring ctx), then commits; it returns the outcome,
-// or "" when Redis failed.
+// or "" when the store failed.
 func (d *job) pay(ctx context.Context, j jobs.Job, p target) (string, error) {
-	if ok, other, err := d.fenced(ctx, scriptBegin, "begin", j, p); err != nil || !ok {
+	if ok, other, err := d.fenced(ctx, "begin", j, p); err != nil || !ok {
 		return d.refused(ctx, "begin", j, p, other, err)
 	}
 	work := time.NewTimer(time.Duration(p.workMS) * time.Millisecond)
@@ -182,7 +201,7 @@ func (d *job) pay(ctx context.Context, j jobs.Job, p target) (string, error) {
 	if ctx.Err() != nil {
 		return ended(ctx)
 	}
-	ok, other, err := d.fenced(ctx, scriptCommit, "commit", j, p)
+	ok, other, err := d.fenced(ctx, "commit", j, p)
 	if err != nil || !ok {
 		return d.refused(ctx, "commit", j, p, other, err)
 	}
@@ -191,7 +210,14 @@ func (d *job) pay(ctx context.Context, j jobs.Job, p target) (string, error) {
 
 // fenced runs begin or commit; ok reports acceptance, other the fence that
 // stood in the way.
-func (d *job) fenced(ctx context.Context, s *redis.Script, op string, j jobs.Job, p target) (ok bool, other int64, err error) {
+func (d *job) fenced(ctx context.Context, op string, j jobs.Job, p target) (ok bool, other int64, err error) {
+	if d.pg != nil {
+		return d.pg.step(ctx, op, j, p.name, d.worker)
+	}
+	s := scriptBegin
+	if op == "commit" {
+		s = scriptCommit
+	}
 	keys := []string{p.store}
 	if d.log {
 		keys = append(keys, p.writes)

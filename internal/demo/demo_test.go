@@ -15,10 +15,11 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/script"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m), redistest.LeakOptions()...) }
 
 func TestDecode(t *testing.T) {
 	t.Parallel()
@@ -134,13 +135,13 @@ type env struct {
 	insp  *asynq.Inspector
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...Option) *env {
 	t.Helper()
 	rs := redistest.Start(t)
 	c := rs.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	l := lock.New(c)
 	wd := watchdog.New(watchdog.Options{Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
-	reg, err := jobs.NewRegistry([]jobs.Spec{Spec(c, "lockstep:", "test-worker")})
+	reg, err := jobs.NewRegistry([]jobs.Spec{Spec(c, "lockstep:", "test-worker", opts...)})
 	if err != nil {
 		t.Fatal(err)
 	}

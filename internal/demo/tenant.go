@@ -48,9 +48,8 @@ func TenantWrites(prefix string) string { return prefix + "demo:tenant:writes" }
 func TenantSlot(tenantID string, permit int) string { return tenantID + "/" + strconv.Itoa(permit) }
 
 // TenantSpec returns demo:tenant.sync for a worker: its records name workerID.
-func TenantSpec(client redis.UniversalClient, prefix, workerID string) jobs.Spec {
-	_, cluster := client.(*redis.ClusterClient)
-	d := &job{client: client, prefix: prefix, worker: workerID, log: !cluster}
+func TenantSpec(client redis.UniversalClient, prefix, workerID string, opts ...Option) jobs.Spec {
+	d := newJob(client, prefix, workerID, opts)
 	return jobs.Spec{
 		Type:     TenantType,
 		Decode:   DecodeTenant,

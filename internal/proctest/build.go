@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"testing"
 
 	"go.uber.org/goleak"
 )
@@ -51,7 +50,9 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 // fails on leaked goroutines (goleak with opts). Use it as
 //
 //	func TestMain(m *testing.M) { os.Exit(proctest.Main(m, bins, []string{"."}, redistest.LeakOptions()...)) }
-func Main(m *testing.M, bins map[string]string, pkgs []string, opts ...goleak.Option) int {
+//
+// m may be a wrapper of the *testing.M, e.g. sqltest.Main(m).
+func Main(m interface{ Run() int }, bins map[string]string, pkgs []string, opts ...goleak.Option) int {
 	dir, err := os.MkdirTemp("", "lockstep-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

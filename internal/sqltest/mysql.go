@@ -14,10 +14,18 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
-var mysqlKind = kind{
-	name:   "mysql",
+var mysqlKind, mysqlSyncKind = mysqlOf("mysql", false), mysqlOf("mysql-sync", true)
+
+// mysqlOf is MariaDB, writing each commit to disk when sync.
+func mysqlOf(name string, sync bool) kind {
+	k := mariadb
+	k.name = name
+	k.start = func(dir string) (*process, int, error) { return startMySQL(dir, sync) }
+	return k
+}
+
+var mariadb = kind{
 	driver: "mysql",
-	start:  startMySQL,
 	dsn:    mysqlDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, "CREATE DATABASE `"+db+"`")
@@ -34,7 +42,9 @@ func mysqlDSN(port int, db string) string {
 	return fmt.Sprintf("root@tcp(127.0.0.1:%d)/%s", port, db)
 }
 
-func startMySQL(dir string) (*process, int, error) {
+// startMySQL starts a server in dir; one that does not sync (the tests')
+// writes its log to disk about once a second rather than at each commit.
+func startMySQL(dir string, sync bool) (*process, int, error) {
 	install, err := binary("mariadb-install-db", "mariadb-server")
 	if err != nil {
 		return nil, 0, err
@@ -47,6 +57,10 @@ func startMySQL(dir string) (*process, int, error) {
 	var asUser []string
 	if os.Geteuid() == 0 {
 		asUser = []string{"--user=root"}
+	}
+	flush := "0"
+	if sync {
+		flush = "1"
 	}
 	data, log := filepath.Join(dir, "data"), filepath.Join(dir, "mariadb.log")
 	if err := run("mariadb-install-db", install, append([]string{"--no-defaults", "--datadir=" + data,
@@ -63,7 +77,7 @@ func startMySQL(dir string) (*process, int, error) {
 			"--no-defaults", "--datadir=" + data,
 			"--socket=" + filepath.Join(dir, "mariadb.sock"), "--pid-file=" + filepath.Join(dir, "mariadb.pid"),
 			"--port=" + strconv.Itoa(port), "--bind-address=127.0.0.1",
-			"--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0",
+			"--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=" + flush,
 			"--max-connections=200",
 			// A test that leaves a lock wait behind fails in seconds, not 50.
 			"--innodb-lock-wait-timeout=10",

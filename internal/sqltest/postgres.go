@@ -13,10 +13,18 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
-var postgresKind = kind{
-	name:   "postgres",
+var postgresKind, postgresSyncKind = postgresOf("postgres", false), postgresOf("postgres-sync", true)
+
+// postgresOf is PostgreSQL, writing each commit to disk when sync.
+func postgresOf(name string, sync bool) kind {
+	k := postgres
+	k.name = name
+	k.start = func(dir string) (*process, int, error) { return startPostgres(dir, sync) }
+	return k
+}
+
+var postgres = kind{
 	driver: "pgx",
-	start:  startPostgres,
 	dsn:    postgresDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, `CREATE DATABASE "`+db+`"`)
@@ -38,12 +46,14 @@ func postgresDSN(port int, db string) string {
 // pgBin is where Debian's postgresql packages keep the server's programs.
 const pgBin = "/usr/lib/postgresql/*/bin"
 
-func startPostgres(dir string) (*process, int, error) {
+// startPostgres starts a server in dir; one that does not sync (the tests')
+// skips fsync, the commit's wait for it and full-page writes.
+func startPostgres(dir string, sync bool) (*process, int, error) {
 	initdb, err := binary("initdb", "postgresql", pgBin)
 	if err != nil {
 		return nil, 0, err
 	}
-	postgres, err := binary("postgres", "postgresql", pgBin)
+	postgresBin, err := binary("postgres", "postgresql", pgBin)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -67,15 +77,18 @@ func startPostgres(dir string) (*process, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		p, err := serve("postgres 127.0.0.1:"+strconv.Itoa(port), postgres, []string{
+		args := []string{
 			"-D", data, "-p", strconv.Itoa(port),
 			"-c", "listen_addresses=127.0.0.1",
 			"-c", "unix_socket_directories=" + dir,
-			"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 			"-c", "max_connections=200",
 			// Deadlocks are found after this wait, not the default second.
 			"-c", "deadlock_timeout=100ms",
-		}, dir, log, cred, syscall.SIGQUIT, "pgx", postgresDSN(port, ""))
+		}
+		if !sync {
+			args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		}
+		p, err := serve("postgres 127.0.0.1:"+strconv.Itoa(port), postgresBin, args, dir, log, cred, syscall.SIGQUIT, "pgx", postgresDSN(port, ""))
 		if err == nil {
 			return p, port, nil
 		}

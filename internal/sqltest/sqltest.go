@@ -5,7 +5,8 @@
 // killed (its directory removed) once the package's tests have run; each
 // test gets a database of its own on it, so tests can run in parallel.
 // Servers are real processes from Debian's packages (postgresql,
-// mariadb-server), tuned for speed (no fsync): nothing here mocks SQL.
+// mariadb-server), tuned for speed (no fsync; PostgresSync and MySQLSync
+// start servers that sync each commit): nothing here mocks SQL.
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(sqltest.Main(m)) }
 //
@@ -45,7 +46,7 @@ const (
 // ends.
 type DB struct {
 	*sql.DB
-	Kind string // "postgres" or "mysql"
+	Kind string // "postgres" or "mysql"; "postgres-sync" or "mysql-sync" for the servers that sync
 	Name string // the database's name
 	DSN  string // opens another pool on it: sql.Open(d.Driver(), d.DSN)
 	srv  *server
@@ -61,6 +62,17 @@ func Postgres(tb testing.TB) *DB { tb.Helper(); return newDB(tb, &postgresKind) 
 // MySQL returns a new empty database on the test package's private MariaDB
 // server, starting the server on first use. It needs Main.
 func MySQL(tb testing.TB) *DB { tb.Helper(); return newDB(tb, &mysqlKind) }
+
+// PostgresSync is Postgres on a second private server that writes each
+// commit to disk before it answers (fsync, synchronous_commit and
+// full_page_writes on), as production servers do: for a benchmark whose
+// baseline must pay a commit's real cost.
+func PostgresSync(tb testing.TB) *DB { tb.Helper(); return newDB(tb, &postgresSyncKind) }
+
+// MySQLSync is MySQL on a second private server that writes each commit to
+// disk before it answers (innodb_flush_log_at_trx_commit 1), as production
+// servers do.
+func MySQLSync(tb testing.TB) *DB { tb.Helper(); return newDB(tb, &mysqlSyncKind) }
 
 // Main wraps a test package's *testing.M so that the servers its tests
 // started are killed once the tests have run. Pass it to

@@ -83,3 +83,26 @@ func conn(t *testing.T, db *sql.DB) *sql.Conn {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// TestSyncServers: PostgresSync and MySQLSync are servers of their own that
+// write each commit to disk before answering; the tests' servers do not.
+func TestSyncServers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		open  func(testing.TB) *sqltest.DB
+		query string
+		want  string
+	}{
+		{sqltest.Postgres, "SELECT current_setting('fsync') || ' ' || current_setting('synchronous_commit')", "off off"},
+		{sqltest.PostgresSync, "SELECT current_setting('fsync') || ' ' || current_setting('synchronous_commit')", "on on"},
+		{sqltest.MySQL, "SELECT @@GLOBAL.innodb_flush_log_at_trx_commit", "0"},
+		{sqltest.MySQLSync, "SELECT @@GLOBAL.innodb_flush_log_at_trx_commit", "1"},
+	} {
+		db := c.open(t)
+		var got string
+		if err := db.QueryRowContext(ctx, c.query).Scan(&got); err != nil || got != c.want {
+			t.Errorf("%s (%s): %s = %q (%v), want %q", db.Kind, db.Name, c.query, got, err, c.want)
+		}
+	}
+}

@@ -4,16 +4,26 @@
 // contention policy, works for work_ms (ending early if its context ends)
 // and records each run's start and end with its fence. Its handler
 // test:free takes no lock: it works for work_ms (ending early if its
-// context ends) and records each run's start and end.
+// context ends) and records each run's start and end. Its handler test:pay,
+// when LOCKSTEP_DEMO_POSTGRES_DSN is set, pays an order as demo:order.pay
+// does on the demo's PostgreSQL store, under the same lock, but ignoring its
+// context: it begins, works for work_ms and commits whatever happened
+// meanwhile, as a handler paused between its last look at its context and
+// its commit would; it records the commit's verdict.
 package main
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/worker"
 )
 
@@ -27,7 +37,7 @@ func main() {
 	record := func(ctx context.Context, stream string, values ...any) error {
 		return rdb.XAdd(context.WithoutCancel(ctx), &redis.XAddArgs{Stream: stream, Values: values}).Err()
 	}
-	worker.Main(
+	handlers := []worker.Handler{
 		worker.Handle("test:ignore", func(ctx context.Context, job worker.Job, p payload) error {
 			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond) // ignores ctx
 			return record(ctx, "test:ignorer:runs", "task_id", job.ID, "fence", job.Fence)
@@ -45,7 +55,7 @@ func main() {
 			}
 			return record(ctx, "test:waiter:runs", "task_id", job.ID, "fence", job.Fence, "event", "end",
 				"at_ms", time.Now().UnixMilli())
-		}).Lock(func(p payload) string { return "lock:wait:" + p.Key }, 0).OnContention(worker.Wait(30*time.Second)),
+		}).Lock(func(p payload) string { return "lock:wait:" + p.Key }, 0).OnContention(worker.Wait(30 * time.Second)),
 		worker.Handle("test:free", func(ctx context.Context, job worker.Job, p payload) error {
 			if err := record(ctx, "test:free:runs", "task_id", job.ID, "event", "start", "at_ms", time.Now().UnixMilli()); err != nil {
 				return err
@@ -57,5 +67,32 @@ func main() {
 			}
 			return record(ctx, "test:free:runs", "task_id", job.ID, "event", "end", "at_ms", time.Now().UnixMilli())
 		}),
-	)
+	}
+	if dsn := os.Getenv("LOCKSTEP_DEMO_POSTGRES_DSN"); dsn != "" {
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			panic(err)
+		}
+		// The demo's own store and lock name (lock.backend redis), so that
+		// its rows and fences are those of demo:order.pay's runs.
+		pg := demo.NewPostgres(db, "redis")
+		handlers = append(handlers, worker.Handle("test:pay", func(ctx context.Context, job worker.Job, p demo.Payload) error {
+			ctx = context.WithoutCancel(ctx) // ignores ctx
+			j := jobs.Job{ID: job.ID, Resource: job.Resource, Permit: job.Permit, Fence: job.Fence}
+			if ok, other, err := pg.Begin(ctx, j, p.OrderID, procid.Self()); err != nil || !ok {
+				return record(ctx, "test:payer:runs", "task_id", job.ID, "fence", job.Fence, "op", "begin", "ok", ok, "other", other, "err", errString(err))
+			}
+			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
+			ok, other, err := pg.Commit(ctx, j, p.OrderID, procid.Self())
+			return record(ctx, "test:payer:runs", "task_id", job.ID, "fence", job.Fence, "op", "commit", "ok", ok, "other", other, "err", errString(err))
+		}).Lock(func(p demo.Payload) string { return demo.Resource(p.OrderID) }, 0))
+	}
+	worker.Main(handlers...)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
