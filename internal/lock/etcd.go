@@ -17,7 +17,7 @@ import (
 )
 
 // etcdBackend is the back end of NewEtcd: locks are etcd keys bound to etcd
-// leases, fences are the keys' create revisions.
+// leases, fences are the revisions that wrote them.
 //
 // Why not etcd's concurrency package (Session, Mutex): a Session keeps its
 // lease alive from its own goroutine and reports loss only when that
@@ -108,7 +108,7 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //   - A leader paused past the TTL may revoke the leases on resuming (etcd
 //     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
 //   - Permits: permit k > 0 of R is the key P{R}:p<k> (permit 0 is P{R}),
-//     held like a lock, its fence its create revision. An acquire takes
+//     held like a lock, its fence the revision that wrote it. An acquire takes
 //     the lowest free permit below its limit in a transaction that fails
 //     if the permits changed since the read it chose from in a way that
 //     could break the limit, so the limit holds under concurrent acquires.
@@ -145,6 +145,12 @@ func (*etcdBackend) options() []string { return nil }
 type etcdLease struct {
 	shared *etcdShared // nil for a re-entry into a hold taken elsewhere
 	id     int64
+	// contended: the acquire found others in line (or was handed the
+	// permit), so the release reads the queue first to hand the permit on;
+	// otherwise it deletes the key if still no one waits, one transaction,
+	// and reads the queue only when someone does.
+	contended bool
+	handedTo  string // the token its release tried to hand the permit to
 }
 
 func callCtx(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
@@ -374,7 +380,7 @@ func (b *etcdBackend) attempt(ctx context.Context, s *Lease) (bool, error) {
 		if resp.Succeeded {
 			s.keys = pk
 			s.fence = resp.Revision
-			s.ext = &etcdLease{shared: sh, id: sh.id}
+			s.ext = &etcdLease{shared: sh, id: sh.id, contended: seen != nil && len(seen.queue) > 0}
 			if alive := sh.aliveAt(); alive.Before(s.sent) {
 				s.sent = alive // the key lives as long as the lease: from its last keep-alive
 			}
@@ -722,6 +728,26 @@ func (b *etcdBackend) release(ctx context.Context, s *Lease) error {
 	defer cancel()
 	b.unhold(s) // our own delete is not a loss
 	err := b.releaseOnce(ctx, s)
+	for delay := time.Duration(0); errors.Is(err, ErrEtcdUnavailable) && ctx.Err() == nil; {
+		// etcd could not answer (a leader change, a member gone), and the
+		// delete or hand-off may have committed: the key says whether.
+		delay = backoff.RedisRetry.Next(delay)
+		backoff.Sleep(ctx, delay)
+		var kv *EtcdRange
+		if kv, err = b.get(ctx, opGet(s.keys.lock)); err != nil {
+			continue
+		}
+		switch now := firstKV(kv); {
+		case now == nil:
+			return nil // deleted: by this release, or with its lease
+		case string(now.Value) == s.token && now.ModRevision == s.fence:
+			err = b.releaseOnce(ctx, s) // still ours: again
+		case string(now.Value) == s.ext.(*etcdLease).handedTo:
+			return nil // handed on by this release
+		default:
+			err = keyStatus(s, now)
+		}
+	}
 	if err != nil && !errors.Is(err, ErrLockLost) {
 		b.hold(s) // still ours, as far as we know: keep watching
 		return fmt.Errorf("lock: release %q: etcd: %w", s.resource, err)
@@ -743,6 +769,7 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 	// sees its writes): for dropLimit.
 	base := s.keys.permitKeys(0)
 	del = append(del, opCount(base.lock), opCountPrefix(base.permitPrefix()), opCount(base.limitKey()))
+	e := s.ext.(*etcdLease)
 	for round := range releaseRounds { // each round lost a race with another hold of the same owner, or a hand-off
 		var cmps []EtcdCmp
 		var owners *EtcdKV
@@ -772,7 +799,8 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 				}
 			}
 		}
-		if round < releaseRounds-1 { // the last round lets go without a hand-off: the first place takes the permit
+		last := round == releaseRounds-1 // lets go without a hand-off: the first place takes the permit
+		if e.contended && !last {
 			handed, again, err := b.handOn(ctx, s, append(cmps, ours, mine))
 			switch {
 			case err != nil:
@@ -783,7 +811,11 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 				continue
 			}
 		}
-		resp, err := b.txn(ctx).If(append(cmps, ours, mine)...).Then(del...).Else(opGet(s.keys.lock)).Commit()
+		plain := append(cmps, ours, mine)
+		if !e.contended && !last {
+			plain = append(plain, cmpCreate(base.waiterPrefix(), "=", 0).WithPrefix()) // no one to hand it to
+		}
+		resp, err := b.txn(ctx).If(plain...).Then(del...).Else(opGet(s.keys.lock)).Commit()
 		if err != nil {
 			return err
 		}
@@ -791,7 +823,15 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 			b.dropLimit(ctx, s, resp.Responses[len(del)-3:])
 			return nil
 		}
-		if kv := firstKV(resp.Responses[0]); s.owner == "" || kv == nil || string(kv.Value) != s.token {
+		kv := firstKV(resp.Responses[0])
+		if kv == nil || string(kv.Value) != s.token || kv.ModRevision != s.fence {
+			return keyStatus(s, kv)
+		}
+		if !e.contended {
+			e.contended = true // someone waits: hand it on
+			continue
+		}
+		if s.owner == "" {
 			return keyStatus(s, kv)
 		}
 	}
@@ -812,6 +852,7 @@ func (b *etcdBackend) handOn(ctx context.Context, s *Lease, cmps []EtcdCmp) (han
 	if err != nil || next == nil {
 		return false, false, err
 	}
+	s.ext.(*etcdLease).handedTo = next.v.Token
 	resp, err := b.txn(ctx).If(append(cmps, cmpCreate(string(next.place.Key), "=", next.place.CreateRevision))...).
 		Then(next.ops(s.keys)...).Else(opGet(s.keys.lock)).Commit()
 	if err != nil {

@@ -24,10 +24,12 @@ import (
 //     takes a place at the end of the line in the same transaction (a lock's
 //     first attempt), or in one of its own after a read (a limit's): one raft
 //     proposal. TryAcquire takes no place and is busy while anyone waits.
-//   - A release reads the queue (a read, no proposal), and when the first
-//     place may take the permit (below its limit, no more than its limit
-//     held, its limit the resource's), hands it over in the same transaction
-//     that releases it: the permit key is rewritten with the first waiter's
+//   - A release whose acquire found others in line (or was handed the
+//     permit) reads the queue (a read, no proposal); any other deletes the
+//     key if no one waits, and reads the queue only when someone does. When
+//     the first place may take the permit (below its limit, no more than its
+//     limit held, its limit the resource's), the release hands it over in
+//     the same transaction that releases it: the permit key is rewritten with the first waiter's
 //     token on that waiter's lease, and its place deleted, if that place is
 //     still there. One proposal, so a contended acquisition costs two
 //     (place and hand-off). The rewrite is the fence: a permit's fence is the
@@ -180,7 +182,7 @@ func (b *etcdBackend) ownPlace(ctx context.Context, s *Lease) (*etcdPlace, error
 func (b *etcdBackend) adopt(s *Lease, q *etcdPlace, p int, kv *EtcdKV) {
 	s.keys = s.keys.permitKeys(p)
 	s.token, s.fence = q.token, kv.ModRevision
-	s.ext = &etcdLease{shared: q.lease, id: kv.Lease}
+	s.ext = &etcdLease{shared: q.lease, id: kv.Lease, contended: true}
 	if alive := q.lease.aliveAt(); alive.Before(s.sent) {
 		s.sent = alive // the key lives as long as the lease: from its last keep-alive
 	}
@@ -263,7 +265,7 @@ func (b *etcdBackend) leave(q etcdPlace) error {
 		return nil // gone with its lease
 	}
 	handed := &Lease{locker: s.locker, keys: k.permitKeys(p), resource: s.resource, token: q.token,
-		fence: kv.ModRevision, ttl: s.ttl, owner: s.owner, ext: &etcdLease{id: kv.Lease}}
+		fence: kv.ModRevision, ttl: s.ttl, owner: s.owner, ext: &etcdLease{id: kv.Lease, contended: true}}
 	if err := b.releaseOnce(ctx, handed); err != nil && !errors.Is(err, ErrLockLost) {
 		return err
 	}
