@@ -171,7 +171,9 @@ func TestEtcdWaitersOfEveryProcessAreServedInRevisionOrder(t *testing.T) {
 		holders := make([]*lock.Lease, len(resources))
 		for i, r := range resources {
 			var err error
-			if holders[i], err = l.TryAcquire(ctx, r, 10*time.Second); err != nil {
+			// Acquire, not TryAcquire: it rides out a leader change that a
+			// loaded machine can cause.
+			if holders[i], err = l.Acquire(ctx, r, 10*time.Second, lock.MaxWait(10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := admin.Put(ctx, "rounds/"+r, r); err != nil {
@@ -187,7 +189,7 @@ func TestEtcdWaitersOfEveryProcessAreServedInRevisionOrder(t *testing.T) {
 			}
 		}
 		t.Logf("%d of %d runs had the processes' places interleaved", interleaved, len(resources))
-		if interleaved == 0 {
+		if interleaved == 0 && len(resources) == runs {
 			t.Fatal("no run had the processes' places interleaved: the order across processes was not tested")
 		}
 		queued()
@@ -254,7 +256,7 @@ func TestEtcdKilledWaiterIsSkippedWithinItsLeaseTTL(t *testing.T) {
 	ctx := context.Background()
 	const ttl, expiryCheck, slack = time.Second, 500 * time.Millisecond, time.Second
 	victim := waiterProcess(t, cluster, "victim", "victim/", 1, ttl)
-	holder, err := l.TryAcquire(ctx, "r", 10*time.Second)
+	holder, err := l.Acquire(ctx, "r", 10*time.Second, lock.MaxWait(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
