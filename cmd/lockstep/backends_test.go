@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,6 +93,45 @@ func TestLocksWaitersAndUnlockOnEtcd(t *testing.T) {
 	}
 	if r := cliEnv(t, env, "", "waiters", "lock:order:7"); r.code != 1 || !strings.Contains(r.stderr, "nothing waits") {
 		t.Fatalf("waiters on etcd: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// Two callers wait for lock:order:8, in etcd's queue, each from its own
+	// Locker (as two processes would): the CLI and the page list them in
+	// their places' order, and the lock counts them.
+	wctx, stopWaiting := context.WithCancel(context.Background())
+	var waiting sync.WaitGroup
+	for i, id := range []string{"call-1", "call-2"} {
+		wl := etcdclient.NewLocker(cluster.Client())
+		t.Cleanup(func() { _ = wl.Close() })
+		waiting.Go(func() { _, _ = wl.Acquire(lock.WithJob(wctx, id, "t:wait"), "lock:order:8", 2*time.Second) })
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if ws, err := l.Waiters(context.Background(), "lock:order:8"); err == nil && len(ws) == i+1 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s is not in lock:order:8's queue within 10s", id)
+			}
+		}
+	}
+	var ws []waiterView
+	if r := cliEnv(t, env, "", "waiters", "lock:order:8", "--json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &ws) != nil ||
+		len(ws) != 2 || ws[0].TaskID != "call-1" || ws[1].TaskID != "call-2" || ws[0].Position != 1 || ws[1].Position != 2 ||
+		ws[0].Kind != "call" || ws[0].State != "waiting" || ws[0].Holder == "" {
+		t.Fatalf("waiters on etcd: exit %d\n%s%s, want call-1 then call-2", r.code, r.stdout, r.stderr)
+	}
+	var o overview
+	getJSON(t, startUIEnv(t, env)+"/api/overview", 200, &o)
+	if got := o.Waiters["lock:order:8"]; len(got) != 2 || got[0].TaskID != "call-1" || got[1].TaskID != "call-2" {
+		t.Fatalf("the page's waiters of lock:order:8 on etcd: %+v, want call-1 then call-2", got)
+	}
+	for _, v := range locksJSON(t, env) {
+		if want := map[string]int64{"lock:order:7": 0, "lock:order:8": 2}[v.Resource]; v.Waiters != want {
+			t.Fatalf("lock %s: %d waiters, want %d", v.Resource, v.Waiters, want)
+		}
+	}
+	stopWaiting() // they give up and leave their places
+	waiting.Wait()
+	if ws, err := l.Waiters(context.Background(), "lock:order:8"); err != nil || len(ws) != 0 {
+		t.Fatalf("waiters after they gave up: %+v %v", ws, err)
 	}
 
 	r := cliEnv(t, env, "", "unlock", "lock:order:7", "--force", "--yes")

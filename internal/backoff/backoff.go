@@ -41,7 +41,9 @@ var (
 
 	// RedisRetry spaces the scheduler's retries of one failed Redis call
 	// (a restart, a failover): soon enough to claim a tick within its
-	// second, capped at 500ms so a recovered Redis is used at once.
+	// second, capped at 500ms so a recovered Redis is used at once. The etcd
+	// back end's release retries a call that etcd could not answer (a
+	// leader change) with it too.
 	RedisRetry = Jitter{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 
 	// Reconnect spaces the attempts to restore a long-lived stream from a

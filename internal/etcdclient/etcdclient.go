@@ -19,7 +19,9 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -100,11 +102,33 @@ type client struct{ cl *clientv3.Client }
 
 func (c client) Endpoints() []string { return c.cl.Endpoints() }
 
+// leaseErr marks err for the lock package: lock.ErrEtcdLeaseNotFound, or
+// lock.ErrEtcdUnavailable for a cluster that cannot answer for now.
 func leaseErr(err error) error {
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w (%w)", lock.ErrEtcdLeaseNotFound, err)
+	case unavailable(err):
+		return fmt.Errorf("%w (%w)", lock.ErrEtcdUnavailable, err)
 	}
 	return err
+}
+
+func unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, e := range []error{rpctypes.ErrLeaderChanged, rpctypes.ErrNoLeader, rpctypes.ErrTimeout,
+		rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost, rpctypes.ErrTimeoutWaitAppliedIndex, context.DeadlineExceeded} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
 }
 
 func (c client) Txn(ctx context.Context, t lock.EtcdTxn) (*lock.EtcdTxnResponse, error) {
@@ -178,7 +202,7 @@ func kvs(in []*mvccpb.KeyValue) []*lock.EtcdKV {
 func (c client) Grant(ctx context.Context, ttl int64) (int64, int64, error) {
 	resp, err := c.cl.Grant(ctx, ttl)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, leaseErr(err)
 	}
 	return int64(resp.ID), resp.TTL, nil
 }

@@ -38,8 +38,7 @@ import (
 //     backoff, hold 1 ms with benchhold.Hold, Release) as a lock and with
 //     limit 4, b.N acquisitions each; x4 is limit 4's acquisitions/s over
 //     the lock's, and spread the most acquisitions of one goroutine over the
-//     fewest (etcd has no waiter queue across processes; these goroutines
-//     share one process, whose waiters are woken in arrival order); on
+//     fewest (waiters are served in arrival order on Redis and on etcd); on
 //     etcd, proposals/op is the raft proposals its member committed per
 //     acquisition (its release included).
 //

@@ -124,9 +124,12 @@
 //
 // NewEtcd keeps the lock on resource R as the key P{R}, created in a
 // transaction only if absent and bound to an etcd lease; its value is the
-// token, its create revision the fence (etcd's revision only grows, so fences
-// strictly increase across holders, restarts and resources). Release deletes
-// the key in a transaction that compares token and create revision. Renewal
+// token, the revision that wrote it the fence (etcd's revision only grows,
+// so fences strictly increase across holders, restarts and resources).
+// Waiting Acquires hold places in line, keys P{R}:queue:<id> ordered by
+// their create revisions, and a release hands the lock to the first by
+// rewriting the key (etcd_queue.go). Release deletes or hands on the key in
+// a transaction that compares token and revision. Renewal
 // is a keep-alive of the lease and a read of the key; a watch on the lock
 // keys reports a deleted key (expired) or an overwritten one (stolen) at
 // once. Reentrant holds count in P{R}:owners, changed by compare-and-swap.
@@ -144,8 +147,9 @@
 // itself, permit k > 0 is P{R}:p<k> with its own counter P{R}:fence:<k> and
 // owners hash P{R}:owners:<k>; the hash P{R}:limit keeps the resource's
 // limit (lua/lib.lua says how). On etcd the permits' keys are the same,
-// without counters (fences are create revisions), and P{R}:limit is a key
-// holding the limit (NewEtcd says how).
+// without counters (fences are revisions), and P{R}:limit is a key
+// holding the limit (NewEtcd says how), and P{R}:queue:<id> are the places
+// of waiting Acquires (etcd_queue.go).
 // Redlock uses the same lock, counter and owners keys on every node.
 //
 // The counter's lifetime: every acquire, hand-off, fence raise and renewal

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -16,7 +17,7 @@ import (
 )
 
 // etcdBackend is the back end of NewEtcd: locks are etcd keys bound to etcd
-// leases, fences are the keys' create revisions.
+// leases, fences are the revisions that wrote them.
 //
 // Why not etcd's concurrency package (Session, Mutex): a Session keeps its
 // lease alive from its own goroutine and reports loss only when that
@@ -27,20 +28,23 @@ import (
 // renewal driven by the watchdog, one round for many leases, which is what
 // this back end gives it. Mutex also has no reentrancy and one TTL per
 // Session. The ideas are the same: a lease per holder, a key created only if
-// absent, the create revision as the fence.
+// absent, the revision as the fence, and the waiter queue (etcd_queue.go):
+// places in line ordered by their keys' create revisions, each waiter
+// watching the one just ahead.
 type etcdBackend struct {
 	cl          EtcdClient
 	watchPrefix string // every lock key starts with it
 
-	mu      sync.Mutex
-	leases  map[int64]*etcdShared // by TTL in seconds: the lease new locks join
-	held    map[string][]*Lease   // lock key -> leases held on it, for the watch
-	waits   map[string]*etcdWaits // resource's lock key -> its waiting Acquires
-	notify  []func(*Lease, error)
-	watchOn bool
-	closed  bool
-	stop    context.CancelFunc
-	stopped chan struct{}
+	mu       sync.Mutex
+	leases   map[int64]*etcdShared   // by TTL in seconds: the lease new locks join
+	held     map[string][]*Lease     // lock key -> leases held on it, for the watch
+	handoffs map[string]*etcdHanding // resource's lock key -> its hand-offs' turn (handOn)
+	notify   []func(*Lease, error)
+	watchOn  bool
+	closed   bool
+	done     chan struct{} // closed by close: ends a waiter's leave that retries (etcd_queue.go)
+	stop     context.CancelFunc
+	stopped  chan struct{}
 }
 
 // etcdShared is one etcd lease that the locks of one TTL (in whole seconds)
@@ -75,10 +79,11 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 // lock's TTL rounded up to whole seconds; its value is the holder's token.
 // Differences from New:
 //
-//   - Fence is the key's create revision: etcd's revision counter only
-//     grows, across restarts of holders and of etcd members, so fences
-//     strictly increase per resource (and across resources) without a
-//     counter key. WithFenceTTL does not apply.
+//   - Fence is the revision that wrote the key (its create, or a release's
+//     hand-off to a waiter): etcd's revision counter only grows, across
+//     restarts of holders and of etcd members, so fences strictly increase
+//     per resource (and across resources) without a counter key.
+//     WithFenceTTL does not apply.
 //   - An etcd lease counts whole seconds, and the server raises a TTL below
 //     its minimum (1.5 × election timeout, 2s by default): a crashed holder's
 //     lock frees after that long, not after the lock's ttl. The holder's
@@ -103,15 +108,16 @@ func (e *etcdShared) renewedAt(sent time.Time) {
 //   - A leader paused past the TTL may revoke the leases on resuming (etcd
 //     3.4.23, etcd issue 15247); the watch cancels their holders (expired).
 //   - Permits: permit k > 0 of R is the key P{R}:p<k> (permit 0 is P{R}),
-//     held like a lock, its fence its create revision. An acquire takes
+//     held like a lock, its fence the revision that wrote it. An acquire takes
 //     the lowest free permit below its limit in a transaction that fails
 //     if the permits changed since the read it chose from in a way that
 //     could break the limit, so the limit holds under concurrent acquires.
 //     P{R}:limit holds the latest declared limit, on its declarer's lease,
-//     until the last permit is released. There is no
-//     queue in etcd: a release or an expired lease wakes the longest
-//     waiting Acquire of the resource in this process (etcdWaits), and the
-//     backoff bounds each wait.
+//     until the last permit is released.
+//   - Waiting Acquires of every process hold places in one queue per
+//     resource in etcd, in the order of their keys' create revisions, and a
+//     release hands the permit to the first (etcd_queue.go). TryAcquire is
+//     busy while anyone waits.
 //   - WaitReplicas, WithNodeTimeout and WithClockDrift do not apply, and
 //     like any option that does not apply make NewEtcd panic.
 //
@@ -123,7 +129,8 @@ func NewEtcd(client EtcdClient, opts ...Option) *Locker {
 		watchPrefix: st.prefix + "{",
 		leases:      map[int64]*etcdShared{},
 		held:        map[string][]*Lease{},
-		waits:       map[string]*etcdWaits{},
+		handoffs:    map[string]*etcdHanding{},
+		done:        make(chan struct{}),
 	}
 	l, err := newLocker("etcd", st, be)
 	if err != nil {
@@ -138,6 +145,12 @@ func (*etcdBackend) options() []string { return nil }
 type etcdLease struct {
 	shared *etcdShared // nil for a re-entry into a hold taken elsewhere
 	id     int64
+	// contended: the acquire found others in line (or was handed the
+	// permit), so the release reads the queue first to hand the permit on;
+	// otherwise it deletes the key if still no one waits, one transaction,
+	// and reads the queue only when someone does.
+	contended bool
+	handedTo  string // the token its release tried to hand the permit to
 }
 
 func callCtx(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
@@ -201,51 +214,126 @@ const permitRounds = 10
 
 // acquire takes the lowest free permit of s's resource below s.limit (a
 // lock: permit 0, the lock key itself, when no permit is held), or enters
-// the permit its owner holds. A lock's first transaction takes permit 0 if
-// the resource is free and else reads its permits; with a limit, the first
-// is that read alone. Each next one takes the chosen permit if its key is
-// absent and, unless the read was settled (etcdPermits.settled: then the
-// limit key must be unchanged), no permit key changed since that read (a
-// compare over the range of permit keys), and else reads them again. So
-// never more than the limit are held: of two concurrent acquires that could
-// exceed it together, one's transaction fails.
+// the permit its owner holds, or finds the permit a release handed to its
+// waiter (etcd_queue.go). A permit is taken only by the first place in line,
+// or with no one in line. A lock's first transaction takes permit 0 if the
+// resource is free and no one waits, and else reads its permits and queue
+// (and takes a place for a waiter); with a limit, or for a waiter that has
+// a place, the first is that read alone. Each next one takes the chosen
+// permit if its key is absent, the queue as read allows it and, unless the
+// read was settled (etcdPermits.settled: then the limit key must be
+// unchanged), no permit key changed since that read (a compare over the
+// range of permit keys), and else reads them again. So never more than the
+// limit are held: of two concurrent acquires that could exceed it together,
+// one's transaction fails.
+//
+// A waiter keeps its place through a cluster that cannot answer for now
+// (ErrEtcdUnavailable: a member killed, a leader change): the attempt counts
+// as busy and the Acquire waits and tries again. Its token and lease stay
+// the same from its first attempt on, so an attempt whose answer was lost
+// is found out by the next: a place put again keeps its create revision, a
+// permit taken is found holding its token (handedTo).
 func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
+	ok, err := b.attempt(ctx, s)
+	if err != nil && s.wait != nil && errors.Is(err, ErrEtcdUnavailable) {
+		return false, nil
+	}
+	return ok, err
+}
+
+func (b *etcdBackend) attempt(ctx context.Context, s *Lease) (bool, error) {
 	ctx, cancel := callCtx(ctx, s.ttl)
 	defer cancel()
 	k := s.keys
+	q, err := b.ownPlace(ctx, s)
+	if err != nil {
+		return false, err
+	}
 	var seen *etcdPermits // nil: the first round, which hopes for a free resource
-	if s.limit > 1 {
-		// A resource of several permits is seldom free when it is contended:
-		// its first round reads the permits (a read-only transaction, which
-		// etcd answers without a raft write), and the next takes one.
+	if s.limit > 1 || q != nil && q.lease != nil {
+		// A resource of several permits is seldom free when it is contended,
+		// and a waiter that tried before has its answer in etcd already
+		// (its place, or a permit handed or taken): the first
+		// round reads (a read-only transaction, which etcd answers without a
+		// raft write), and the next takes a permit or a place.
 		resp, err := b.txn(ctx).Then(permitReads(k, s.owner)...).Commit()
 		if err != nil {
 			return false, fmt.Errorf("etcd: %w", err)
 		}
-		seen = readPermits(s.locker, k, resp)
+		seen = readPermits(s.locker, k, resp.Revision, resp.Responses)
 	}
 	leaseRetried := false
 	for round := 0; round < permitRounds; round++ {
-		sh, err := b.leaseFor(ctx, s.ttl)
-		if err != nil {
-			return false, err
+		if seen != nil {
+			if kv, p := seen.handedTo(q); kv != nil {
+				b.adopt(s, q, p, kv)
+				return true, nil
+			}
+			if lockKV, ownersKV := seen.ownedBy(s.owner); lockKV != nil {
+				return b.reenter(ctx, s, seen.permit[lockKV], lockKV, ownersKV)
+			}
+			if q != nil && q.key != "" && seen.place(q.key) == nil {
+				q.key = "" // gone with its lease (its process was cut off for a TTL): in line again, at the end
+			}
 		}
+		sh := (*etcdShared)(nil)
+		if q != nil {
+			sh = q.lease // a waiter's every key is on one lease, which its attempts keep alive
+		}
+		if sh == nil {
+			if sh, err = b.leaseFor(ctx, s.ttl); err != nil {
+				return false, err
+			}
+		}
+		if q != nil {
+			q.lease = sh
+		}
+		enqueue := q != nil && q.key == "" // a waiter without a place takes one when busy
 		settled := false
 		p, cmps := 0, []EtcdCmp{
 			cmpCreate(k.lock, "=", 0),
 			cmpCreate(k.permitPrefix(), "=", 0).WithPrefix(),
+			cmpCreate(k.waiterPrefix(), "=", 0).WithPrefix(),
 		}
 		if seen != nil {
-			if lockKV, ownersKV := seen.ownedBy(s.owner); lockKV != nil {
-				return b.reenter(ctx, s, seen.permit[lockKV], lockKV, ownersKV)
+			mine := int64(math.MaxInt64)
+			if q != nil && q.key != "" {
+				mine = q.rev
 			}
+			ahead := seen.ahead(mine)
 			settled = seen.settled(s.limit)
-			var free bool
-			if p, free = seen.free(s.limit, round > 0 && settled); !free {
+			free := false
+			if ahead == nil {
+				p, free = seen.free(s.limit, round > 0 && settled)
+			}
+			if !free && !enqueue {
+				if q != nil {
+					q.ahead = ""
+					if ahead != nil {
+						q.ahead = string(ahead.Key)
+					}
+				}
 				seen.busy(s)
 				return false, nil
 			}
-			cmps = []EtcdCmp{cmpCreate(k.permitKeys(p).lock, "=", 0)}
+			if !free {
+				// Busy, or someone waits ahead: a place at the end of the line,
+				// and a look at the line it joined.
+				resp, err := b.txn(ctx).Then(append([]EtcdOp{opPlace(s, sh)}, permitReads(k, s.owner)...)...).Commit()
+				if errors.Is(err, ErrEtcdLeaseNotFound) && !leaseRetried {
+					leaseRetried = true
+					b.forget(sh) // expired or revoked meanwhile: grant a new one, once
+					q.lease = nil
+					continue
+				}
+				if err != nil {
+					return false, fmt.Errorf("etcd: %w", err)
+				}
+				seen = readPermits(s.locker, k, resp.Revision, resp.Responses[1:])
+				q.placed(s, seen)
+				continue
+			}
+			cmps = append([]EtcdCmp{cmpCreate(k.permitKeys(p).lock, "=", 0)}, takeCmps(s, q)...)
 			if settled {
 				// The key space bounds the holders: no permit at or above the
 				// limit is held, and none can be taken while the limit key
@@ -269,10 +357,20 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		} else {
 			put = append(put, opDelete(k.limitKey())) // a lock of a free resource: no limit left over
 		}
-		resp, err := b.txn(ctx).If(cmps...).Then(put...).Else(permitReads(k, s.owner)...).Commit()
+		if q != nil && q.key != "" {
+			put = append(put, opDelete(q.key)) // out of line: it holds
+		}
+		orElse := permitReads(k, s.owner)
+		if enqueue {
+			orElse = append([]EtcdOp{opPlace(s, sh)}, orElse...)
+		}
+		resp, err := b.txn(ctx).If(cmps...).Then(put...).Else(orElse...).Commit()
 		if errors.Is(err, ErrEtcdLeaseNotFound) && !leaseRetried {
 			leaseRetried = true
 			b.forget(sh) // expired or revoked meanwhile: grant a new one, once
+			if q != nil {
+				q.key, q.lease = "", nil // the place went with it
+			}
 			round--
 			continue
 		}
@@ -282,14 +380,24 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 		if resp.Succeeded {
 			s.keys = pk
 			s.fence = resp.Revision
-			s.ext = &etcdLease{shared: sh, id: sh.id}
+			s.ext = &etcdLease{shared: sh, id: sh.id, contended: seen != nil && len(seen.queue) > 0}
 			if alive := sh.aliveAt(); alive.Before(s.sent) {
 				s.sent = alive // the key lives as long as the lease: from its last keep-alive
+			}
+			if q != nil {
+				q.key = ""
 			}
 			b.hold(s)
 			return true, nil
 		}
-		seen = readPermits(s.locker, k, resp)
+		reads := resp.Responses
+		if enqueue {
+			reads = reads[1:]
+		}
+		seen = readPermits(s.locker, k, resp.Revision, reads)
+		if enqueue {
+			q.placed(s, seen)
+		}
 	}
 	seen.busy(s)
 	return false, nil // the permits kept changing: busy for now, as a held resource is
@@ -298,133 +406,16 @@ func (b *etcdBackend) acquire(ctx context.Context, s *Lease) (bool, error) {
 // busy tells a waiting Acquire of s the revision its busy attempt read, from
 // which waitChange watches.
 func (p *etcdPermits) busy(s *Lease) {
-	if s.wait != nil {
+	if s.wait != nil && p != nil {
 		s.wait.rev = p.rev
 	}
 }
 
-// etcdWaits is the waiting Acquires of one resource in this process, in
-// arrival order, and the one watch that wakes them: a permit let go (its key
-// deleted by a release, or with its holder's lease) wakes the first waiter
-// not woken yet, not every one, so a release costs one retry per process
-// that waits, not one per waiter. Across processes the woken ones race:
-// etcd has no waiter queue.
-type etcdWaits struct {
-	list []*waitState
-	from int64 // the watch's first revision
-	lost int64 // the revision of the latest deletion that found no waiter to wake, until one claims it
-	stop context.CancelFunc
-}
-
-// waitChange blocks until a permit of the resource of k is let go after
-// the revision w's last busy attempt read and w is woken for it, d passes or
-// ctx ends. The first call queues w; stopWaiting takes it out.
-func (b *etcdBackend) waitChange(ctx context.Context, k keys, w *waitState, d time.Duration) {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	b.mu.Lock()
-	ws := b.waits[k.base]
-	if ws == nil && w.rev > 0 && !b.closed {
-		watchCtx, stop := context.WithCancel(context.Background())
-		ws = &etcdWaits{from: w.rev + 1, stop: stop}
-		b.waits[k.base] = ws
-		go b.watchWaits(watchCtx, k, ws)
-	}
-	if ws != nil && w.wake == nil {
-		w.wake = make(chan struct{}, 1)
-		ws.list = append(ws.list, w)
-	}
-	// A deletion after w's read that woke no one (w was not queued yet), or
-	// one the watch started too late to see: w tries again at once.
-	missed := false
-	if ws != nil && (ws.lost > w.rev || ws.from > w.rev+1) {
-		missed = true
-		if ws.lost > w.rev {
-			ws.lost = 0 // claimed
-		}
-	}
-	wake := w.wake // set and cleared under b.mu
-	b.mu.Unlock()
-	switch {
-	case missed:
-	case wake == nil: // no watch: the delay alone
-		<-wctx.Done()
-	default:
-		select {
-		case <-wake:
-		case <-wctx.Done():
-		}
-	}
-}
-
-// stopWaiting takes w out of the waiters of the resource of k, and stops
-// their watch after the last.
-func (b *etcdBackend) stopWaiting(k keys, w *waitState) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	ws := b.waits[k.base]
-	if ws == nil || w.wake == nil {
-		return
-	}
-	if i := slices.Index(ws.list, w); i >= 0 {
-		ws.list = slices.Delete(ws.list, i, i+1)
-		if len(w.wake) > 0 && !b.wakeNext(ws) { // w was woken but will not retry: pass it on
-			ws.lost = max(ws.lost, w.rev+1)
-		}
-	}
-	if len(ws.list) == 0 {
-		ws.stop()
-		delete(b.waits, k.base)
-	}
-}
-
-// wakeNext wakes the first waiter of ws not woken yet, and reports whether
-// there was one (b.mu held).
-func (b *etcdBackend) wakeNext(ws *etcdWaits) bool {
-	for _, w := range ws.list {
-		select {
-		case w.wake <- struct{}{}:
-			return true
-		default: // woken already, not yet back
-		}
-	}
-	return false
-}
-
-// watchWaits follows the permit keys of the resource of k from ws.from for
-// ws's waiters. When the watch fails (compacted, no leader), it leaves the
-// resource without a watch: its waiters wait out their delay, and the next
-// one to wait starts a new watch.
-func (b *etcdBackend) watchWaits(ctx context.Context, k keys, ws *etcdWaits) {
-	permits := k.permitPrefix()
-	for resp := range b.cl.Watch(ctx, k.base, ws.from, "") {
-		b.mu.Lock()
-		for _, ev := range resp.Events {
-			key := string(ev.Kv.Key)
-			if ev.Delete && (key == k.base || strings.HasPrefix(key, permits)) && !b.wakeNext(ws) {
-				ws.lost = ev.Kv.ModRevision
-			}
-		}
-		b.mu.Unlock()
-		if resp.Err != nil {
-			break
-		}
-	}
-	b.mu.Lock()
-	if b.waits[k.base] == ws {
-		delete(b.waits, k.base) // its waiters are still queued in ws: stopWaiting finds them gone
-		for _, w := range ws.list {
-			w.wake = nil // queued again by their next wait, on a new watch
-		}
-	}
-	b.mu.Unlock()
-	ws.stop()
-}
-
-// permitReads read the resource of k's permits for readPermits: its lock
-// key, the range of permit keys and, for an owner, the range of owners keys.
+// permitReads read the resource of k's permits and queue for readPermits:
+// its lock key, the range of permit keys, the limit key, the places in line
+// and, for an owner, the range of owners keys.
 func permitReads(k keys, owner string) []EtcdOp {
-	read := []EtcdOp{opGet(k.lock), opGetPrefix(k.permitPrefix()), opGet(k.limitKey())}
+	read := []EtcdOp{opGet(k.lock), opGetPrefix(k.permitPrefix()), opGet(k.limitKey()), opGetPrefix(k.waiterPrefix())}
 	if owner != "" {
 		read = append(read, opGetPrefix(k.ownersPrefix()))
 	}
@@ -432,14 +423,16 @@ func permitReads(k keys, owner string) []EtcdOp {
 }
 
 // etcdPermits is what one read found of a resource's permits: their lock
-// keys (permit k by key), and their owners keys (by key) when asked.
+// keys (permit k by key), the places in line, and their owners keys (by
+// key) when asked.
 type etcdPermits struct {
 	rev    int64 // the read's revision: no permit key changed after it, when it was made
 	permit map[*EtcdKV]int
 	held   map[int]bool
 	owners map[string]*EtcdKV
-	limit  *EtcdKV // the limit key, or nil
-	keys   keys    // the resource's
+	limit  *EtcdKV   // the limit key, or nil
+	queue  []*EtcdKV // the places in line, first first (etcd_queue.go)
+	keys   keys      // the resource's
 }
 
 // settled reports whether a take of a permit below limit needs to compare
@@ -461,25 +454,29 @@ func (p *etcdPermits) settled(limit int) bool {
 	return true
 }
 
-// readPermits reads the answer of permitReads on the resource of k (an
-// acquire's Else): the lock key, the range of permit keys, the limit key
-// and, for an owner, the range of owners keys.
-func readPermits(l *Locker, k keys, resp *EtcdTxnResponse) *etcdPermits {
-	p := &etcdPermits{rev: resp.Revision, permit: map[*EtcdKV]int{}, held: map[int]bool{},
+// readPermits reads the answers of permitReads on the resource of k, made
+// at revision rev.
+func readPermits(l *Locker, k keys, rev int64, reads []*EtcdRange) *etcdPermits {
+	p := &etcdPermits{rev: rev, permit: map[*EtcdKV]int{}, held: map[int]bool{},
 		owners: map[string]*EtcdKV{}, keys: k}
-	for i, rr := range resp.Responses {
+	for i, rr := range reads {
 		if rr == nil {
 			continue
 		}
-		for _, kv := range rr.Kvs {
-			switch i {
-			case 2:
-				p.limit = kv
-				continue
-			case 3:
+		switch i {
+		case 2:
+			p.limit = firstKV(rr)
+			continue
+		case 3:
+			p.queueRead(rr.Kvs)
+			continue
+		case 4:
+			for _, kv := range rr.Kvs {
 				p.owners[string(kv.Key)] = kv
-				continue
 			}
+			continue
+		}
+		for _, kv := range rr.Kvs {
 			if _, n, ok := l.permitOf(string(kv.Key)); ok {
 				p.permit[kv], p.held[n] = n, true
 			}
@@ -549,7 +546,7 @@ func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, owne
 		id := lockKV.Lease
 		next, err := b.txn(ctx).
 			If(cmpMod(pk.owners, "=", ownersKV.ModRevision),
-				cmpCreate(pk.lock, "=", lockKV.CreateRevision)).
+				cmpMod(pk.lock, "=", lockKV.ModRevision)).
 			Then(opPut(pk.owners, ownersValue(n+1, owner), id)).
 			Else(opGet(pk.lock), opGet(pk.owners)).
 			Commit()
@@ -558,7 +555,7 @@ func (b *etcdBackend) reenter(ctx context.Context, s *Lease, p int, lockKV, owne
 		}
 		if next.Succeeded {
 			s.keys = pk
-			s.token, s.fence, s.reentry = string(lockKV.Value), lockKV.CreateRevision, true
+			s.token, s.fence, s.reentry = string(lockKV.Value), lockKV.ModRevision, true
 			s.ext = &etcdLease{id: id}
 			b.hold(s)
 			return true, nil
@@ -715,7 +712,7 @@ func keyStatus(s *Lease, kv *EtcdKV) error {
 	switch {
 	case kv == nil:
 		return s.lost(ReasonExpired)
-	case string(kv.Value) != s.token || kv.CreateRevision != s.fence ||
+	case string(kv.Value) != s.token || kv.ModRevision != s.fence ||
 		kv.Lease != s.ext.(*etcdLease).id:
 		return s.lost(ReasonStolen)
 	}
@@ -731,6 +728,26 @@ func (b *etcdBackend) release(ctx context.Context, s *Lease) error {
 	defer cancel()
 	b.unhold(s) // our own delete is not a loss
 	err := b.releaseOnce(ctx, s)
+	for delay := time.Duration(0); errors.Is(err, ErrEtcdUnavailable) && ctx.Err() == nil; {
+		// etcd could not answer (a leader change, a member gone), and the
+		// delete or hand-off may have committed: the key says whether.
+		delay = backoff.RedisRetry.Next(delay)
+		backoff.Sleep(ctx, delay)
+		var kv *EtcdRange
+		if kv, err = b.get(ctx, opGet(s.keys.lock)); err != nil {
+			continue
+		}
+		switch now := firstKV(kv); {
+		case now == nil:
+			return nil // deleted: by this release, or with its lease
+		case string(now.Value) == s.token && now.ModRevision == s.fence:
+			err = b.releaseOnce(ctx, s) // still ours: again
+		case string(now.Value) == s.ext.(*etcdLease).handedTo:
+			return nil // handed on by this release
+		default:
+			err = keyStatus(s, now)
+		}
+	}
 	if err != nil && !errors.Is(err, ErrLockLost) {
 		b.hold(s) // still ours, as far as we know: keep watching
 		return fmt.Errorf("lock: release %q: etcd: %w", s.resource, err)
@@ -738,8 +755,11 @@ func (b *etcdBackend) release(ctx context.Context, s *Lease) error {
 	return err
 }
 
+// releaseRounds bounds the transactions of one release.
+const releaseRounds = 10
+
 func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
-	ours := cmpCreate(s.keys.lock, "=", s.fence)
+	ours := cmpMod(s.keys.lock, "=", s.fence)
 	mine := cmpValue(s.keys.lock, s.token)
 	del := []EtcdOp{opDelete(s.keys.lock)}
 	if s.owner != "" {
@@ -749,7 +769,8 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 	// sees its writes): for dropLimit.
 	base := s.keys.permitKeys(0)
 	del = append(del, opCount(base.lock), opCountPrefix(base.permitPrefix()), opCount(base.limitKey()))
-	for range 10 { // each round lost a race with another hold of the same owner
+	e := s.ext.(*etcdLease)
+	for round := range releaseRounds { // each round lost a race with another hold of the same owner, or a hand-off
 		var cmps []EtcdCmp
 		var owners *EtcdKV
 		if s.owner != "" {
@@ -778,7 +799,23 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 				}
 			}
 		}
-		resp, err := b.txn(ctx).If(append(cmps, ours, mine)...).Then(del...).Else(opGet(s.keys.lock)).Commit()
+		last := round == releaseRounds-1 // lets go without a hand-off: the first place takes the permit
+		if e.contended && !last {
+			handed, again, err := b.handOn(ctx, s, append(cmps, ours, mine))
+			switch {
+			case err != nil:
+				return err
+			case handed:
+				return nil
+			case again:
+				continue
+			}
+		}
+		plain := append(cmps, ours, mine)
+		if !e.contended && !last {
+			plain = append(plain, cmpCreate(base.waiterPrefix(), "=", 0).WithPrefix()) // no one to hand it to
+		}
+		resp, err := b.txn(ctx).If(plain...).Then(del...).Else(opGet(s.keys.lock)).Commit()
 		if err != nil {
 			return err
 		}
@@ -786,11 +823,76 @@ func (b *etcdBackend) releaseOnce(ctx context.Context, s *Lease) error {
 			b.dropLimit(ctx, s, resp.Responses[len(del)-3:])
 			return nil
 		}
-		if kv := firstKV(resp.Responses[0]); s.owner == "" || kv == nil || string(kv.Value) != s.token {
+		kv := firstKV(resp.Responses[0])
+		if kv == nil || string(kv.Value) != s.token || kv.ModRevision != s.fence {
+			return keyStatus(s, kv)
+		}
+		if !e.contended {
+			e.contended = true // someone waits: hand it on
+			continue
+		}
+		if s.owner == "" {
 			return keyStatus(s, kv)
 		}
 	}
 	return errors.New("too many concurrent changes of the hold count")
+}
+
+// handOn hands s's permit to the first place in its resource's line, when
+// there is one that may take it (nextWaiter), in a transaction that also
+// compares cmps (s still holds it). It reports whether it did; again when
+// it could have but the first place changed meanwhile (read again).
+//
+// The releases of one resource in this process hand on one at a time: two
+// that read the same first place would both try it, and the loser's
+// transaction costs a raft proposal too.
+func (b *etcdBackend) handOn(ctx context.Context, s *Lease, cmps []EtcdCmp) (handed, again bool, err error) {
+	defer b.handing(s.keys.base)()
+	next, err := b.nextWaiter(ctx, s)
+	if err != nil || next == nil {
+		return false, false, err
+	}
+	s.ext.(*etcdLease).handedTo = next.v.Token
+	resp, err := b.txn(ctx).If(append(cmps, cmpCreate(string(next.place.Key), "=", next.place.CreateRevision))...).
+		Then(next.ops(s.keys)...).Else(opGet(s.keys.lock)).Commit()
+	if err != nil {
+		return false, false, err
+	}
+	if resp.Succeeded {
+		return true, false, nil
+	}
+	if kv := firstKV(resp.Responses[0]); kv == nil || string(kv.Value) != s.token || kv.ModRevision != s.fence {
+		return false, false, keyStatus(s, kv)
+	}
+	return false, true, nil
+}
+
+// handing serializes this process's hand-offs of the resource of lock key
+// base; the returned func ends this one's turn.
+func (b *etcdBackend) handing(base string) func() {
+	b.mu.Lock()
+	h := b.handoffs[base]
+	if h == nil {
+		h = &etcdHanding{}
+		b.handoffs[base] = h
+	}
+	h.users++
+	b.mu.Unlock()
+	h.mu.Lock()
+	return func() {
+		h.mu.Unlock()
+		b.mu.Lock()
+		if h.users--; h.users == 0 {
+			delete(b.handoffs, base)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// etcdHanding is the turn of one resource's hand-offs in this process.
+type etcdHanding struct {
+	mu    sync.Mutex
+	users int // holding or waiting for mu (b.mu guards it)
 }
 
 // dropLimit deletes the limit key of s's resource when the release left no
@@ -954,7 +1056,7 @@ func (b *etcdBackend) changed(ev EtcdEvent) {
 		case ev.Delete:
 			lost, reasons = append(lost, s), append(reasons, ReasonExpired)
 			continue
-		case ev.Kv.CreateRevision != s.fence || string(ev.Kv.Value) != s.token:
+		default: // written after our acquire or hand-off: another holder's
 			lost, reasons = append(lost, s), append(reasons, ReasonStolen)
 			continue
 		}
@@ -983,11 +1085,11 @@ func (b *etcdBackend) changed(ev EtcdEvent) {
 // close stops the watch; leases stay with their holders.
 func (b *etcdBackend) close() error {
 	b.mu.Lock()
+	if !b.closed {
+		close(b.done)
+	}
 	b.closed = true
 	stop, stopped := b.stop, b.stopped
-	for _, ws := range b.waits {
-		ws.stop() // its waiters wait out their delay
-	}
 	b.mu.Unlock()
 	if stop != nil {
 		stop()

@@ -40,6 +40,11 @@ type EtcdClient interface {
 // named is gone (expired or revoked).
 var ErrEtcdLeaseNotFound = errors.New("etcdserver: requested lease not found")
 
+// ErrEtcdUnavailable is matched by an EtcdClient's error when the cluster
+// could not answer for now: a member gone or unreachable, a leader change,
+// no leader, a timeout. A write's outcome is then unknown.
+var ErrEtcdUnavailable = errors.New("etcd: unavailable for now")
+
 // EtcdKV is a key as etcd stores it.
 type EtcdKV struct {
 	Key, Value                  []byte

@@ -16,16 +16,3 @@ func Leave(l *Locker, resource, id string) {
 	s := &Lease{locker: l, keys: l.keysFor(resource), resource: resource, ttl: time.Second, wait: &waitState{id: id}}
 	l.be.(fairWaiter).leave(context.Background(), s)
 }
-
-// EtcdWaiting is how many Acquires of resource wait in l's process on its
-// etcd watch (etcdWaits): a test's signal that a waiter has made its busy
-// attempt and waits.
-func EtcdWaiting(l *Locker, resource string) int {
-	b := l.be.(*etcdBackend)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if ws := b.waits[l.keysFor(resource).base]; ws != nil {
-		return len(ws.list)
-	}
-	return 0
-}

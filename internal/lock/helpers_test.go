@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,12 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, redistest.LeakOptions()...) }
+func TestMain(m *testing.M) {
+	if os.Getenv(queueChildEnv) != "" { // this binary run as a waiter process (etcd_queue_test.go)
+		os.Exit(queueChild())
+	}
+	goleak.VerifyTestMain(m, redistest.LeakOptions()...)
+}
 
 func newLocker(t testing.TB, opts ...lock.Option) (*lock.Locker, *redis.Client, *redistest.Server) {
 	t.Helper()

@@ -22,7 +22,7 @@ type Held struct {
 	Token    string        // the holder's token; ParseToken says who holds it
 	Fence    int64         // the holder's fence
 	TTL      time.Duration // left until it expires unless renewed; -1: no expiry (not written by Lockstep)
-	Queued   int64         // Acquire callers waiting in the lock's queue (the single back end's)
+	Queued   int64         // Acquire callers waiting in the lock's queue (single and etcd)
 	// Nodes are the Redlock nodes (addresses) that hold this token, a
 	// majority; nil on the other back ends.
 	Nodes []string
@@ -395,9 +395,10 @@ func (r *redlock) breakLock(ctx context.Context, l *Locker, h Held) (bool, error
 	return anyDeleted, nil
 }
 
-// etcd: permit k of resource R is the key P{R} (k = 0) or P{R}:p<k>, its
-// create revision the fence, bound to a lease whose time to live is the
-// permit's TTL left; P{R}:limit holds the limit of a resource with permits.
+// etcd: permit k of resource R is the key P{R} (k = 0) or P{R}:p<k>, the
+// revision that last wrote it (its create, or a hand-off) the fence, bound to
+// a lease whose time to live is the permit's TTL left; P{R}:limit holds the
+// limit of a resource with permits; P{R}:queue:<id> are the places in line.
 func (b *etcdBackend) locks(ctx context.Context, l *Locker) ([]Held, error) {
 	resp, err := b.get(ctx, opGetPrefix(b.watchPrefix))
 	if err != nil {
@@ -412,16 +413,21 @@ func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*EtcdKV) ([
 	var out []Held
 	limits := map[string]int{}
 	ttls := map[int64]time.Duration{} // by lease id: the shared leases are asked once
+	queued := map[string]int64{}
 	for _, kv := range kvs {
 		if r, ok := l.limitOf(string(kv.Key)); ok {
 			limits[r], _ = strconv.Atoi(string(kv.Value))
+			continue
+		}
+		if r, ok := l.waiterOf(string(kv.Key)); ok {
+			queued[r]++
 			continue
 		}
 		r, k, ok := l.permitOf(string(kv.Key))
 		if !ok {
 			continue
 		}
-		h := Held{Resource: r, Permit: k, Token: string(kv.Value), Fence: kv.CreateRevision, TTL: -1}
+		h := Held{Resource: r, Permit: k, Token: string(kv.Value), Fence: kv.ModRevision, TTL: -1}
 		if kv.Lease != 0 {
 			ttl, ok := ttls[kv.Lease]
 			if !ok {
@@ -442,6 +448,7 @@ func (b *etcdBackend) heldFrom(ctx context.Context, l *Locker, kvs []*EtcdKV) ([
 	}
 	for i, h := range out {
 		out[i].Limit = etcdLimit(limits[h.Resource], highest[h.Resource])
+		out[i].Queued = queued[h.Resource]
 	}
 	return out, nil
 }
@@ -504,7 +511,7 @@ func (b *etcdBackend) permitLimit(ctx context.Context, l *Locker, resource strin
 func (b *etcdBackend) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
 	k := l.keysFor(h.Resource).permitKeys(h.Permit)
 	resp, err := b.txn(ctx).
-		If(cmpValue(k.lock, h.Token), cmpCreate(k.lock, "=", h.Fence)).
+		If(cmpValue(k.lock, h.Token), cmpMod(k.lock, "=", h.Fence)).
 		Then(opDelete(k.lock), opDelete(k.owners)).
 		Commit()
 	if err != nil {

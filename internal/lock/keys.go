@@ -42,6 +42,14 @@ func (k keys) limitKey() string { return k.base + ":limit" }
 // itself they are the resource's permits.
 func (k keys) permitPrefix() string { return k.base + ":p" }
 
+// waiterKey is goroutine waiter id's key under the resource's queue,
+// prefix{R}:queue:<id>: on Redis its hash (token, ttl, owner), on etcd its
+// place in the queue (etcd_queue.go).
+func (k keys) waiterKey(id string) string { return k.queue + ":" + id }
+
+// waiterPrefix is what every waiter's key of the resource starts with.
+func (k keys) waiterPrefix() string { return k.queue + ":" }
+
 // ownersPrefix is what the reentrancy keys of every permit start with
 // (prefix{R}:owners, then ":<k>" for a permit k > 0).
 func (k keys) ownersPrefix() string { return k.base + ":owners" }
@@ -117,7 +125,7 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 
 // A resource's other keys and names, all under its hash tag:
 //
-//	prefix{R}:queue:W        a goroutine waiter's hash (token, ttl, owner)
+//	prefix{R}:queue:W        a goroutine waiter's hash (token, ttl, owner); on etcd its place (waiterKey)
 //	prefix{R}:queue:W:wake   its wake list
 //	prefix{R}:done:<q>:<id>  a done marker: task id of queue q ran under a hand-off
 //	prefix{R}:granted        the pub/sub channel of grants to parked tasks

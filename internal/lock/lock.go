@@ -300,9 +300,10 @@ func (l *Locker) newLease(ctx context.Context, resource string, ttl time.Duratio
 // On one Redis deployment (New) waiters are served in arrival order and
 // woken when the holder releases (see wait.go); the decorrelated-jitter
 // backoff only bounds each wait, the fallback for a lost wake-up. A waiter
-// that gives up leaves the queue. On etcd Acquire retries when a holder of
-// the resource lets go (a watch) or after the backoff's delay, whichever
-// comes first; on Redlock, and with WaitReplicas, after the delay.
+// that gives up leaves the queue. On etcd waiters hold places in the
+// resource's queue in etcd, served in their order across processes, each
+// woken by a watch on the place just ahead of it (etcd_queue.go); on
+// Redlock, and with WaitReplicas, Acquire retries after the delay.
 func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	w := waitConfig{backoff: l.backoff, maxWait: l.maxWait, limit: 1}
 	for _, o := range opts {
@@ -321,10 +322,8 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 	cw, wakes := l.be.(changeWaiter)
 	var wait *waitState
 	switch {
-	case fair:
+	case fair, wakes:
 		wait = &waitState{id: newToken()[:16]}
-	case wakes:
-		wait = &waitState{} // its busy attempts note what waitChange watches from
 	}
 	var wk keys // set by the first waitChange, which the Acquire's end undoes
 	defer func() {
@@ -378,7 +377,10 @@ func (l *Locker) Acquire(ctx context.Context, resource string, ttl time.Duration
 			if wk.base == "" {
 				wk = l.keysFor(resource)
 			}
-			cw.waitChange(ctx, wk, wait, delay)
+			// Woken by the change of the key it watches (from its read's
+			// revision, so none is missed); the backoff's longest delay
+			// bounds the wait, as in the queue on Redis.
+			cw.waitChange(ctx, wk, wait, max(delay, w.backoff.Max))
 		} else {
 			backoff.Sleep(ctx, delay)
 		}

@@ -395,7 +395,7 @@ func (l *Locker) Pass(ctx context.Context, n GrantNotice, ttl time.Duration) err
 // Waiter is one waiter of a resource, in the order they are served.
 type Waiter struct {
 	Position int       // 1 is served first
-	Since    time.Time // arrival, by the server's clock
+	Since    time.Time // arrival, by the server's clock (etcd: the waiter's, at its first attempt)
 	// A parked task:
 	Queue, TaskID string
 	// A goroutine waiting in Acquire (WithLock):
@@ -404,8 +404,11 @@ type Waiter struct {
 }
 
 // Waiters returns resource's waiters in the order a release serves them.
-// Back ends without the queue have none.
+// Redlock has no queue: none.
 func (l *Locker) Waiters(ctx context.Context, resource string) ([]Waiter, error) {
+	if e, ok := l.be.(*etcdBackend); ok {
+		return e.waiters(ctx, l, resource)
+	}
 	b, err := l.redis()
 	if err != nil {
 		return nil, nil
@@ -425,7 +428,7 @@ func (l *Locker) Waiters(ctx context.Context, resource string) ([]Waiter, error)
 			if q, id, ok := ParseTaskWaiter(m); ok {
 				w.Queue, w.TaskID, w.Live = q, id, true
 			} else {
-				tokens[i] = p.HGet(ctx, k.queue+":"+m, "token")
+				tokens[i] = p.HGet(ctx, k.waiterKey(m), "token")
 			}
 		}
 		return nil

@@ -40,11 +40,11 @@ import (
 
 // waitState is one Acquire's place in the queue.
 type waitState struct {
-	id     string        // the waiter id
-	sent   time.Time     // when its last busy attempt was sent (zero: never queued)
-	server int64         // the server's time in µs when that attempt ran
-	rev    int64         // etcd: the revision its last busy attempt read (changeWaiter)
-	wake   chan struct{} // etcd: its place among the resource's waiters in this process (etcdWaits)
+	id     string    // the waiter id
+	sent   time.Time // when its last busy attempt was sent (zero: never queued)
+	server int64     // the server's time in µs when that attempt ran
+	rev    int64     // etcd: the revision its last busy attempt read (changeWaiter)
+	place  etcdPlace // etcd: its place in the resource's queue (etcd_queue.go)
 }
 
 func (w *waitState) busy(sent time.Time, server int64) { w.sent, w.server = sent, server }
@@ -72,13 +72,15 @@ type fairWaiter interface {
 	leave(ctx context.Context, s *Lease)
 }
 
-// changeWaiter is implemented by back ends without a queue whose Acquire can
-// still be woken when a holder of its resource lets go (etcd).
+// changeWaiter is implemented by back ends whose waiter holds a place in the
+// store that its busy attempts make and read, and that a change in the store
+// wakes (etcd: etcd_queue.go).
 type changeWaiter interface {
-	// waitChange blocks until a permit of the resource of k is let go after
-	// w's last busy attempt, d passes or ctx ends.
+	// waitChange blocks until the key w watches changes after w's last busy
+	// attempt (the place just ahead of it, or the permits for the first),
+	// d passes or ctx ends.
 	waitChange(ctx context.Context, k keys, w *waitState, d time.Duration)
-	// stopWaiting ends w's wait, when its Acquire ends.
+	// stopWaiting ends w's wait, when its Acquire ends: w leaves its place.
 	stopWaiting(k keys, w *waitState)
 }
 
@@ -101,7 +103,7 @@ func (b *single) waitTurn(ctx context.Context, s *Lease, d time.Duration) (bool,
 	// itself, nothing else runs in between) and is not cancelled with ctx: a
 	// hand-off it pops must reach the lease or be released. When ctx ends
 	// first, a marker pushed to the wake list ends it at once.
-	wake := s.keys.queue + ":" + s.wait.id + ":wake"
+	wake := s.keys.waiterKey(s.wait.id) + ":wake"
 	marked := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(marked)
