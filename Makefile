@@ -23,6 +23,9 @@ deps:
 # change. It runs after the other packages, not beside them: its seven
 # processes would otherwise starve the short-TTL fault tests of CPU.
 #
+# Four tests of a package at once (-parallel 4; the default is the number of
+# CPUs): most of them wait on real servers, ticks and TTLs, not on the CPU.
+#
 # It also builds and vets the example service (examples/, modules of their
 # own; internal/exampletest runs them), and builds and tests the library
 # packages with the oldest Go release go.mod declares (GOTOOLCHAIN fetches it
@@ -33,7 +36,7 @@ EXAMPLES := $(wildcard examples/*/go.mod)
 test: deps
 	$(GO) vet -race $(PKGS)
 	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet -race ./... && $(GO) build -race ./...) || exit 1; done
-	$(GO) test -race -count=1 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/chaos$$')
+	$(GO) test -race -count=1 -parallel 4 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/chaos$$')
 	GOTOOLCHAIN=go$(GO_MIN) $(GO) test -count=1 $(TESTFLAGS) $(LIBPKGS)
 	$(GO) test -race -count=1 -timeout 8m $(TESTFLAGS) ./internal/chaos
 

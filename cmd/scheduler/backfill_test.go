@@ -71,6 +71,7 @@ func taskIDs(t *testing.T, insp *asynq.Inspector) map[string]int {
 // third finds every tick enqueued. A dry run enqueues nothing; bad ranges
 // exit 2 naming the flag, with nothing enqueued.
 func TestBackfillTwiceEnqueuesEachTickOnce(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, backfillSchedule)}
 	started := time.Now().Truncate(time.Second)
@@ -230,6 +231,7 @@ func tickCount(t *testing.T, body, schedule, result string) int {
 // to run them, the first tick of the range is enqueued and waits, and the
 // others are recorded skipped with reason overlap; so is a trigger.
 func TestBackfillAppliesTheOverlapPolicy(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, backfillSchedule)}
 	if code, out := r.lockstep("schedules", "add", "hourly", "--cron", "@every 1s", "--task", "test:tick", "--overlap", "skip"); code != 0 {

@@ -255,6 +255,7 @@ func checkBacklog(t *testing.T, ticks []cliTick, execs map[string]demo.Execution
 // every tick is enqueued or recorded skipped (reason overlap), and the
 // skips are counted.
 func TestOverlapSkipNeverQueuesBehindARun(t *testing.T) {
+	t.Parallel()
 	r := startOverlapRig(t, "skip")
 	r.waitExecutions(3, 20*time.Second)
 	r.stopReplicas()
@@ -268,6 +269,7 @@ func TestOverlapSkipNeverQueuesBehindARun(t *testing.T) {
 
 // With buffer_one, at most one run waits behind the running one.
 func TestOverlapBufferOneQueuesAtMostOne(t *testing.T) {
+	t.Parallel()
 	r := startOverlapRig(t, "buffer_one")
 	// lockstep schedules (and the page) show the running run and the one behind it.
 	deadline := time.Now().Add(10 * time.Second)
@@ -309,6 +311,7 @@ func mapValues[K comparable, V any](m map[K]V) func(func(V) bool) {
 // the cancelled runs stop at their context and never commit, fences increase,
 // no stale write is accepted, and the last run, which no tick cancels, is done.
 func TestOverlapCancelPreviousCancelsTheRunningRun(t *testing.T) {
+	t.Parallel()
 	r := startOverlapRig(t, "cancel_previous")
 	r.waitExecutions(3, 20*time.Second)
 	r.stopReplicas()
@@ -413,6 +416,7 @@ func (r *overlapRig) endedByLaterTick() []string {
 // the next run starts within the run lock's TTL (and a tick, and a lock
 // wait's backoff) of the kill, and the backlog stays within the policy.
 func TestOverlapWorkerKilledMidRunNextRunWithinTTL(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		policy  string
 		maxLive int
@@ -475,6 +479,7 @@ func killMidRun(t *testing.T, policy string, maxLive int) {
 // requeued, so that no hand-off runs it elsewhere without its run lock; it
 // starts in that worker on its first attempt once the order is free.
 func TestOverlapRunWaitsForItsHandlersLockUnderTheRunLock(t *testing.T) {
+	t.Parallel()
 	var other *lock.Lease
 	r := startOverlapRig(t, "skip", func(srv *redistest.Server) {
 		var err error
