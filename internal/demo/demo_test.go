@@ -83,17 +83,7 @@ func TestBeginAndCommitAreFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	for _, w := range ws {
-		got = append(got, fmt.Sprint(w.Op, " ", w.Fence, " ", w.TaskID))
-		if w.OrderID != "1" || w.Worker != "w" || w.AtMS <= 0 {
-			t.Errorf("log entry %+v", w)
-		}
-	}
-	want := []string{fmt.Sprint("begin ", f1, " t0"), fmt.Sprint("begin ", f2, " t2"), fmt.Sprint("commit ", f2, " t4")}
-	if !slices.Equal(got, want) {
-		t.Fatalf("log %v, want %v", got, want)
-	}
+	checkLog(t, ws, fmt.Sprint("begin ", f1, " t0"), fmt.Sprint("begin ", f2, " t2"), fmt.Sprint("commit ", f2, " t4"))
 	if errs := StaleWrites(ws); len(errs) != 0 {
 		t.Fatalf("stale writes in a clean log: %v", errs)
 	}
@@ -333,5 +323,21 @@ func TestPermitOverlapsFindsViolations(t *testing.T) {
 		if errs := PermitOverlaps(bad, 3); len(errs) == 0 {
 			t.Errorf("%s: not found", name)
 		}
+	}
+}
+
+// checkLog checks that the writes of order 1 by worker "w" are want, each
+// "<op> <fence> <task id>", in order.
+func checkLog(t *testing.T, ws []Write, want ...string) {
+	t.Helper()
+	var got []string
+	for _, w := range ws {
+		got = append(got, fmt.Sprint(w.Op, " ", w.Fence, " ", w.TaskID))
+		if w.OrderID != "1" || w.Worker != "w" || w.AtMS <= 0 {
+			t.Errorf("log entry %+v", w)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("log %v, want %v", got, want)
 	}
 }

@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -19,12 +18,8 @@ import (
 // exactly the accepted steps, in the store's order.
 func TestPostgresBeginAndCommitAreFenced(t *testing.T) {
 	t.Parallel()
-	db := sqltest.Postgres(t)
+	db, pg := newPostgres(t)
 	ctx := context.Background()
-	pg := NewPostgres(db.DB, "redis")
-	if err := pg.Create(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := pg.Create(ctx); err != nil { // again: the tables exist
 		t.Fatal(err)
 	}
@@ -72,17 +67,7 @@ func TestPostgresBeginAndCommitAreFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	for _, w := range orders {
-		got = append(got, fmt.Sprint(w.Op, " ", w.Fence, " ", w.TaskID))
-		if w.OrderID != "1" || w.Worker != "w" || w.AtMS <= 0 {
-			t.Errorf("log row %+v", w)
-		}
-	}
-	want := []string{fmt.Sprint("begin ", f1, " a"), fmt.Sprint("begin ", f2, " b"), fmt.Sprint("commit ", f2, " b")}
-	if !slices.Equal(got, want) {
-		t.Fatalf("log %v, want %v", got, want)
-	}
+	checkLog(t, orders, fmt.Sprint("begin ", f1, " a"), fmt.Sprint("begin ", f2, " b"), fmt.Sprint("commit ", f2, " b"))
 	if len(tenants) != 4 || tenants[0].OrderID != "7/0" || tenants[3].OrderID != "7/1" {
 		t.Fatalf("tenant log %+v, want a begin and a commit on 7/0, then on 7/1", tenants)
 	}
@@ -100,12 +85,8 @@ func TestPostgresBeginAndCommitAreFenced(t *testing.T) {
 // steps leave no row.
 func TestPostgresDemoJob(t *testing.T) {
 	t.Parallel()
-	db := sqltest.Postgres(t)
+	db, pg := newPostgres(t)
 	ctx := context.Background()
-	pg := NewPostgres(db.DB, "redis")
-	if err := pg.Create(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := fence.Postgres(FenceTable).LockName("redis").Check(ctx, db.DB, Resource("stale"), 0, 1<<62); err != nil {
 		t.Fatal(err)
 	}
@@ -137,4 +118,16 @@ func TestPostgresDemoJob(t *testing.T) {
 	if len(orders) != 2 || orders[0].OrderID != "ok" || orders[1].Op != "commit" {
 		t.Fatalf("log %+v, want the ok run's begin and commit alone", orders)
 	}
+}
+
+// newPostgres is a private PostgreSQL with the demo's tables, the store's
+// fences named after the redis back end.
+func newPostgres(t *testing.T) (*sqltest.DB, *Postgres) {
+	t.Helper()
+	db := sqltest.Postgres(t)
+	pg := NewPostgres(db.DB, "redis")
+	if err := pg.Create(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, pg
 }
