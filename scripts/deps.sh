@@ -10,7 +10,7 @@
 set -euo pipefail
 
 go="${GO:-go}"
-jaeger_version=v1.76.0
+jaeger_version=v1.75.0
 jaeger_bin="${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/jaeger-$jaeger_version/jaeger"
 logs="$(mktemp -d)"
 

@@ -36,7 +36,7 @@ import (
 
 // Version is the Jaeger release the tests run: the one scripts/deps.sh
 // builds (keep the two equal).
-const Version = "v1.76.0"
+const Version = "v1.75.0"
 
 // startTimeout bounds how long Jaeger may take to serve both its ports.
 const startTimeout = 30 * time.Second
