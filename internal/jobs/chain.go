@@ -301,7 +301,7 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 // runChained runs a claimed task under its granted lock. It returns the
 // next grant, and the task when asynq still has to complete it.
 func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string, msg []byte, drop *string) (*lock.TaskGrant, trace.SpanContext, *finished) {
-	s.recovery.back(g.Queue, g.ID) // the hand-off recorded it anew
+	s.recovery.back(g.Resource, g.Queue, g.ID) // the hand-off recorded it anew
 	m, err := asynqstore.DecodeTaskMsg(msg)
 	var spec *Spec
 	if err == nil {

@@ -151,22 +151,17 @@ func (s *Server) lockAcquire(result string) { s.metrics.LockAcquire.WithLabelVal
 //
 // While it waits, the task is recorded for a recoverer by its bare record
 // (recovery.go); once it holds the lock, by its hold record, as a taken
-// lock is. A wait that ends without the lock removes the bare record before
-// the caller parks the task.
+// lock is.
 func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Duration) (*lock.Lease, error) {
-	bare := s.holdBare(ctx, job)
-	if bare {
-		defer s.recovery.left("", job.Queue, job.ID) // gone by then, unless the wait failed
+	if s.holdBare(ctx, job) {
+		defer s.recovery.left("", job.Queue, job.ID)
 	}
 	lease, err := s.locker.Acquire(ctx, job.Resource, ttl, lock.MaxWait(maxWait), lock.Permits(max(job.limit, 1)))
 	switch {
 	case err == nil:
 		s.swapBare(ctx, job, job.Resource)
 		return lease, nil
-	case bare:
-		s.dropBare(ctx, job)
-	}
-	if ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired) {
+	case ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired):
 		return nil, nil
 	}
 	return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}

@@ -59,11 +59,11 @@ type recovery struct {
 	holds   string // its holds set
 
 	mu sync.Mutex
-	// Records of the tasks that left, by task (lock.TaskWaiter), to remove:
-	// those that left before the last beat (aged) at the next beat, the
-	// others (done) at the one after. A record outlives its task's leaving
-	// by a whole beat, so that asynq has recorded the task's result first.
-	done, aged map[string][]any
+	// Records of the tasks that left, to remove: those queued before the
+	// last beat (aged) at the next beat, the others (done) at the one after.
+	// A record outlives its task's leaving by a whole beat, so that asynq
+	// has recorded the task's result first.
+	done, aged map[string]struct{}
 	markers    []string  // done markers to delete at the next beat
 	landed     time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
 
@@ -74,7 +74,7 @@ type recovery struct {
 
 func newRecovery(l *lock.Locker) *recovery {
 	p := procid.Self() // the holder in this process's lock tokens
-	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string][]any{}, aged: map[string][]any{}}
+	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string]struct{}{}, aged: map[string]struct{}{}}
 }
 
 // left queues the hold record of a task that left this process's hands (it
@@ -84,22 +84,22 @@ func (r *recovery) left(resource, queue, id string) {
 	if r == nil {
 		return
 	}
-	task := lock.TaskWaiter(queue, id)
 	r.mu.Lock()
-	r.done[task] = append(r.done[task], lock.HoldRecord(resource, queue, id))
+	r.done[lock.HoldRecord(resource, queue, id)] = struct{}{}
 	r.mu.Unlock()
 }
 
-// back cancels the removals queued for the task id of queue: it is in this
-// process's hands again (asynq's dequeue or a hand-off recorded it anew).
-func (r *recovery) back(queue, id string) {
+// back cancels the removal queued for the record of the task id of queue
+// on resource ("": its bare record): the task is in this process's hands
+// again, recorded anew (by asynq's dequeue, or a hand-off).
+func (r *recovery) back(resource, queue, id string) {
 	if r == nil {
 		return
 	}
-	task := lock.TaskWaiter(queue, id)
+	rec := lock.HoldRecord(resource, queue, id)
 	r.mu.Lock()
-	delete(r.done, task)
-	delete(r.aged, task)
+	delete(r.done, rec)
+	delete(r.aged, rec)
 	r.mu.Unlock()
 }
 
@@ -128,18 +128,16 @@ func (s *Server) holdsFor(ctx context.Context) string {
 
 // holdBare records, for a recoverer, a task this process holds without a
 // lock (its handler takes none, or it waits in the worker for one): its
-// bare record, a hold record without a resource. A dead process's bare
-// records are brought back as soon as it is judged dead, while the task is
-// still active. It reports whether the record was written; the caller then
-// has it removed once the task leaves (recovery.left with no resource), or
-// replaced by the task's hold record when it gets its lock (swapBare).
+// bare record, a hold record without a resource, unless asynq's dequeue
+// wrote it already. A dead process's bare records are brought back as soon
+// as it is judged dead, while the task is still active. It reports whether
+// it wrote the record; the caller then has it removed once the task leaves
+// (recovery.left with no resource). A task that gets its lock has its bare
+// record replaced by its hold record (swapBare, take.lua).
 func (s *Server) holdBare(ctx context.Context, job Job) bool {
 	holds := s.holdsFor(ctx)
-	if holds == "" {
+	if holds == "" || s.recovery.dequeues && asynqstore.Recorded(job.ID) {
 		return false
-	}
-	if s.recovery.dequeues && asynqstore.Recorded(job.ID) {
-		return true // recorded as asynq handed it over
 	}
 	if err := s.client.SAdd(ctx, holds, lock.HoldRecord("", job.Queue, job.ID)).Err(); err != nil {
 		s.log.Warn("recording a task failed; a crash of this worker leaves it to asynq's lease recovery", "id", job.ID, "err", err)
@@ -166,13 +164,11 @@ func (s *Server) swapBare(ctx context.Context, job Job, resource string) {
 	}
 }
 
-// dropBare removes job's bare record now, before the task goes back to
-// asynq to wait in the resource's queue: asynq may deliver it again to
-// another worker before this process's next beat.
+// dropBare removes now the bare record asynq's dequeue wrote for a task
+// that is not recovered: a schedule's run under an overlap policy
+// (holdsFor).
 func (s *Server) dropBare(ctx context.Context, job Job) {
-	if holds := s.holdsFor(ctx); holds != "" {
-		s.client.SRem(context.WithoutCancel(ctx), holds, lock.HoldRecord("", job.Queue, job.ID))
-	}
+	s.client.SRem(context.WithoutCancel(ctx), s.recovery.holds, lock.HoldRecord("", job.Queue, job.ID))
 }
 
 // Recovery on the back ends without the hand-off (Redlock, etcd,
@@ -237,11 +233,11 @@ func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
 	r.mu.Lock()
 	aged, markers := r.aged, r.markers
-	r.aged, r.done, r.markers = r.done, map[string][]any{}, nil
+	r.aged, r.done, r.markers = r.done, map[string]struct{}{}, nil
 	r.mu.Unlock()
-	var done []any
-	for _, recs := range aged {
-		done = append(done, recs...)
+	done := make([]any, 0, len(aged))
+	for rec := range aged {
+		done = append(done, rec)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
@@ -261,8 +257,8 @@ func (s *Server) beat(ctx context.Context) {
 	defer r.mu.Unlock()
 	if err != nil {
 		s.log.Debug("recovery beat failed", "err", err)
-		for task, recs := range aged {
-			r.aged[task] = append(r.aged[task], recs...)
+		for rec := range aged {
+			r.aged[rec] = struct{}{}
 		}
 		r.markers = append(r.markers, markers...)
 		r.landed = time.Time{}

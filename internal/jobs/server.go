@@ -301,13 +301,17 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		// only after asynq gave up on the task at shutdown and requeued it.
 		return err
 	}
-	job := jobOf(ctx, t.Type())
-	s.recovery.back(job.Queue, job.ID)           // recorded anew as asynq handed it over
-	defer s.recovery.left("", job.Queue, job.ID) // its record from the dequeue
-	if schedule := t.Headers()[overlap.HeaderSchedule]; schedule != "" {
-		if s.recovery != nil && s.recovery.dequeues {
+	if s.recovery != nil && s.recovery.dequeues {
+		// asynq's dequeue wrote the task's bare record (recovery.go).
+		job := jobOf(ctx, t.Type())
+		if t.Headers()[overlap.HeaderSchedule] != "" {
 			s.dropBare(ctx, job) // a run is not recovered (holdsFor)
+		} else {
+			s.recovery.back("", job.Queue, job.ID)
+			defer s.recovery.left("", job.Queue, job.ID)
 		}
+	}
+	if schedule := t.Headers()[overlap.HeaderSchedule]; schedule != "" {
 		return s.processRun(ctx, t, schedule) // under the schedule's run lock (runs.go)
 	}
 	return s.process(ctx, t)
@@ -396,7 +400,12 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 		return s.replay(job, out)
 	}
 	lease, err := s.locker.TryAcquire(ctx, job.Resource, ttl, lock.Permits(job.limit))
-	bare := false // the task waits in this worker: its bare record is written
+	bare := false // this server wrote the task's bare record: it waits in this worker
+	defer func() {
+		if bare {
+			s.recovery.left("", job.Queue, job.ID)
+		}
+	}()
 	wait := func(opts ...lock.AcquireOption) (*lock.Lease, error) {
 		bare = bare || s.holdBare(ctx, job)
 		return s.locker.Acquire(ctx, job.Resource, ttl, append(opts, lock.WithWaitBackoff(s.cfg.Backoff), lock.Permits(job.limit))...)
@@ -418,15 +427,9 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 				// No retries left to requeue with: wait for the lock.
 				lease, err = wait()
 			} else {
-				if bare {
-					s.dropBare(ctx, job)
-				}
 				return &ContendedError{Resource: job.Resource, Delay: s.cfg.Backoff.Nth(job.Attempt)}
 			}
 		}
-	}
-	if bare {
-		defer s.recovery.left("", job.Queue, job.ID)
 	}
 	if err != nil {
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}

@@ -109,8 +109,13 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		}
 		l.acquired.Inc()
 		if holds != "" && !b.oneNode() {
-			// On a Cluster the holds set lives in another slot than the lock.
-			if err := b.client.SAdd(ctx, holds, record).Err(); err != nil {
+			// On a Cluster the holds set lives in another slot than the
+			// lock: the record replaces the bare one as take.lua does.
+			if _, err := b.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.SAdd(ctx, holds, record)
+				p.SRem(ctx, holds, HoldRecord("", queue, id))
+				return nil
+			}); err != nil {
 				return Taken{}, fmt.Errorf("lock: record the hold of %q: %w", resource, err)
 			}
 		}
