@@ -172,8 +172,10 @@ func TestEtcdWaitersOfEveryProcessAreServedInRevisionOrder(t *testing.T) {
 		for i, r := range resources {
 			var err error
 			// Acquire, not TryAcquire: it rides out a leader change that a
-			// loaded machine can cause.
-			if holders[i], err = l.Acquire(ctx, r, 10*time.Second, lock.MaxWait(10*time.Second)); err != nil {
+			// loaded machine can cause. Nothing renews these holds: their
+			// TTL outlasts the queueing of every run, which took over 10 s
+			// on a loaded machine.
+			if holders[i], err = l.Acquire(ctx, r, time.Minute, lock.MaxWait(10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := admin.Put(ctx, "rounds/"+r, r); err != nil {
