@@ -66,6 +66,11 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
 			v.HeldMs = &held
 		}
+		if v.TaskID != "" && v.Type == "" { // granted, or run by a chain: asynq knows its type
+			if t, err := findTask(a, v.TaskID); err == nil {
+				v.Type = t.Type
+			}
+		}
 		out = append(out, v)
 	}
 	slices.SortFunc(out, func(x, y lockView) int {

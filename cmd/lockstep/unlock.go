@@ -12,10 +12,12 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
-const unlockAbout = `Breaks the lock on RESOURCE by deleting its key (on every Redlock node that holds it; on
-etcd, the key and its lease's hold count). The holder's watchdog notices (at once on Redis
-and etcd, at its next renewal on Redlock) and cancels its handler; the next holder gets a higher fence, so a
-store that checks fences refuses the old holder's late writes. Asks for confirmation
+const unlockAbout = `Breaks the lock on RESOURCE: ends its hold as a release would and hands it to the first
+waiter, a WithLock caller or a parked task, in the same step (without one the key goes;
+on every Redlock node that holds it; on etcd, the key and its lease's hold count go and
+the first waiter takes it). The holder's watchdog notices (at once on Redis and etcd, at
+its next renewal on Redlock) and cancels its handler; the next holder gets a higher fence,
+so a store that checks fences refuses the old holder's late writes. Asks for confirmation
 on a terminal; elsewhere --yes is required. Exit 1 when the lock is not held.
 For a resource with a limit, --permit K breaks permit K alone (0 to limit-1, as
 lockstep locks shows them; default 0). A permit out of range exits 2.`
@@ -78,7 +80,7 @@ func cmdUnlock(ctx context.Context, a *app, args []string) int {
 		fmt.Fprintf(a.stderr, "lockstep unlock: %s changed hands meanwhile; nothing deleted (run lockstep locks)\n", what)
 		return exitNotFound
 	}
-	fmt.Fprintf(a.stdout, "unlocked %s: deleted %s (%s); its watchdog cancels the holder, the next holder gets a fence above %d\n",
+	fmt.Fprintf(a.stdout, "unlocked %s: ended the hold of %s (%s); its watchdog cancels the holder, the next holder (the first waiter, if any) gets a fence above %d\n",
 		what, key, who, h.Fence)
 	return exitOK
 }

@@ -36,8 +36,8 @@ type inspector interface {
 	// heldOne returns permit k of the lock on resource (0: the lock), or
 	// nil when it is free.
 	heldOne(ctx context.Context, l *Locker, resource string, k int) (*Held, error)
-	// breakLock deletes h's lock, only where it still holds h's token, and
-	// reports whether the lock is broken (no longer held with that token).
+	// breakLock ends h's hold, only where the lock still holds h's token
+	// (Break), and reports whether it did.
 	breakLock(ctx context.Context, l *Locker, h Held) (bool, error)
 }
 
@@ -56,11 +56,14 @@ func (l *Locker) HeldPermit(ctx context.Context, resource string, k int) (*Held,
 	return l.be.(inspector).heldOne(ctx, l, resource, k)
 }
 
-// Break deletes the lock h (as Held or Locks returned it) if it still holds
-// h's token, wherever the back end keeps it: the holder sees the loss
-// (reason expired) at its next renewal, at once where the back end tells it
-// (etcd's watch, Redis client tracking). It reports false when the lock
-// changed hands meanwhile, leaving the new holder's lock alone.
+// Break ends the hold h (as Held or Locks returned it) if the lock still
+// holds h's token, wherever the back end keeps it, as a release would: on
+// Redis the first waiter holds it in the same step (release.lua, forced),
+// else the key goes; on etcd the key goes and the first waiter takes it.
+// The holder sees the loss (reason stolen, or expired when the key went) at
+// its next renewal, at once where the back end tells it (etcd's watch,
+// Redis client tracking). It reports false when the lock changed hands
+// meanwhile, leaving the new holder's lock alone.
 func (l *Locker) Break(ctx context.Context, h Held) (bool, error) {
 	return l.be.(inspector).breakLock(ctx, l, h)
 }
@@ -210,18 +213,26 @@ func (b *single) heldOne(ctx context.Context, l *Locker, resource string, k int)
 	return nil, nil
 }
 
+// breakLock ends h's hold as a release would (release.lua, forced): the
+// first waiter, a goroutine or a parked task, holds the resource in the
+// same step with a fence above h's; without one the key goes. A task
+// granted the lock holds it for DefaultTTL until its worker takes it over.
 func (b *single) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
-	return deleteIfHolds(ctx, b.client, l.keysFor(h.Resource).permitKeys(h.Permit).lock, h.Token)
+	return endHold(ctx, b.client, l.keysFor(h.Resource).permitKeys(h.Permit), h.Token, h.Limit, b.fenceTTL)
 }
 
-// deleteIfHolds deletes key on node if it still holds token (break.lua),
-// and reports whether it did.
-func deleteIfHolds(ctx context.Context, node redis.UniversalClient, key, token string) (bool, error) {
-	v, err := run(ctx, node, scriptBreak, []string{key}, token)
+// forcedEnd is release.lua's owner of a forced end: every reentrant hold of
+// the token ends at once.
+const forcedEnd = "!"
+
+// endHold ends the hold of token on key's permit on node (breakLock), and
+// reports whether it did: false when the key had expired or changed hands.
+func endHold(ctx context.Context, node redis.UniversalClient, k keys, token string, limit int, fenceTTL time.Duration) (bool, error) {
+	st, err := releaseOn(ctx, node, k, token, forcedEnd, counterTTL(DefaultTTL, fenceTTL), DefaultTTL, limit)
 	if err != nil {
 		return false, fmt.Errorf("redis: %w", err)
 	}
-	return v == int64(1), nil
+	return st == 1, nil
 }
 
 func btoi(b bool) int {
@@ -368,16 +379,16 @@ func (r *redlock) heldOne(ctx context.Context, l *Locker, resource string, k int
 	return r.agreed(resource, reads), nil
 }
 
-// breakLock deletes the lock on every node that holds h's token. It is
-// broken when fewer than a quorum of nodes still hold it.
+// breakLock ends the hold on every node that holds h's token (endHold). It
+// is broken when fewer than a quorum of nodes still hold it.
 func (r *redlock) breakLock(ctx context.Context, l *Locker, h Held) (bool, error) {
-	key := l.keysFor(h.Resource).lock
+	k := l.keysFor(h.Resource)
 	deleted := make([]bool, len(r.nodes))
 	errs := make([]error, len(r.nodes))
 	var wg sync.WaitGroup
 	for i, n := range r.nodes {
 		wg.Go(func() {
-			deleted[i], errs[i] = deleteIfHolds(ctx, n, key, h.Token)
+			deleted[i], errs[i] = endHold(ctx, n, k, h.Token, 1, r.fenceTTL)
 			if errs[i] != nil {
 				errs[i] = fmt.Errorf("%s: %w", nodeName(i, n), errs[i])
 			}

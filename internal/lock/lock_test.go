@@ -248,6 +248,66 @@ func TestOptionsThatDoNotApplyAreRejected(t *testing.T) {
 	}
 }
 
+// A forced end hands on: Break of a lock with an Acquire waiting gives the
+// waiter the lock in the same step (before Break returns; the waiter's own
+// retry is 5 s away), with a fence above the broken holder's, and the broken
+// holder's next renewal finds another holder's token (stolen).
+func TestBreakHandsTheLockToTheFirstWaiter(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	for i := range 3 {
+		res := fmt.Sprint("forced:", i)
+		holder := mustAcquire(t, ctx, l, res, time.Minute)
+		got := make(chan *lock.Lease, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, res, 10*time.Second, slowFallback, lock.MaxWait(20*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lease
+		}()
+		eventually(t, 5*time.Second, "the waiter in the queue", func() bool { return queued(c, l, res) == 1 })
+		h, err := l.Held(ctx, res)
+		if err != nil || h == nil || h.Token != holder.Token() {
+			t.Fatalf("held %s: %+v, %v", res, h, err)
+		}
+		before := time.Now()
+		broken, err := l.Break(ctx, *h)
+		after := time.Now()
+		if err != nil || !broken {
+			t.Fatalf("break %d: broken %v, err %v", i, broken, err)
+		}
+		var lease *lock.Lease
+		select {
+		case lease = <-got:
+		case <-time.After(4 * time.Second):
+			t.Fatalf("break %d: the waiter was not handed the lock (its own retry is 5 s away)", i)
+		}
+		if lease == nil {
+			t.FailNow()
+		}
+		t.Logf("break %d: the waiter holds from %v after the break was sent, its Acquire returned after %v",
+			i, lease.AcquiredAt().Sub(before), time.Since(before))
+		if lease.AcquiredAt().After(after) {
+			t.Errorf("break %d: the waiter's hold began %v after Break returned, want in the same step", i, lease.AcquiredAt().Sub(after))
+		}
+		if lease.Fence() <= h.Fence {
+			t.Errorf("break %d: the waiter's fence %d is not above the broken holder's %d", i, lease.Fence(), h.Fence)
+		}
+		if v := c.Get(ctx, l.Key(res)).Val(); v != lease.Token() {
+			t.Errorf("break %d: the key holds %q, want the waiter's token", i, v)
+		}
+		var lost *lock.LostError
+		if err := holder.Renew(ctx); !errors.As(err, &lost) || lost.Reason != lock.ReasonStolen {
+			t.Errorf("break %d: the broken holder's renewal: %v, want lost (stolen)", i, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Break of a held lock whose holder renews it at that very moment (a
 // renewal between Break's WATCH and EXEC touches the key) still deletes it:
 // the holder's lock did not change hands.

@@ -32,8 +32,6 @@ var (
 	handOnLua string
 	//go:embed lua/grant.lua
 	grantLua string
-	//go:embed lua/break.lua
-	breakLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -44,7 +42,6 @@ var (
 	scriptTake       = redis.NewScript(libLua + takeLua)
 	scriptHandOn     = redis.NewScript(libLua + handOnLua)
 	scriptGrant      = redis.NewScript(grantLua)
-	scriptBreak      = redis.NewScript(breakLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

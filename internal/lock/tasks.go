@@ -223,7 +223,7 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 	sent := time.Now()
 	next := ""
 	if h.Chain {
-		next = tokenFor(ctx, sent) // this process holds next; the task it goes to is the script's choice
+		next = chainStart(sent) // this process holds next; the script completes it for the task it picks
 	}
 	mark := "g"
 	if h.MarkAlways {
@@ -263,11 +263,12 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		if len(vals) > 3 {
 			permit, _ = vals[3].(int64)
 		}
-		g := &TaskGrant{Resource: lease.resource, Permit: int(permit), Member: m, Token: next, Fence: fence, TTL: lease.ttl, Sent: sent}
+		g := &TaskGrant{Resource: lease.resource, Permit: int(permit), Member: m, Fence: fence, TTL: lease.ttl, Sent: sent}
 		if len(vals) > 4 {
 			g.Since = l.observeWait(vals[4])
 		}
 		g.Queue, g.ID, _ = ParseTaskWaiter(m)
+		g.Token = chainToken(next, g.ID)
 		if h.Holds != "" && !b.oneNode() {
 			if err := b.client.SAdd(ctx, h.Holds, HoldRecord(g.Resource, g.Queue, g.ID)).Err(); err != nil {
 				return HandedOn{}, fmt.Errorf("lock: record the hold of %q: %w", lease.resource, err)

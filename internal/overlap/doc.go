@@ -28,7 +28,8 @@
 //
 // skip enqueues the tick only with no live run; buffer_one with no queued
 // run; cancel_previous marks every live run ended ("x <new task id>") and
-// deletes the run lock, so the running run's watchdog cancels its context
+// ends the run lock's hold through the lock (Locker.Break, which hands it
+// to the next run waiting for it), so the running run's watchdog cancels its context
 // at once, the same path as a lost lock (the README's guarantee G4), with
 // the cause CancelledError: it wraps the run lock's *lock.LostError
 // (errors.Is(cause, lock.ErrLockLost)) and names the new tick, read from the

@@ -84,8 +84,10 @@ type Decision struct {
 // enqueued under policy (not allow), and registers it if so. grace is how
 // long a registered run that asynq does not know may still be being
 // enqueued (the tick lease); ttl is the life of the runs hash after its
-// last registration.
-func Tick(ctx context.Context, c redis.UniversalClient, insp *asynq.Inspector, k Keys, state string,
+// last registration. Under cancel_previous the hold of a run it ends is
+// ended through locks, the Locker of run locks (Locker.Break): the run lock
+// goes to the next run waiting for it at once.
+func Tick(ctx context.Context, c redis.UniversalClient, insp *asynq.Inspector, locks *lock.Locker, k Keys, state string,
 	policy config.Overlap, queue, id string, grace, ttl time.Duration) (Decision, error) {
 	runs, err := c.HKeys(ctx, k.Runs).Result()
 	if err != nil {
@@ -107,11 +109,19 @@ func Tick(ctx context.Context, c redis.UniversalClient, insp *asynq.Inspector, k
 		return Decision{}, err
 	}
 	a, ok := res.([]any)
-	if !ok || len(a) != 4 {
+	if !ok || len(a) != 5 {
 		return Decision{}, fmt.Errorf("overlap tick: unexpected reply %v", res)
 	}
 	n := func(i int) int { v, _ := a[i].(int64); return int(v) }
-	return Decision{Run: n(0) == 1, Queued: n(1), Running: n(2), Cancelled: n(3)}, nil
+	d := Decision{Run: n(0) == 1, Queued: n(1), Running: n(2), Cancelled: n(3)}
+	if holder, _ := a[4].(string); holder != "" {
+		// The run is marked ended: a retry of this tick finds it registered
+		// and does not come here again, so the hold must end now.
+		if _, err := locks.Break(context.WithoutCancel(ctx), lock.Held{Resource: k.Resource, Token: holder, Limit: 1}); err != nil {
+			return d, fmt.Errorf("overlap: end the cancelled run's hold of %s: %w", k.Resource, err)
+		}
+	}
+	return d, nil
 }
 
 // taskState is asynq's state of task id ("pending", "active", ...), "" if

@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/overlap"
@@ -27,6 +28,7 @@ type rig struct {
 	enq   *asynq.Client
 	keys  overlap.Keys
 	state string
+	locks *lock.Locker // the run locks'
 }
 
 func newRig(t *testing.T) *rig {
@@ -34,14 +36,14 @@ func newRig(t *testing.T) *rig {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	return &rig{t: t, srv: srv, insp: asynq.NewInspectorFromRedisClient(c), enq: asynq.NewClientFromRedisClient(c),
-		keys: overlap.KeysFor(prefix, "s"), state: prefix + "{schedule:s}:state"}
+		keys: overlap.KeysFor(prefix, "s"), state: prefix + "{schedule:s}:state", locks: lock.New(c, lock.WithPrefix(prefix))}
 }
 
 // tick applies policy to the tick whose task id is id, with grace for runs
 // not yet in asynq.
 func (r *rig) tick(policy config.Overlap, id string, grace time.Duration) overlap.Decision {
 	r.t.Helper()
-	d, err := overlap.Tick(context.Background(), r.srv.Client(), r.insp, r.keys, r.state, policy, "default", id, grace, time.Hour)
+	d, err := overlap.Tick(context.Background(), r.srv.Client(), r.insp, r.locks, r.keys, r.state, policy, "default", id, grace, time.Hour)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -121,13 +123,14 @@ func TestBufferOne(t *testing.T) {
 }
 
 // A worker begins a run only while it is registered; cancel_previous ends
-// the running run: its run lock is deleted, so its watchdog cancels it, and
-// the run no longer is one.
+// the running run's hold of the run lock through the lock, which hands it
+// to whoever waits for it (else the key goes), so its watchdog cancels it,
+// and the run no longer is one.
 func TestCancelPreviousEndsTheRunningRun(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	c := r.srv.Client()
-	l := lock.New(c, lock.WithPrefix(prefix))
+	l := r.locks
 	if _, err := overlap.Begin(ctx, c, l, r.keys, "s:100", time.Minute); err != overlap.ErrEnded {
 		t.Fatalf("begin of an unregistered run: %v, want ErrEnded", err)
 	}
@@ -140,12 +143,36 @@ func TestCancelPreviousEndsTheRunningRun(t *testing.T) {
 		t.Fatalf("run lock %s, runs %v; want %s held and s:100 running", run.Lease.RedisKey(), r.runs(), r.keys.Lock)
 	}
 	r.enqueue("s:100") // without its task in asynq, the run would have ended
+	waiter := make(chan *lock.Lease, 1)
+	go func() { // someone waiting for the run lock (its retry is far away)
+		lease, err := l.Acquire(ctx, r.keys.Resource, time.Minute, lock.WithWaitBackoff(backoff.Jitter{Min: time.Minute, Max: time.Minute}))
+		if err != nil {
+			t.Error(err)
+		}
+		waiter <- lease
+	}()
+	redistest.WaitFor(t, 5*time.Second, "a waiter for the run lock", func() bool {
+		h, err := l.Held(ctx, r.keys.Resource)
+		return err == nil && h != nil && h.Queued == 1
+	})
 	d := r.tick(config.OverlapCancelPrevious, "s:101", time.Minute)
 	if !d.Run || d.Cancelled != 1 {
 		t.Fatalf("cancel_previous: %+v, want run with 1 cancelled", d)
 	}
-	if n, _ := c.Exists(ctx, r.keys.Lock).Result(); n != 0 {
-		t.Error("the cancelled run's lock still exists")
+	select {
+	case w := <-waiter:
+		if w == nil || w.Fence() <= run.Lease.Fence() {
+			t.Fatalf("the waiter was handed %v, want the run lock with a fence above the cancelled run's %d", w, run.Lease.Fence())
+		}
+		if err := w.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel_previous did not hand the run lock to its waiter")
+	}
+	var lostErr *lock.LostError
+	if err := run.Lease.Renew(ctx); !errors.As(err, &lostErr) {
+		t.Errorf("the cancelled run's renewal: %v, want its lock lost", err)
 	}
 	// The loss of its run lock is explained: the cause names the new tick.
 	lost := &lock.LostError{Key: "schedule:s", Reason: lock.ReasonExpired}

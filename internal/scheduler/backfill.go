@@ -156,7 +156,7 @@ func (st *Store) backfillOne(ctx context.Context, e *entry, k overlap.Keys, t ti
 	id := TaskID(e.name, t)
 	if e.def.Overlap != config.OverlapAllow {
 		insp := asynq.NewInspectorFromRedisClient(st.client)
-		d, err := overlap.Tick(ctx, st.client, insp, k, e.keys.state, e.def.Overlap, e.queue, id, backfillGrace, minStateTTL)
+		d, err := overlap.Tick(ctx, st.client, insp, st.runs, k, e.keys.state, e.def.Overlap, e.queue, id, backfillGrace, minStateTTL)
 		if err != nil {
 			return "", fmt.Errorf("schedules: backfill %s: tick %s: %w", e.name, t.UTC().Format(time.RFC3339), err)
 		}

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/config"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/script"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
@@ -44,6 +45,7 @@ type Store struct {
 	prefix string
 	k      storeKeys
 	enq    *asynq.Client
+	runs   *lock.Locker    // the schedules' run locks (internal/overlap)
 	trace  *tracing.Tracer // nil: Trigger makes no spans of its own
 }
 
@@ -53,7 +55,8 @@ func NewStore(client redis.UniversalClient, prefix string) *Store {
 	if prefix == "" {
 		prefix = "lockstep:"
 	}
-	return &Store{client: client, prefix: prefix, k: storeKeysFor(prefix), enq: asynq.NewClientFromRedisClient(client)}
+	return &Store{client: client, prefix: prefix, k: storeKeysFor(prefix), enq: asynq.NewClientFromRedisClient(client),
+		runs: lock.New(client, lock.WithPrefix(prefix))}
 }
 
 // Traced makes Trigger trace with tp: a lockstep.tick span (replica
@@ -219,7 +222,7 @@ func (st *Store) Trigger(ctx context.Context, name string, file []config.Schedul
 	now := time.Now()
 	id := TriggerTaskID(name, now)
 	if s.Overlap != "" && s.Overlap != config.OverlapAllow {
-		d, err := overlap.Tick(ctx, st.client, asynq.NewInspectorFromRedisClient(st.client), overlap.KeysFor(st.prefix, name),
+		d, err := overlap.Tick(ctx, st.client, asynq.NewInspectorFromRedisClient(st.client), st.runs, overlap.KeysFor(st.prefix, name),
 			keysFor(st.prefix, name).state, s.Overlap, s.Queue, id, backfillGrace, minStateTTL)
 		if err != nil {
 			return "", fmt.Errorf("schedules: trigger %s: %w", name, err)

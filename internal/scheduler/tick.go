@@ -250,7 +250,7 @@ func (s *Scheduler) overlapCheck(ctx context.Context, e *entry, t time.Time) (ru
 	defer cancel()
 	var d overlap.Decision
 	err = retry(cctx, func(ctx context.Context) (err error) {
-		d, err = overlap.Tick(ctx, s.client, s.insp, overlap.KeysFor(s.prefix, e.name), e.keys.state, e.def.Overlap,
+		d, err = overlap.Tick(ctx, s.client, s.insp, s.store.runs, overlap.KeysFor(s.prefix, e.name), e.keys.state, e.def.Overlap,
 			e.queue, TaskID(e.name, t), s.lease, s.stateTTL)
 		return err
 	})

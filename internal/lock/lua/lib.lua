@@ -71,9 +71,22 @@ end
 --            with a notice on lockstep:{R}:granted so that a job server
 --            brings the task back at once.
 --
+-- chaintoken is the token of a task head the caller runs itself (a chain):
+-- nexttoken, the caller's token up to the task's fields ("<hex>|<ms>|<host:pid>|"),
+-- completed with the task's id, escaped byte by byte as holder.go's
+-- chainToken does, and an empty type: the operator's view names the task
+-- that runs, not the one that handed it on.
+local function chaintoken(nexttoken, member)
+  local w = cjson.decode(string.sub(member, 3))
+  return nexttoken .. string.gsub(w[2], '[^%w%-%._~]', function(c)
+    return string.format('%%%02X', string.byte(c))
+  end) .. '|'
+end
+
 -- handoff gives the free lock to the first live waiter of q, whoever it is.
 -- ttl is the lock ttl of a grant to a task; nexttoken, when not "", is the
--- token under which the caller runs a task head itself (a chain).
+-- start of the token under which the caller runs a task head itself (a
+-- chain; chaintoken).
 -- k is the permit that lock is (0, or nil: the lock key itself) and base the
 -- resource's lock key (see permit below); a permit k > 0 is named in the
 -- hand-off ("fence|at:k|token"), the grant ("g:<member>:<fence>/k") and the
@@ -99,7 +112,7 @@ local function handoff(lock, fencekey, owners, q, fencettl, ttl, nexttoken, k, b
     if string.sub(first, 1, 2) == 't:' then
       local fence = nextfence(fencekey, fencettl)
       if nexttoken ~= '' then
-        redis.call('SET', lock, nexttoken, 'PX', ttl)
+        redis.call('SET', lock, chaintoken(nexttoken, first), 'PX', ttl)
         if limited then
           return {first, fence, k, string.format('%.0f', tonumber(popped[2]))}
         elseif pk ~= '' then

@@ -12,7 +12,9 @@
 -- KEYS[5i-1]  wait queue (see acquire.lua)
 -- KEYS[5i]    the fence floor of the lock's slot (lib.lua)
 -- ARGV[6i-5]  token
--- ARGV[6i-4]  owner id of a reentrant lease, or ""
+-- ARGV[6i-4]  owner id of a reentrant lease, or "", or "!" for a forced end
+--             (an operator's break, a supersede): every reentrant hold of
+--             the token ends at once, and the lock goes on as on a release
 -- ARGV[6i-3]  fencing counter ttl in milliseconds
 -- ARGV[6i-2]  lock ttl in milliseconds (of a grant to a parked task at the head)
 -- ARGV[6i-1]  the lease's permit k (0 for a lock)
@@ -41,7 +43,7 @@ for i = 0, #KEYS / 5 - 1 do
     status = 0
   elseif cur ~= token then
     status = -1
-  elseif owner ~= '' and redis.call('HINCRBY', owners, 'o:' .. owner, -1) > 0 then
+  elseif owner ~= '' and owner ~= '!' and redis.call('HINCRBY', owners, 'o:' .. owner, -1) > 0 then
     status = 2
   else
     if owner ~= '' then

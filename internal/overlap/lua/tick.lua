@@ -25,17 +25,20 @@
 -- (completed, archived, deleted, or running with the run lock gone: its worker died) and is
 -- removed. A run registered since the caller read runs is live.
 --
--- Returns {decision, queued, running, cancelled}:
+-- Returns {decision, queued, running, cancelled, holder}:
 --   decision  1 the run is registered: enqueue it; 0 skip the tick (reason overlap)
 --   queued, running  the live runs other than the new one
---   cancelled  cancel_previous: how many live runs were ended, each marked "x <new id>" (the run
---              lock, if held, deleted, so its watchdog cancels the holder with ErrLockLost, and
---              names the new tick from the mark; queued ones skip themselves at start)
+--   cancelled  cancel_previous: how many live runs were ended, each marked "x <new id>" (queued
+--              ones skip themselves at start)
+--   holder     cancel_previous: the run lock's token when it is held, "" otherwise; the caller
+--              ends that hold through the lock (overlap.go: Tick), which hands the run lock on,
+--              and the holder's watchdog cancels it with ErrLockLost, naming the new tick from
+--              the mark
 local runs, state, lock = KEYS[1], KEYS[2], KEYS[3]
 local policy, id = ARGV[1], ARGV[2]
 local grace = tonumber(ARGV[3])
 if redis.call('HEXISTS', runs, id) == 1 then
-  return {1, 0, 0, 0} -- registered by an earlier attempt at this tick (a takeover)
+  return {1, 0, 0, 0, ''} -- registered by an earlier attempt at this tick (a takeover)
 end
 local seen = {}
 for j = 5, #ARGV - 1, 2 do
@@ -43,7 +46,8 @@ for j = 5, #ARGV - 1, 2 do
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local locked = redis.call('EXISTS', lock) == 1
+local holder = redis.call('GET', lock)
+local locked = holder ~= false
 local queued, running = {}, {}
 local all = redis.call('HGETALL', runs)
 for i = 1, #all, 2 do
@@ -74,9 +78,9 @@ for i = 1, #all, 2 do
 end
 local cancelled = 0
 if policy == 'skip' and #queued + #running > 0 then
-  return {0, #queued, #running, 0}
+  return {0, #queued, #running, 0, ''}
 elseif policy == 'buffer_one' and #queued > 0 then
-  return {0, #queued, #running, 0}
+  return {0, #queued, #running, 0, ''}
 elseif policy == 'cancel_previous' then
   for _, run in ipairs(queued) do
     redis.call('HSET', runs, run, 'x ' .. id)
@@ -84,11 +88,11 @@ elseif policy == 'cancel_previous' then
   for _, run in ipairs(running) do
     redis.call('HSET', runs, run, 'x ' .. id)
   end
-  if locked then -- held for a run that ends here (running, or taking the lock to start)
-    redis.call('DEL', lock)
-  end
   cancelled = #queued + #running
 end
 redis.call('HSET', runs, id, 'q ' .. now)
 redis.call('PEXPIRE', runs, ARGV[4])
-return {1, #queued, #running, cancelled}
+if policy == 'cancel_previous' and locked then -- held for a run that ends here (running, or taking the lock to start)
+  return {1, #queued, #running, cancelled, holder}
+end
+return {1, #queued, #running, cancelled, ''}
