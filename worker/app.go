@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -89,13 +90,47 @@ func newMetrics(c redis.UniversalClient, log *slog.Logger) (*metrics.Metrics, pr
 }
 
 // newLocker builds the Locker the lock section describes (the redis
-// deployment, or Redlock on lock.nodes).
-func newLocker(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalClient, m *metrics.Metrics) (*lock.Locker, error) {
+// deployment, Redlock on lock.nodes, or etcd). At start it claims the key
+// prefix for its back end on the worker's Redis (Locker.ClaimPrefix), and
+// renews the claim while it runs: a worker of another back end on the same
+// prefix is a configuration error (exit 2), as is this one beside it.
+func newLocker(lc fx.Lifecycle, cfg *config.WorkerConfig, c redis.UniversalClient, m *metrics.Metrics, log *slog.Logger) (*lock.Locker, error) {
 	l, closeNodes, err := cfg.NewLocker(c, lock.WithMetrics(m))
 	if err != nil {
 		return nil, err
 	}
-	lc.Append(fx.StopHook(closeNodes))
+	stop, done := make(chan struct{}), make(chan struct{})
+	lc.Append(fx.StartStopHook(func(ctx context.Context) error {
+		if err := l.ClaimPrefix(ctx, c); err != nil {
+			close(done)
+			if _, ok := errors.AsType[*lock.BackendConflictError](err); ok {
+				return role.ConfigError(err)
+			}
+			return err
+		}
+		go func() {
+			defer close(done)
+			t := time.NewTicker(lock.PrefixClaimTTL / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					ctx, cancel := context.WithTimeout(context.Background(), lock.PrefixClaimTTL/3)
+					if err := l.ClaimPrefix(ctx, c); err != nil {
+						log.Error("the claim of the key prefix by this back end was not renewed", "backend", l.BackendName(), "err", err)
+					}
+					cancel()
+				}
+			}
+		}()
+		return nil
+	}, func() error {
+		close(stop)
+		<-done
+		return closeNodes()
+	}))
 	return l, nil
 }
 

@@ -98,7 +98,7 @@ func (e Env) Run(ctx context.Context, handlers ...Handler) error {
 		starts(handlers, lc, Runtime{Redis: c, Log: log, Lookup: env.Lookup(), Queues: cfg.Worker.Queues, LockPrefix: cfg.Lock.Prefix})
 	}))
 	app := fx.New(appOptions(cfg, hs, log, onStarts), fx.Provide(func() trace.TracerProvider { return tp }))
-	return role.Run(ctx, app, log, "lockstep worker running", "redis", cfg.Redis, "http", cfg.HTTP.Addr)
+	return role.Run(ctx, app, log, "lockstep worker running", "lock_backend", cfg.Lock.Backend, "redis", cfg.Redis, "http", cfg.HTTP.Addr)
 }
 
 // Check is Check with e's arguments and variables; it writes nothing but

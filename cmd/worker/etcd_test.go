@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
@@ -64,4 +67,44 @@ func TestEtcdBackendWorker(t *testing.T) {
 	}
 	ec.Members[0].Kill()
 	waitFor(t, 10*time.Second, "/readyz to report etcd down", func() bool { return ready() == http.StatusServiceUnavailable })
+}
+
+// One back end per key prefix: beside a worker whose locks are on Redis, a
+// worker started with lock.backend etcd on the same prefix refuses to start
+// (exit 2, naming both back ends), and the other way round on another
+// prefix; each start log names its back end.
+func TestOneBackEndPerPrefix(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, redistest.Start(t), defaultTTLYAML)
+	ec := etcdtest.Start(t)
+	etcd := []string{"LOCKSTEP_LOCK_BACKEND=etcd", "LOCKSTEP_LOCK_ETCD_ENDPOINTS=" + strings.Join(ec.Endpoints(), ",")}
+	refused := func(env []string, want ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a worker that starts is killed
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bins["worker"], "--config", r.cfg)
+		cmd.Env = append(slices.Clip(r.env), env...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+			t.Fatalf("a worker of another back end on a served prefix: %v, want exit 2; stderr: %s", err, stderr.String())
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		t.Logf("refused: %s", lines[len(lines)-1])
+		for _, w := range want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("stderr %q does not name %q", stderr.String(), w)
+			}
+		}
+	}
+
+	w := r.worker()
+	w.waitLog(10*time.Second, "the worker to run on redis", proctest.Msg("lockstep worker running", "lock_backend", "redis"))
+	refused(etcd, "lock.backend: etcd", "lock.backend redis already serves", `"lockstep:"`)
+
+	other := append(slices.Clip(etcd), "LOCKSTEP_LOCK_PREFIX=other:")
+	e := r.start(bins["worker"], other)
+	e.waitLog(10*time.Second, "the worker to run on etcd", proctest.Msg("lockstep worker running", "lock_backend", "etcd"))
+	refused([]string{"LOCKSTEP_LOCK_PREFIX=other:"}, "lock.backend: redis", "lock.backend etcd already serves", `"other:"`)
 }

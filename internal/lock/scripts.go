@@ -32,6 +32,8 @@ var (
 	handOnLua string
 	//go:embed lua/grant.lua
 	grantLua string
+	//go:embed lua/claim.lua
+	claimLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -42,6 +44,7 @@ var (
 	scriptTake       = redis.NewScript(libLua + takeLua)
 	scriptHandOn     = redis.NewScript(libLua + handOnLua)
 	scriptGrant      = redis.NewScript(grantLua)
+	scriptClaim      = redis.NewScript(claimLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -54,7 +54,9 @@ func Run(ctx context.Context, env role.Env, extra ...fx.Option) error {
 	defer endTracing() // after the app stopped: the last spans are flushed
 	log := config.NewLogger(cfg.Log, env.Errors())
 	app := fx.New(AppOptions(cfg, log), fx.Provide(func() trace.TracerProvider { return tp }), fx.Options(extra...))
-	return role.Run(ctx, app, log, "lockstep scheduler running",
+	// The scheduler's own locks (tick claims, schedules' run locks) are on
+	// Redis whatever lock.backend says; the log names it as the workers do.
+	return role.Run(ctx, app, log, "lockstep scheduler running", "lock_backend", cfg.Lock.Backend,
 		"redis", cfg.Redis, "http", cfg.HTTP.Addr, "schedules", len(cfg.Schedules))
 }
 
