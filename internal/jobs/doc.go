@@ -51,7 +51,8 @@
 // grants it to the first of them (take.lua) and waits its turn. So no lost
 // wake-up stalls a resource for much more than one TTL, and order holds.
 // asynq stores retry times in whole seconds and forwards a task once its
-// second has begun, so the delay is rounded up to the next second.
+// second has begun, so the delay is rounded up to the next second
+// (asynqstore.RetryDelay).
 //
 // # Contention and the retry budget
 //
@@ -117,7 +118,7 @@
 //
 // A crashed worker's task is delivered again only when asynq's recoverer sees
 // its lease (30s, extended every 5s) expired for 30s, and the recoverer runs
-// at start and then every minute: one to two minutes, asynq's constants (a
+// at start and then every minute: one to two minutes (asynqstore.Redelivery; a
 // task a chain had claimed comes back sooner, when its own lease passes).
 // The lock itself frees within one TTL. A task that a crash interrupted
 // joins the waiters again at the end. The hand-off follows asynq v0.26's
