@@ -11,7 +11,7 @@
 // A binary linked against another asynq version does not use it: Supported
 // says so, and the job server then requeues contended tasks with its
 // backoff instead of writing a layout it does not know. The contract test
-// (internal/jobs/asynq_contract_test.go) runs asynq's own Inspector over every state these writes
+// (internal/jobs/handoff_asynq_test.go) runs asynq's own Inspector over every state these writes
 // leave.
 package asynqstore
 
