@@ -88,11 +88,10 @@
 // task in asynq, else it expires after a day; a task enqueued again with the
 // same TaskID within that day, after a hand-off ran it, completes without
 // running). A lock granted to a waiter that asynq is to deliver holds
-// "g:<waiter>:<token>". In asynq's keys (v0.26 layout), a claimed task's
-// retry score is its lease, and a task that waits in its worker has the
-// field lockstep_waits in its hash. The demo job (internal/demo) writes
-// Pdemo:order:<order_id>, the stream Pdemo:executions and the log
-// Pdemo:writes.
+// "g:<waiter>:<token>". In asynq's keys, a claimed task's retry score is
+// its lease (internal/asynqstore, the only code that knows them). The demo
+// job (internal/demo) writes Pdemo:order:<order_id>, the stream
+// Pdemo:executions and the log Pdemo:writes.
 //
 // # Failure handling
 //
