@@ -300,21 +300,11 @@ func TestRunRealRedis(t *testing.T) {
 		t.Fatalf("exit status %d, want 0\nstderr:\n%s", code, errOut.String())
 	}
 	checkOutput(t, out.String(), "Redis at "+srv.Addr)
-	c := srv.Client()
-	n := 0
-	for _, state := range []string{"pending", "active", "scheduled", "retry", "archived", "completed"} {
-		var k int64
-		var err error
-		if state == "pending" || state == "active" {
-			k, err = c.LLen(t.Context(), "asynq:{default}:"+state).Result()
-		} else {
-			k, err = c.ZCard(t.Context(), "asynq:{default}:"+state).Result()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		n += int(k)
+	q, err := asynq.NewInspectorFromRedisClient(srv.Client()).GetQueueInfo("default")
+	if err != nil {
+		t.Fatal(err)
 	}
+	n := q.Pending + q.Active + q.Scheduled + q.Retry + q.Archived + q.Completed
 	if enqueued == 0 || n != enqueued {
 		t.Errorf("Redis holds %d tasks, the replicas enqueued %d", n, enqueued)
 	}

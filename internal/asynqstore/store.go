@@ -1,18 +1,35 @@
-// Package asynqstore is the only code in Lockstep that knows asynq's private
-// Redis layout: the task hash (its state and protobuf message), the retry
-// set, the pending list and the processed counters, as asynq v0.26.0 keeps
-// them (internal/base and internal/rdb there). The job server's hand-off
-// uses it to bring a parked task back at once (Wake), and to complete the
-// task a chain ran while claiming the next one (Claim), both under the
-// queue's hash tag; its recovery brings a dead worker's task back (Recover,
-// RecoverActive), and asynq's own dequeue records each task for it
-// (RecordDequeues).
+// Package asynqstore is the only code in Lockstep that knows asynq's
+// private Redis layout, scripts and timings, as asynq v0.26.0 has them
+// (internal/base, internal/rdb and the processor there): the task hash (its
+// state and protobuf message), the pending and active lists, the lease,
+// retry and completed sets, the processed counters and uniqueness locks,
+// the EVALSHA calls of its client and server, its lease and recoverer
+// periods and its whole-second retry scores. Everywhere else Lockstep uses
+// asynq's public API only.
+//
+// Its operations, each for one user:
+//   - enqueue: PipelineEnqueues (enqueue.go) lets the scheduler's replicas
+//     pipeline asynq's enqueues with their own script calls;
+//   - dequeue: RecordDequeues (dequeue.go) records each task for the job
+//     server's recovery as asynq hands it over;
+//   - park: RetryDelay (timing.go) is the delay that keeps a task parked in
+//     asynq's retry set for at least as long as asked;
+//   - wake: Wake brings a parked task back at once;
+//   - claim, extend, complete: Claim and ExtendClaim let a hand-off chain
+//     run a parked task under its lease and complete it as asynq's Done
+//     does;
+//   - recover: Recover and RecoverActive bring a dead worker's task back;
+//   - decode: DecodeTaskMsg (taskmsg.go) reads a task's message, and
+//     TaskMsg.Context bounds its run as asynq does; Redelivery bounds
+//     asynq's own redelivery of a dead worker's task.
 //
 // A binary linked against another asynq version does not use it: Supported
 // says so, and the job server then requeues contended tasks with its
 // backoff instead of writing a layout it does not know. The contract test
-// (internal/jobs/asynq_contract_test.go) runs asynq's own Inspector over every state these writes
-// leave.
+// (contract_test.go) runs each operation on tasks of asynq's own client and
+// server and checks what asynq's own Inspector reports; it fails when
+// asynq's layout changes, and when go.mod requires another asynq than
+// Version.
 package asynqstore
 
 import (

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 )
 
 // readStream reads a whole stream in pages, and reports whether it is
@@ -89,11 +91,10 @@ func ReadReplicaLog(r io.Reader, h *History) error {
 }
 
 // ReadWorkerLog adds to h.CompletionsNotRecorded the tasks whose completion
-// asynq logged it could not record, from a worker's log (JSON lines):
-// `Could not move task id=<id> type=... from "...:active" to "...:completed"`,
-// and to h.Recoveries the tasks it brought back from a worker it judged dead.
+// asynq logged it could not record, from a worker's log (JSON lines; the
+// message as asynqstore.CompletionNotRecorded reads it), and to
+// h.Recoveries the tasks it brought back from a worker it judged dead.
 func ReadWorkerLog(r io.Reader, h *History) error {
-	const lead = "Could not move task id="
 	return eachLine(r, func(line []byte) {
 		var rec struct {
 			Time   time.Time `json:"time"`
@@ -108,11 +109,8 @@ func ReadWorkerLog(r io.Reader, h *History) error {
 			h.Recoveries = append(h.Recoveries, Recovery{At: rec.Time, TaskID: rec.ID, Dead: rec.Worker})
 			return
 		}
-		if !strings.HasPrefix(rec.Msg, lead) || !strings.Contains(rec.Msg, `:completed"`) {
-			return
-		}
-		id, _, ok := strings.Cut(rec.Msg[len(lead):], " ")
-		if !ok || id == "" {
+		id, ok := asynqstore.CompletionNotRecorded(rec.Msg)
+		if !ok {
 			return
 		}
 		if h.CompletionsNotRecorded == nil {

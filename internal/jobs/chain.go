@@ -325,7 +325,7 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL)
 	lease := s.locker.Adopt(g, ttl)
 	s.lockAcquire(metrics.AcquireAcquired)
-	rctx, cancel := taskContext(ctx, m)
+	rctx, cancel := m.Context(ctx) // its own timeout and deadline, as asynq bounds a run
 	rctx, span := s.trace.StartJob(rctx, tracing.JobRun{ID: job.ID, Type: job.Type, Queue: job.Queue, Attempt: job.Attempt,
 		Headers: m.Headers, HandedOnBy: from}) // tracing
 	rctx, wait := s.trace.StartWait(rctx, g.Resource) // tracing
@@ -357,22 +357,4 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 	}
 	wcancel()
 	return h.next, h.from, nil
-}
-
-// taskContext bounds a chained run by its task's own timeout and deadline,
-// as asynq would.
-func taskContext(ctx context.Context, m asynqstore.TaskMsg) (context.Context, context.CancelFunc) {
-	var d time.Time
-	if m.Timeout > 0 {
-		d = time.Now().Add(time.Duration(m.Timeout) * time.Second)
-	}
-	if m.Deadline > 0 {
-		if dl := time.Unix(m.Deadline, 0); d.IsZero() || dl.Before(d) {
-			d = dl
-		}
-	}
-	if d.IsZero() {
-		return context.WithCancel(ctx)
-	}
-	return context.WithDeadline(ctx, d)
 }

@@ -31,17 +31,11 @@ func (s *Server) waitersTTL() time.Duration { return max(3*s.cfg.Backoff.Max, ti
 
 // markerTTL is how long a done marker lives unless it is dropped or
 // refreshed: while asynq still holds its task, a redelivery can come as late
-// as asynq's own lease recovery (a 30 s lease, found within a minute, after
-// 30 s of slack), or after a dead chain's claim (chainLease) passes. A task
-// that completes drops its marker (the chain's claim, or the beat after its
-// delivery returned), so a task enqueued again with the same id afterwards
-// runs normally.
-func (s *Server) markerTTL() time.Duration { return s.chainLease() + asynqRedelivery }
-
-// asynqRedelivery bounds how long after its worker died asynq delivers an
-// active task again: its lease (30 s), its recoverer's period (1 min) and
-// the slack the recoverer leaves (30 s).
-const asynqRedelivery = 2 * time.Minute
+// as asynq's own recovery of a dead worker's task (asynqstore.Redelivery), or
+// after a dead chain's claim (chainLease) passes. A task that completes drops
+// its marker (the chain's claim, or the beat after its delivery returned),
+// so a task enqueued again with the same id afterwards runs normally.
+func (s *Server) markerTTL() time.Duration { return s.chainLease() + asynqstore.Redelivery }
 
 // take asks for job's lock in one call (Locker.Take): acquired, granted by a
 // hand-off, already done, or busy (then, with join, the task is among the

@@ -51,7 +51,8 @@
 // grants it to the first of them (take.lua) and waits its turn. So no lost
 // wake-up stalls a resource for much more than one TTL, and order holds.
 // asynq stores retry times in whole seconds and forwards a task once its
-// second has begun, so the delay is rounded up to the next second.
+// second has begun, so the delay is rounded up to the next second
+// (asynqstore.RetryDelay).
 //
 // # Contention and the retry budget
 //
@@ -87,11 +88,10 @@
 // task in asynq, else it expires after a day; a task enqueued again with the
 // same TaskID within that day, after a hand-off ran it, completes without
 // running). A lock granted to a waiter that asynq is to deliver holds
-// "g:<waiter>:<token>". In asynq's keys (v0.26 layout), a claimed task's
-// retry score is its lease, and a task that waits in its worker has the
-// field lockstep_waits in its hash. The demo job (internal/demo) writes
-// Pdemo:order:<order_id>, the stream Pdemo:executions and the log
-// Pdemo:writes.
+// "g:<waiter>:<token>". In asynq's keys, a claimed task's retry score is
+// its lease (internal/asynqstore, the only code that knows them). The demo
+// job (internal/demo) writes Pdemo:order:<order_id>, the stream
+// Pdemo:executions and the log Pdemo:writes.
 //
 // # Failure handling
 //
@@ -117,7 +117,7 @@
 //
 // A crashed worker's task is delivered again only when asynq's recoverer sees
 // its lease (30s, extended every 5s) expired for 30s, and the recoverer runs
-// at start and then every minute: one to two minutes, asynq's constants (a
+// at start and then every minute: one to two minutes (asynqstore.Redelivery; a
 // task a chain had claimed comes back sooner, when its own lease passes).
 // The lock itself frees within one TTL. A task that a crash interrupted
 // joins the waiters again at the end. The hand-off follows asynq v0.26's

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
@@ -66,31 +67,11 @@ func retryDelay(b backoff.Jitter) asynq.RetryDelayFunc {
 		var soon *soonError
 		switch {
 		case errors.As(err, &c):
-			return onSecondBoundary(c.Delay, time.Now())
+			return asynqstore.RetryDelay(c.Delay, time.Now())
 		case errors.As(err, &soon), errors.Is(err, lock.ErrLockLost), errors.Is(err, asynq.ErrLeaseExpired):
 			// A crashed worker (lease expired) is a lost lock too: retry soon.
-			return onSecondBoundary(b.Nth(n+1), time.Now())
+			return asynqstore.RetryDelay(b.Nth(n+1), time.Now())
 		}
 		return asynq.DefaultRetryDelayFunc(n, err, t)
 	}
-}
-
-// onSecondBoundary returns a delay d' such that a task asynq schedules at
-// now+d' becomes ready no earlier than now+d.
-//
-// asynq keeps the time of a retry as a score in whole Unix seconds
-// (processAt.Unix(), truncated) and forwards a task once the score is not
-// after the current second. A delay of 300ms may therefore come back at once,
-// which for contention would mean spinning on the busy lock. Rounding the
-// ready time up to the next whole second keeps every delay at least as long
-// as the backoff asked for, at the cost of under one second of extra wait.
-// The 10ms margin keeps asynq's own time.Now(), read a moment later, inside
-// the same second.
-func onSecondBoundary(d time.Duration, now time.Time) time.Duration {
-	ready := now.Add(d)
-	sec := ready.Truncate(time.Second)
-	if sec.Before(ready) {
-		sec = sec.Add(time.Second)
-	}
-	return sec.Sub(now) + 10*time.Millisecond
 }

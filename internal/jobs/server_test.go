@@ -280,30 +280,6 @@ func TestStopReleasesEveryLock(t *testing.T) {
 	}
 }
 
-func TestOnSecondBoundary(t *testing.T) {
-	t.Parallel()
-	base := time.Unix(1_000, 0)
-	for _, c := range []struct {
-		now time.Duration // after base
-		d   time.Duration
-	}{
-		{0, 0}, {0, 300 * time.Millisecond}, {900 * time.Millisecond, 300 * time.Millisecond},
-		{999 * time.Millisecond, time.Millisecond}, {400 * time.Millisecond, 2600 * time.Millisecond},
-	} {
-		now := base.Add(c.now)
-		got := onSecondBoundary(c.d, now)
-		ready := now.Add(got)
-		// asynq's score is the Unix second of the ready time, forwarded once
-		// that second has begun: it must not begin before now+d.
-		if start := time.Unix(ready.Unix(), 0); start.Before(now.Add(c.d)) {
-			t.Errorf("now %v, d %v: delay %v is forwarded at %v, before now+d", c.now, c.d, got, start.Sub(base))
-		}
-		if got > c.d+time.Second+10*time.Millisecond {
-			t.Errorf("now %v, d %v: delay %v, want under d + 1s", c.now, c.d, got)
-		}
-	}
-}
-
 func TestRetryPolicy(t *testing.T) {
 	t.Parallel()
 	b := backoff.Jitter{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}

@@ -92,7 +92,7 @@ func benchBurst(b *testing.B, n int) {
 		asynqBursts(b, srv, asynq.NewClientFromRedisClient(srv.Client()), spec, n, 20)
 	})
 	// Not a baseline of the target: asynq's enqueue alone, pipelined the way
-	// a replica pipelines it (pipelinedScripts, one goroutine per task), to
+	// a replica pipelines it (enqueueClient, one goroutine per task), to
 	// show how much of the gap to asynq_enqueue_only is round trips.
 	b.Run("asynq_enqueue_pipelined", func(b *testing.B) {
 		srv := redistest.Start(b)
@@ -101,7 +101,7 @@ func benchBurst(b *testing.B, n int) {
 		var rw sync.WaitGroup
 		rw.Go(func() { r.loop(stopRunner) })
 		b.Cleanup(func() { close(stopRunner); rw.Wait() })
-		asynqBursts(b, srv, asynq.NewClientFromRedisClient(pipelinedScripts{srv.Client(), r}), spec, n, n)
+		asynqBursts(b, srv, asynq.NewClientFromRedisClient(r.enqueueClient()), spec, n, n)
 	})
 }
 

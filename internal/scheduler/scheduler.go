@@ -182,7 +182,7 @@ func New(client redis.UniversalClient, c *config.SchedulerConfig, opts ...Option
 	s := &Scheduler{
 		client:    client,
 		scripts:   scripts,
-		enq:       asynq.NewClientFromRedisClient(pipelinedScripts{client, scripts}),
+		enq:       asynq.NewClientFromRedisClient(scripts.enqueueClient()),
 		insp:      asynq.NewInspectorFromRedisClient(client),
 		file:      entries,
 		store:     NewStore(client, c.Lock.Prefix),

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
@@ -79,9 +80,9 @@ type call struct {
 	// the runner merges the calls of one script that are due together into
 	// one call per slot.
 	item *batchItem
-	// raw is set for a command built elsewhere (asynq's EVALSHA, through
-	// pipelinedScripts): it goes out in the same pipeline, once, and its
-	// reply is in the command itself.
+	// raw is set for a command built elsewhere (an asynq enqueue, through
+	// enqueueClient): it goes out in the same pipeline, once, and its reply
+	// is in the command itself.
 	raw *redis.Cmd
 }
 
@@ -247,39 +248,29 @@ func (r *runner) exec(batch []*call) {
 	}
 }
 
-// pipelinedScripts is the Redis client of the replica's asynq client: its
-// EVALSHA calls (asynq's enqueue script) go through the runner, so that the
+// enqueueClient is the Redis client of the replica's asynq client: its
+// enqueues go through the runner (asynqstore.PipelineEnqueues), so that the
 // enqueues of the ticks due together share pipelines with each other and
 // with the claims and dones, instead of one round trip each on a pool of 20
-// connections. Everything else goes to the client directly, and so does the
-// EVAL that redis.Script.Run sends after a NOSCRIPT.
-type pipelinedScripts struct {
-	redis.UniversalClient
-	r *runner
+// connections.
+func (r *runner) enqueueClient() redis.UniversalClient {
+	return asynqstore.PipelineEnqueues(r.client, r.sendRaw)
 }
 
-func (p pipelinedScripts) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	// A pipeline that is never executed builds the command exactly as
-	// go-redis does (argument flattening, first key position).
-	cmd := p.UniversalClient.Pipeline().EvalSha(ctx, sha1, keys, args...)
+// sendRaw sends cmd, built elsewhere, once in the next pipeline; its reply
+// is in cmd when sendRaw returns nil.
+func (r *runner) sendRaw(ctx context.Context, cmd *redis.Cmd) error {
 	c := &call{ctx: ctx, raw: cmd, done: make(chan struct{})}
 	select {
-	case p.r.calls <- c:
+	case r.calls <- c:
 	case <-ctx.Done():
-		cmd.SetErr(context.Cause(ctx))
-		return cmd
+		return context.Cause(ctx)
 	}
 	select {
 	case <-c.done:
-		if c.err != nil {
-			cmd.SetErr(c.err)
-		}
-		return cmd
+		return c.err
 	case <-ctx.Done():
-		// cmd may still be in flight: its caller gets another one.
-		gone := redis.NewCmd(ctx)
-		gone.SetErr(context.Cause(ctx))
-		return gone
+		return context.Cause(ctx) // cmd may still be in flight
 	}
 }
 

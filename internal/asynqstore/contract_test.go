@@ -1,0 +1,589 @@
+package asynqstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// The contract of this package with asynq: each operation of the adapter
+// (enqueue, dequeue, park, wake, claim, extend, recover, complete), run on
+// tasks that asynq's own client enqueued and its own server ran, leaves
+// what asynq's own Inspector reports, and asynq's server carries on from
+// there as with a task it had handled itself. A change of asynq's layout
+// (a key, a state, a field of the task hash, its enqueue's EVALSHA) fails
+// one of these tests: run them (go test -run TestContract) after any change
+// of asynq's version, then change Version.
+
+// TestContractVersion ties Version to the asynq this module requires: a
+// bump of asynq in go.mod fails here until the adapter is checked against
+// it.
+func TestContractVersion(t *testing.T) {
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == asynqModule {
+			if f[1] != Version {
+				t.Fatalf("go.mod requires asynq %s; asynqstore was written for %s: check the contract, then Version", f[1], Version)
+			}
+			return
+		}
+	}
+	t.Fatalf("go.mod does not require %s", asynqModule)
+}
+
+// enqueue: asynq's client over PipelineEnqueues hands every enqueue to the
+// pipeline (one EVALSHA each), and the tasks are what asynq's own enqueue
+// makes of them: pending, scheduled, unique (a second enqueue refused).
+func TestContractEnqueue(t *testing.T) {
+	t.Parallel()
+	c := redistest.Start(t).Client()
+	var mu sync.Mutex
+	sent := 0
+	send := func(ctx context.Context, cmd *redis.Cmd) error {
+		mu.Lock()
+		sent++
+		mu.Unlock()
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Process(ctx, cmd) })
+		return nil
+	}
+	enq := asynq.NewClientFromRedisClient(PipelineEnqueues(c, send))
+	t.Cleanup(func() { _ = enq.Close() })
+	insp := asynq.NewInspectorFromRedisClient(c)
+	t.Cleanup(func() { _ = insp.Close() })
+
+	task := func(p string) *asynq.Task { return asynq.NewTask("t:enq", []byte(p)) }
+	enqueues := []struct {
+		id   string
+		opts []asynq.Option
+		want asynq.TaskState
+	}{
+		{"plain", nil, asynq.TaskStatePending},
+		{"later", []asynq.Option{asynq.ProcessIn(time.Hour)}, asynq.TaskStateScheduled},
+		{"unique", []asynq.Option{asynq.Unique(time.Hour)}, asynq.TaskStatePending},
+		{"unique-later", []asynq.Option{asynq.Unique(time.Hour), asynq.ProcessIn(time.Hour)}, asynq.TaskStateScheduled},
+	}
+	for _, e := range enqueues {
+		if _, err := enq.Enqueue(task(e.id), append(e.opts, asynq.TaskID(e.id))...); err != nil {
+			t.Fatalf("%s: %v", e.id, err)
+		}
+		info, err := insp.GetTaskInfo("default", e.id)
+		if err != nil || info.State != e.want || string(info.Payload) != e.id {
+			t.Errorf("%s: asynq reports %v %v, want %v", e.id, info, err, e.want)
+		}
+	}
+	if _, err := enq.Enqueue(task("unique"), asynq.Unique(time.Hour)); !errors.Is(err, asynq.ErrDuplicateTask) {
+		t.Errorf("second unique enqueue: %v, want asynq.ErrDuplicateTask", err)
+	}
+	if _, err := enq.Enqueue(task("other"), asynq.TaskID("plain")); !errors.Is(err, asynq.ErrTaskIDConflict) {
+		t.Errorf("enqueue of a taken id: %v, want asynq.ErrTaskIDConflict", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := len(enqueues) + 2; sent != want {
+		t.Errorf("%d commands went through the pipeline, want one per enqueue (%d)", sent, want)
+	}
+}
+
+// dequeue: an asynq server on RecordDequeues' client runs its tasks as asynq
+// would (its Inspector sees them active, then processed), and each task is
+// in the holds set from the moment asynq hands it over: before its handler
+// runs. An id that JSON would escape is run, not recorded.
+func TestContractDequeue(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	const holds = "test:holds"
+	record := func(queue, id string) string { return "rec:" + queue + ":" + id + ":end" }
+	running := make(chan string, 2)
+	release := make(chan struct{})
+	w := asynq.NewServerFromRedisClient(RecordDequeues(c, holds, record), asynq.Config{Concurrency: 2, LogLevel: asynq.FatalLevel})
+	if err := w.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		running <- id
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Shutdown)
+	enq := asynq.NewClientFromRedisClient(c)
+	t.Cleanup(func() { _ = enq.Close() })
+	for _, id := range []string{"plain-1", `quoted"id`} {
+		if _, err := enq.Enqueue(asynq.NewTask("t:rec", nil), asynq.TaskID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insp := asynq.NewInspectorFromRedisClient(c)
+	for range 2 {
+		select {
+		case <-running:
+		case <-time.After(10 * time.Second):
+			t.Fatal("asynq did not run the tasks")
+		}
+	}
+	got, err := c.SMembers(t.Context(), holds).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != record("default", "plain-1") {
+		t.Errorf("holds set %q, want only %q", got, record("default", "plain-1"))
+	}
+	for _, id := range []string{"plain-1", `quoted"id`} {
+		if info, err := insp.GetTaskInfo("default", id); err != nil || info.State != asynq.TaskStateActive {
+			t.Errorf("%s: %v %v, want active", id, info, err)
+		}
+		// The Inspector does not show leases: without one, asynq's
+		// recoverer would never bring the task of a dead worker back.
+		if err := c.ZScore(t.Context(), queuePrefix("default")+"lease", id).Err(); err != nil {
+			t.Errorf("%s dequeued without a lease: %v", id, err)
+		}
+	}
+	close(release)
+	redistest.WaitFor(t, 10*time.Second, "both tasks processed", func() bool {
+		q, err := insp.GetQueueInfo("default")
+		return err == nil && q.Processed == 2 && q.Active == 0
+	})
+
+	// A queue paused by asynq's Inspector gives nothing: a dequeue of
+	// asynq's shape, sent at once rather than waited for from the server.
+	if err := insp.PauseQueue("default"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := enq.Enqueue(asynq.NewTask("t:rec", nil), asynq.TaskID("paused-1")); err != nil {
+		t.Fatal(err)
+	}
+	p := queuePrefix("default")
+	err = RecordDequeues(c, holds, record).EvalSha(t.Context(), "asynq's sha", []string{p + "pending", p + "paused", p + "active", p + "lease"},
+		time.Now().Add(30*time.Second).Unix(), p+"t:").Err()
+	if !errors.Is(err, redis.Nil) {
+		t.Errorf("dequeue from a paused queue: %v, want nothing", err)
+	}
+	if info, err := insp.GetTaskInfo("default", "paused-1"); err != nil || info.State != asynq.TaskStatePending {
+		t.Errorf("paused-1: %v %v, want pending", info, err)
+	}
+}
+
+// park: a task returned to asynq with RetryDelay(d) waits in the retry set,
+// no failure counted, and asynq delivers it again no earlier than d after.
+func TestContractPark(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.enqueue("park-soon")
+	w.waitState("park-soon", "retry retried=0")
+	parked := w.parkedAt("park-soon")
+	ready := parked.Add(parkSoon)
+	info, err := w.insp.GetTaskInfo("default", "park-soon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NextProcessAt.Before(ready) || info.NextProcessAt.After(ready.Add(time.Second)) {
+		t.Errorf("parked at %v for %v: asynq reports it next at %v, want within a second after %v",
+			parked.Format(time.StampMilli), parkSoon, info.NextProcessAt.Format(time.StampMilli), ready.Format(time.StampMilli))
+	}
+	redistest.WaitFor(t, 10*time.Second, "park-soon run again", func() bool { return w.runs("park-soon") == 2 })
+	if again := w.ranAt("park-soon"); again.Before(ready) {
+		t.Errorf("parked at %v for %v, run again at %v: too soon", parked.Format(time.StampMilli), parkSoon, again.Format(time.StampMilli))
+	}
+	w.waitState("park-soon", "gone")
+	if q := w.queue(); q.Processed != 1 || q.Failed != 0 {
+		t.Errorf("asynq counts processed %d, failed %d; want 1 and 0 (a park is neither)", q.Processed, q.Failed)
+	}
+}
+
+// wake: a parked task moves to the head of its queue, pending, and asynq
+// runs it; a task in any other state is left as it is, and Wake says which.
+func TestContractWake(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.parked("park-1")
+	w.parked("park-2")
+	w.active("hold-1")
+	w.completed("done-1")
+	w.pause()
+	w.enqueue("pending-1")
+
+	for _, c := range []struct {
+		id    string
+		want  Woken
+		state string
+	}{
+		{"park-2", WokenMoved, "pending retried=0"},
+		{"park-2", WokenNot, "pending retried=0"},
+		{"hold-1", WokenActive, "active retried=0"},
+		{"done-1", WokenNot, "completed retried=0"},
+		{"pending-1", WokenNot, "pending retried=0"},
+		{"nothing", WokenGone, "gone"},
+	} {
+		got, err := w.store.Wake(t.Context(), "default", c.id)
+		if err != nil || got != c.want {
+			t.Errorf("Wake(%s) = %v %v, want %v", c.id, got, err, c.want)
+		}
+		if s := w.state(c.id); s != c.state {
+			t.Errorf("after Wake(%s) asynq reports %q, want %q", c.id, s, c.state)
+		}
+	}
+	// The woken task is first in line, before the task that was pending
+	// before it; asynq then runs it.
+	if p, err := w.insp.ListPendingTasks("default"); err != nil || len(p) != 2 || p[0].ID != "park-2" {
+		var ids []string
+		for _, info := range p {
+			ids = append(ids, info.ID)
+		}
+		t.Errorf("asynq's pending tasks %v %v, want park-2 first of 2", ids, err)
+	}
+	w.unpause()
+	redistest.WaitFor(t, 10*time.Second, "woken and pending tasks run", func() bool {
+		return w.runs("park-2") == 2 && w.runs("pending-1") == 1
+	})
+	w.waitState("park-2", "gone")
+	w.waitState("park-1", "retry retried=0")
+}
+
+// claim, extend and complete: a chain claims a parked task (its retry score
+// becomes the claim's lease), extends the lease, and completes it as asynq's
+// Done does: deleted, or kept completed for its retention, counted
+// processed, its uniqueness lock freed. A claim whose lease passes leaves
+// the task to asynq's forwarder.
+func TestContractClaimExtendComplete(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.parked("park-1")
+	w.parked("park-kept", asynq.Retention(time.Hour))
+	w.parked("park-unique", asynq.Unique(time.Hour))
+	w.parked("park-lapsed")
+	w.active("hold-1")
+	w.completed("done-1")
+	w.pause()
+	w.enqueue("pending-1")
+	before := w.queue()
+	ctx := t.Context()
+	retryAt := func(id string) time.Time {
+		t.Helper()
+		info, err := w.insp.GetTaskInfo("default", id)
+		if err != nil || info.State != asynq.TaskStateRetry {
+			t.Fatalf("%s: %v %v, want in the retry set", id, info, err)
+		}
+		return info.NextProcessAt
+	}
+	claim := func(done *Finished, id string, lease time.Time, want Claimed) (bool, TaskMsg, []byte) {
+		t.Helper()
+		completed, got, msg, err := w.store.Claim(ctx, done, "default", id, lease)
+		if err != nil || got != want {
+			t.Fatalf("Claim(%v, %s) = %v %v, want %v", done, id, got, err, want)
+		}
+		var m TaskMsg
+		if got == ClaimedOK {
+			if m, err = DecodeTaskMsg(msg); err != nil || m.ID != id || m.Type != "t:world" || string(m.Payload) != id {
+				t.Fatalf("claimed %s: message %+v %v", id, m, err)
+			}
+			if at := retryAt(id); !at.Equal(time.Unix(lease.Unix()+1, 0)) {
+				t.Errorf("claimed %s with lease %v: asynq has it next at %v", id, lease, at)
+			}
+		}
+		return completed, m, msg
+	}
+
+	// claim and extend
+	lease := time.Now().Add(time.Minute)
+	claim(nil, "park-1", lease, ClaimedOK)
+	lease = lease.Add(time.Minute)
+	if err := w.store.ExtendClaim(ctx, "default", "park-1", lease); err != nil {
+		t.Fatal(err)
+	}
+	if at := retryAt("park-1"); !at.Equal(time.Unix(lease.Unix()+1, 0)) {
+		t.Errorf("extended to %v: asynq has it next at %v", lease, at)
+	}
+	if err := w.store.ExtendClaim(ctx, "default", "nothing", lease); err != nil {
+		t.Fatal(err)
+	}
+	// The other states are not claimed.
+	claim(nil, "hold-1", lease, ClaimedActive)
+	claim(nil, "pending-1", lease, ClaimedPending)
+	claim(nil, "done-1", lease, ClaimedNot)
+	claim(nil, "nothing", lease, ClaimedNot)
+
+	// complete one (deleted), claim the next in the same call
+	completed, kept, keptMsg := claim(&Finished{Queue: "default", ID: "park-1"}, "park-kept", lease, ClaimedOK)
+	if !completed {
+		t.Error("park-1 not completed")
+	}
+	if s := w.state("park-1"); s != "gone" {
+		t.Errorf("park-1 completed without retention: asynq reports %q, want it gone", s)
+	}
+	// complete one with retention (kept completed), claim the next
+	now := time.Now()
+	_, unique, _ := claim(&Finished{Queue: "default", ID: "park-kept", Retention: time.Duration(kept.Retention) * time.Second, Msg: keptMsg},
+		"park-unique", lease, ClaimedOK)
+	if info, err := w.insp.GetTaskInfo("default", "park-kept"); err != nil || info.State != asynq.TaskStateCompleted ||
+		info.CompletedAt.Before(now.Truncate(time.Second)) || info.CompletedAt.After(now.Add(10*time.Second)) || string(info.Payload) != "park-kept" {
+		t.Errorf("park-kept completed with retention: asynq reports %+v %v, want completed at %v", info, err, now)
+	}
+	// complete a unique one: its uniqueness lock is freed
+	if completed, _, _ := claim(&Finished{Queue: "default", ID: "park-unique", Unique: unique.UniqueKey}, "", lease, ClaimedNot); !completed {
+		t.Error("park-unique not completed")
+	}
+	if _, err := w.enq.Enqueue(asynq.NewTask("t:world", []byte("park-unique")), asynq.Unique(time.Hour)); err != nil {
+		t.Errorf("enqueue of park-unique's twin after its completion: %v", err)
+	}
+	// a task completed already is not completed twice
+	if completed, _, _ := claim(&Finished{Queue: "default", ID: "park-1"}, "", lease, ClaimedNot); completed {
+		t.Error("park-1 completed twice")
+	}
+	if q := w.queue(); q.Processed != before.Processed+3 || q.ProcessedTotal != before.ProcessedTotal+3 || q.Failed != before.Failed {
+		t.Errorf("asynq counts processed %d (total %d), failed %d; want %d (%d) and %d",
+			q.Processed, q.ProcessedTotal, q.Failed, before.Processed+3, before.ProcessedTotal+3, before.Failed)
+	}
+
+	// A claim whose lease passes (its chain died) is delivered again by
+	// asynq's forwarder.
+	w.unpause()
+	claim(nil, "park-lapsed", time.Now(), ClaimedOK)
+	redistest.WaitFor(t, 10*time.Second, "the lapsed claim run by asynq", func() bool { return w.runs("park-lapsed") == 2 })
+	w.waitState("park-lapsed", "gone")
+}
+
+// recover: a dead worker's active task, and a task claimed by a dead chain,
+// go back to the head of their queue, pending, their retry count as it was;
+// RecoverActive leaves a task in the retry set; any other state is left as
+// it is. asynq then runs the recovered tasks as its own.
+func TestContractRecover(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.active("hold-1") // its handler never returns: a frozen worker
+	w.active("hold-2")
+	w.parked("park-claimed")
+	w.parked("park-1")
+	w.completed("done-1")
+	w.pause()
+	w.enqueue("pending-1")
+	ctx := t.Context()
+	if _, c, _, err := w.store.Claim(ctx, nil, "default", "park-claimed", time.Now().Add(time.Hour)); err != nil || c != ClaimedOK {
+		t.Fatalf("claim: %v %v", c, err)
+	}
+	for _, c := range []struct {
+		id         string
+		activeOnly bool
+		recovered  bool
+		state      string
+	}{
+		{"hold-1", false, true, "pending retried=0"},
+		{"hold-1", false, false, "pending retried=0"},
+		{"hold-2", true, true, "pending retried=0"},
+		{"park-1", true, false, "retry retried=0"},
+		{"park-claimed", false, true, "pending retried=0"},
+		{"done-1", false, false, "completed retried=0"},
+		{"pending-1", false, false, "pending retried=0"},
+		{"nothing", false, false, "gone"},
+	} {
+		recover := w.store.Recover
+		if c.activeOnly {
+			recover = w.store.RecoverActive
+		}
+		m, err := recover(ctx, "default", c.id)
+		switch {
+		case err != nil:
+			t.Errorf("recover %s: %v", c.id, err)
+		case c.recovered && (m == nil || m.ID != c.id || string(m.Payload) != c.id):
+			t.Errorf("recover %s: message %+v, want its own", c.id, m)
+		case !c.recovered && m != nil:
+			t.Errorf("recover %s: recovered %+v, want it left alone", c.id, m)
+		}
+		if s := w.state(c.id); s != c.state {
+			t.Errorf("after recovering %s asynq reports %q, want %q", c.id, s, c.state)
+		}
+	}
+	if q := w.queue(); q.Active != 0 || q.Pending != 4 || q.Retry != 1 {
+		t.Errorf("asynq reports %d active, %d pending and %d retry; want 0, 4 and 1", q.Active, q.Pending, q.Retry)
+	}
+	// The Inspector does not show leases: a recovered task's lease left
+	// behind would have asynq's recoverer take the task back as failed.
+	for _, id := range []string{"hold-1", "hold-2"} {
+		if err := w.c.ZScore(ctx, queuePrefix("default")+"lease", id).Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("%s recovered with its lease left: %v", id, err)
+		}
+	}
+	w.unpause()
+	redistest.WaitFor(t, 10*time.Second, "the recovered tasks run again", func() bool {
+		return w.runs("hold-1") == 2 && w.runs("hold-2") == 2 && w.runs("park-claimed") == 2
+	})
+	for _, id := range []string{"hold-1", "hold-2", "park-claimed", "pending-1"} {
+		w.waitState(id, "gone")
+	}
+}
+
+// world is an asynq server whose handler does what a task's id says:
+// "park-soon" and "park-*" are parked on their first run (RetryDelay of
+// parkSoon, or an hour), "hold-*" blocks on its first run until the test
+// ends, anything else succeeds.
+type world struct {
+	t     *testing.T
+	c     *redis.Client
+	store *Store
+	enq   *asynq.Client
+	insp  *asynq.Inspector
+
+	mu     sync.Mutex
+	run    map[string][]time.Time // each run's start
+	parkAt map[string]time.Time
+}
+
+const parkSoon = 1500 * time.Millisecond
+
+var errParked = errors.New("parked")
+
+func newWorld(t *testing.T) *world {
+	c := redistest.Start(t).Client()
+	w := &world{t: t, c: c, store: New(c), enq: asynq.NewClientFromRedisClient(c), insp: asynq.NewInspectorFromRedisClient(c),
+		run: map[string][]time.Time{}, parkAt: map[string]time.Time{}}
+	release := make(chan struct{})
+	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
+		Concurrency: 8, LogLevel: asynq.FatalLevel,
+		TaskCheckInterval: 20 * time.Millisecond, DelayedTaskCheckInterval: 50 * time.Millisecond,
+		ShutdownTimeout: time.Second,
+		IsFailure:       func(err error) bool { return !errors.Is(err, errParked) },
+		RetryDelayFunc: func(n int, err error, task *asynq.Task) time.Duration {
+			if !errors.Is(err, errParked) {
+				return asynq.DefaultRetryDelayFunc(n, err, task)
+			}
+			id := string(task.Payload())
+			now := time.Now()
+			w.mu.Lock()
+			w.parkAt[id] = now
+			w.mu.Unlock()
+			if id == "park-soon" {
+				return RetryDelay(parkSoon, now)
+			}
+			return RetryDelay(time.Hour, now)
+		},
+	})
+	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		w.mu.Lock()
+		w.run[id] = append(w.run[id], time.Now())
+		n := len(w.run[id])
+		w.mu.Unlock()
+		switch {
+		case n == 1 && strings.HasPrefix(id, "park-"):
+			return errParked
+		case n == 1 && strings.HasPrefix(id, "hold-"):
+			<-release
+		}
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		close(release)
+		srv.Shutdown()
+		_ = w.enq.Close()
+		_ = w.insp.Close()
+	})
+	return w
+}
+
+// enqueue enqueues the task id, its payload its id.
+func (w *world) enqueue(id string, opts ...asynq.Option) {
+	w.t.Helper()
+	if _, err := w.enq.Enqueue(asynq.NewTask("t:world", []byte(id)), append(opts, asynq.TaskID(id))...); err != nil {
+		w.t.Fatalf("enqueue %s: %v", id, err)
+	}
+}
+
+// parked enqueues id ("park-*") and waits until asynq has parked it.
+func (w *world) parked(id string, opts ...asynq.Option) {
+	w.t.Helper()
+	w.enqueue(id, opts...)
+	w.waitState(id, "retry retried=0")
+}
+
+// active enqueues id ("hold-*") and waits until its handler runs.
+func (w *world) active(id string) {
+	w.t.Helper()
+	w.enqueue(id)
+	w.waitState(id, "active retried=0")
+}
+
+// completed enqueues id with a retention and waits until asynq completed it.
+func (w *world) completed(id string) {
+	w.t.Helper()
+	w.enqueue(id, asynq.Retention(time.Hour))
+	w.waitState(id, "completed retried=0")
+}
+
+// state is asynq's state of the task id and its retry count, or "gone".
+func (w *world) state(id string) string {
+	w.t.Helper()
+	info, err := w.insp.GetTaskInfo("default", id)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound):
+		return "gone"
+	case err != nil:
+		w.t.Fatal(err)
+	}
+	return fmt.Sprintf("%s retried=%d", info.State, info.Retried)
+}
+
+func (w *world) waitState(id, want string) {
+	w.t.Helper()
+	redistest.WaitFor(w.t, 10*time.Second, id+" "+want, func() bool { return w.state(id) == want })
+}
+
+func (w *world) queue() *asynq.QueueInfo {
+	w.t.Helper()
+	q, err := w.insp.GetQueueInfo("default")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return q
+}
+
+func (w *world) pause() {
+	w.t.Helper()
+	if err := w.insp.PauseQueue("default"); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) unpause() {
+	w.t.Helper()
+	if err := w.insp.UnpauseQueue("default"); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) runs(id string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.run[id])
+}
+
+// ranAt is when the last run of id began.
+func (w *world) ranAt(id string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.run[id]
+	if len(r) == 0 {
+		w.t.Fatalf("%s never ran", id)
+	}
+	return r[len(r)-1]
+}
+
+func (w *world) parkedAt(id string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.parkAt[id]
+}
