@@ -93,6 +93,7 @@ const (
 	ReasonExpired     = lock.ReasonExpired     // the key is gone (deleted, expired, evicted)
 	ReasonUnreachable = lock.ReasonUnreachable // Redis did not answer before the local deadline
 	ReasonMaxHold     = lock.ReasonMaxHold     // held as long as MaxHold allows
+	ReasonStalled     = lock.ReasonStalled     // no Progress for as long as StallAfter allows
 	ReasonQuorumLost  = lock.ReasonQuorumLost  // Redlock: fewer than a quorum of nodes kept it
 )
 
@@ -229,6 +230,7 @@ type lockCall struct {
 	wait    time.Duration
 	backoff backoff.Jitter
 	maxHold time.Duration
+	stall   time.Duration
 	limit   int
 }
 
@@ -255,8 +257,27 @@ func Backoff(min, max time.Duration) LockOption {
 }
 
 // MaxHold bounds how long the lock is kept: past it the function's context is
-// cancelled (reason max_hold) and the lock is not renewed again.
+// cancelled (reason max_hold) and the lock released at once, handed to the
+// next waiter.
 func MaxHold(d time.Duration) LockOption { return func(c *lockCall) { c.maxHold = d } }
+
+// StallAfter declares that the hold is stalled once the function has called
+// Progress for none of d (counted from the acquire until the first call):
+// then the lock is no longer renewed but released at once, handed to the
+// next waiter, and the function's context is cancelled with ErrLockLost,
+// reason stalled. A function stuck in a call that ignores its context (a
+// hung driver, a deadlock) so keeps no one waiting, and a store that checks
+// fences refuses what it writes when it wakes. Progress, not wall time,
+// keeps the hold: a function that reports progress may hold as long as it
+// needs (MaxHold bounds that).
+func StallAfter(d time.Duration) LockOption { return func(c *lockCall) { c.stall = d } }
+
+// Progress reports that the holder of the hold that ctx belongs to (the
+// context WithLock passes to its function, a job handler's context, or one
+// derived from them) is making progress: a hold declared with StallAfter
+// stalls only after that long without a call. It is one atomic store, never
+// a round trip; with a context of no hold it does nothing.
+func Progress(ctx context.Context) { watchdog.Progress(ctx) }
 
 // Permits makes key a resource of n permits (a concurrency limit): at most
 // n calls hold it at once, each on its own permit (Lease.Permit) with its
@@ -315,6 +336,9 @@ func (l *Locker) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	var holdOpts []watchdog.HoldOption
 	if c.maxHold > 0 {
 		holdOpts = append(holdOpts, watchdog.MaxHold(c.maxHold))
+	}
+	if c.stall > 0 {
+		holdOpts = append(holdOpts, watchdog.StallAfter(c.stall))
 	}
 	ctx, span := l.trace.StartHold(ctx, key, lease.Fence()) // tracing
 	if c.limit > 1 || lease.Permit() > 0 {

@@ -58,8 +58,10 @@ type HandlerOf[T any] struct {
 	resource   func(T) string
 	ttl        time.Duration
 	contention Contention
-	limit      int  // Limit's n
-	limited    bool // Limit was called (Limit(0) is an error, not the default)
+	limit      int            // Limit's n
+	limited    bool           // Limit was called (Limit(0) is an error, not the default)
+	stall      *time.Duration // StallAfter's d, if called
+	maxHold    *time.Duration // MaxHold's d, if called
 }
 
 // Handle returns the handler of taskType. The task's payload is JSON,
@@ -114,6 +116,30 @@ func (h HandlerOf[T]) Lock(resource func(payload T) string, ttl time.Duration) H
 // the worker refuses to start, exit 2).
 func (h HandlerOf[T]) Limit(n int) HandlerOf[T] {
 	h.limit, h.limited = n, true
+	return h
+}
+
+// StallAfter declares that a run's hold is stalled once its handler has
+// called lockstep.Progress (with the handler's context, or one derived from
+// it) for none of d, counted from the lock's acquire until the first call.
+// A stalled run's lock is no longer renewed but released at once and handed
+// to the next waiter (its process is alive: no one waits out a TTL), and
+// the handler's context is cancelled with lockstep.ErrLockLost, reason
+// stalled. The run counts as failed and is retried as asynq's retry says;
+// the next holder's fence is higher, so a store that checks fences refuses
+// what the stuck handler writes when it wakes (a goroutine cannot be
+// killed). Needs a Lock; d must be positive.
+func (h HandlerOf[T]) StallAfter(d time.Duration) HandlerOf[T] {
+	h.stall = &d
+	return h
+}
+
+// MaxHold bounds how long a run may hold its lock, as lockstep.MaxHold does
+// for WithLock: past d the run's context is cancelled with
+// lockstep.ErrLockLost, reason max_hold, and the lock released at once and
+// handed to the next waiter. Needs a Lock; d must be positive.
+func (h HandlerOf[T]) MaxHold(d time.Duration) HandlerOf[T] {
+	h.maxHold = &d
 	return h
 }
 
@@ -246,12 +272,26 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 	case h.contention.policy == jobs.Wait && h.contention.wait <= 0:
 		return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Wait needs a positive bound, got %v", h.taskType, h.contention.wait)
 	}
+	for _, b := range []struct {
+		name string
+		d    *time.Duration
+	}{{"StallAfter", h.stall}, {"MaxHold", h.maxHold}} {
+		switch {
+		case b.d == nil:
+		case *b.d <= 0:
+			return jobs.Spec{}, fmt.Errorf("worker: handler for %q: %s needs a positive duration, got %v", h.taskType, b.name, *b.d)
+		case h.resource == nil:
+			return jobs.Spec{}, fmt.Errorf("worker: handler for %q: %s needs a Lock", h.taskType, b.name)
+		}
+	}
 	s := jobs.Spec{
 		Type:           h.taskType,
 		TTL:            h.ttl,
 		Limit:          max(h.limit, 1),
 		Contention:     h.contention.policy,
 		ContentionWait: h.contention.wait,
+		StallAfter:     deref(h.stall),
+		MaxHold:        deref(h.maxHold),
 		Decode: func(b []byte) (any, error) {
 			var p T
 			if err := json.Unmarshal(b, &p); err != nil {
@@ -294,4 +334,11 @@ func specs(handlers []Handler) ([]jobs.Spec, error) {
 		out = append(out, s)
 	}
 	return out, errors.Join(errs...)
+}
+
+func deref(d *time.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return *d
 }

@@ -60,6 +60,11 @@ type Spec struct {
 	Contention Contention
 	// ContentionWait bounds the wait of the Wait policy.
 	ContentionWait time.Duration
+	// StallAfter gives a run's hold up (reason stalled) after that long
+	// without the handler's Progress; MaxHold after that long held (reason
+	// max_hold). Either releases the lock at once and cancels the run
+	// (watchdog.StallAfter, watchdog.MaxHold); 0: no bound.
+	StallAfter, MaxHold time.Duration
 	// Run is the handler. Its context is cancelled, with a cause matching
 	// lock.ErrLockLost, when the lock is lost.
 	Run func(ctx context.Context, job Job, payload any) error

@@ -509,7 +509,14 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 		if job.limit > 1 || lease.Permit() > 0 {
 			span.Permit(lease.Permit())
 		}
-		hctx, hold = s.watchdog.Hold(ctx, lease, watchdog.LogWith("task_id", job.ID, "type", job.Type))
+		opts := []watchdog.HoldOption{watchdog.LogWith("task_id", job.ID, "type", job.Type)}
+		if spec.StallAfter > 0 {
+			opts = append(opts, watchdog.StallAfter(spec.StallAfter))
+		}
+		if spec.MaxHold > 0 {
+			opts = append(opts, watchdog.MaxHold(spec.MaxHold))
+		}
+		hctx, hold = s.watchdog.Hold(ctx, lease, opts...)
 		span.Watch(hctx) // tracing: a loss is an event at once
 		s.track(hold)
 		defer s.untrack(hold)

@@ -24,6 +24,7 @@ const (
 	ReasonExpired     Reason = "expired"     // the key is gone
 	ReasonUnreachable Reason = "unreachable" // no renewal succeeded before the local deadline
 	ReasonMaxHold     Reason = "max_hold"    // held as long as allowed
+	ReasonStalled     Reason = "stalled"     // no progress reported for as long as allowed (watchdog.StallAfter)
 	ReasonQuorumLost  Reason = "quorum_lost" // Redlock: fewer than a quorum of nodes kept it
 )
 

@@ -486,13 +486,13 @@ func (s *Lease) lost(reason Reason) error { return &LostError{Key: s.resource, R
 // inferred reports whether a loss was concluded locally rather than read from Redis.
 func inferred(err error) bool {
 	var lost *LostError
-	return errors.As(err, &lost) && (lost.Reason == ReasonUnreachable || lost.Reason == ReasonMaxHold)
+	return errors.As(err, &lost) && (lost.Reason == ReasonUnreachable || lost.Reason == ReasonMaxHold || lost.Reason == ReasonStalled)
 }
 
 // MarkLost records that the lease is lost for reason and returns the state that
 // holds (an earlier loss or release wins). Later Renew calls return the loss
 // without calling Redis; Release still deletes the key if it holds our token,
-// for reasons concluded locally (unreachable, max_hold). The watchdog uses it
+// for reasons concluded locally (unreachable, max_hold, stalled). The watchdog uses it
 // when the local deadline or the max hold passes.
 func (s *Lease) MarkLost(reason Reason) error {
 	return s.state.set(&LostError{Key: s.resource, Reason: reason})

@@ -36,7 +36,7 @@ var (
 	RenewalResults = []string{RenewalRenewed, RenewalLost, RenewalError, RenewalPanic}
 	// LostReasons are the values of lockstep_lock_lost_total{reason}: the
 	// lock.Reason values.
-	LostReasons = []string{"stolen", "expired", "unreachable", "max_hold", "quorum_lost"}
+	LostReasons = []string{"stolen", "expired", "unreachable", "max_hold", "stalled", "quorum_lost"}
 )
 
 // Metrics holds Lockstep's collectors.
@@ -47,6 +47,8 @@ type Metrics struct {
 	RenewalDuration     prometheus.Histogram
 	LocksHeld           prometheus.Gauge
 	LockLost            *prometheus.CounterVec // reason
+	HandlersUnreturned  prometheus.Gauge
+	OldestHold          prometheus.Gauge
 	LockHeld            prometheus.Histogram
 	LockNotices         prometheus.Counter
 	PermitWait          prometheus.Histogram
@@ -80,7 +82,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		LocksHeld: c.gauge("lockstep_locks_held",
 			"Leases currently held and renewed by this process."),
 		LockLost: c.counterVec("lockstep_lock_lost_total",
-			"Leases lost while held, by reason (stolen, expired, unreachable, max_hold, quorum_lost).", "reason"),
+			"Leases lost while held, by reason (stolen, expired, unreachable, max_hold, stalled, quorum_lost).", "reason"),
+		HandlersUnreturned: c.gauge("lockstep_handlers_unreturned",
+			"Holds whose work was cancelled (its lock lost, stalled or held too long) and has not returned yet: a handler that ignores its context."),
+		OldestHold: c.gauge("lockstep_lock_oldest_hold_seconds",
+			"Age of the oldest hold this process renews (0 when none), updated at each renewal round."),
 		LockHeld: c.histogram("lockstep_lock_held_seconds",
 			"How long leases were held, from acquire to release or loss.", prometheus.ExponentialBuckets(0.01, 4, 10)),
 		LockNotices: c.counter("lockstep_lock_notices_total",

@@ -29,6 +29,12 @@ const DefaultReleaseTimeout = 5_000_000_000 // 5s, as a time.Duration
 // retried.
 func (h *Hold) Finish(ctx context.Context, opts ...FinishOption) (lost *lock.LostError, err error) {
 	h.Stop()
+	h.w.mu.Lock()
+	if h.unreturned { // the work returned after its cancel
+		h.unreturned = false
+		h.w.metrics.HandlersUnreturned.Dec()
+	}
+	h.w.mu.Unlock()
 	var c finishConfig
 	for _, o := range opts {
 		o(&c)

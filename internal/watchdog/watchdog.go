@@ -62,6 +62,7 @@ type HoldOption func(*holdConfig)
 
 type holdConfig struct {
 	interval, drift, retry, maxHold time.Duration
+	stallAfter                      time.Duration
 	logAttrs                        []any
 	explain                         func(*lock.LostError) error
 }
@@ -81,8 +82,17 @@ func Explain(fn func(*lock.LostError) error) HoldOption {
 	return func(c *holdConfig) { c.explain = fn }
 }
 
-// MaxHold bounds how long one hold is renewed.
+// MaxHold bounds how long one hold is kept: past it the hold is given up
+// (reason max_hold): its context is cancelled and its lock released at once,
+// handed to the next waiter.
 func MaxHold(d time.Duration) HoldOption { return func(c *holdConfig) { c.maxHold = d } }
+
+// StallAfter gives the hold up (reason stalled) once its holder has reported
+// no Progress for d (counted from the acquire until the first): its context
+// is cancelled and its lock released at once, handed to the next waiter, as
+// MaxHold does. A holder stuck in a call that ignores its context so keeps
+// no one waiting, and a store that checks fences refuses its late writes.
+func StallAfter(d time.Duration) HoldOption { return func(c *holdConfig) { c.stallAfter = d } }
 
 // Watchdog renews every lease handed to it and cancels the lease's context
 // the moment the lease is lost. One per process is enough: renewals that
@@ -249,8 +259,12 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 	h.timer = time.AfterFunc(time.Until(h.deadline), h.onDeadline)
 	if c.maxHold > 0 {
 		h.maxTimer = time.AfterFunc(time.Until(lease.AcquiredAt().Add(c.maxHold)), func() {
-			h.lose(lock.ReasonMaxHold)
+			h.giveUp(lock.ReasonMaxHold)
 		})
+	}
+	if c.stallAfter > 0 {
+		h.progressNs.Store(int64(time.Since(epoch)))
+		h.stallTimer = time.AfterFunc(c.stallAfter, h.onStallCheck)
 	}
 	// Poke the loop only when this hold needs it sooner than it wakes: a
 	// burst of short holds then costs the loop nothing.
@@ -304,15 +318,17 @@ func (w *Watchdog) plan() time.Time {
 	defer w.mu.Unlock()
 	next := now.Add(time.Hour)
 	after := w.noticeAfter()
-	long, young := false, time.Time{}
+	long, young, oldest := false, time.Time{}, now
 	for h := range w.holds {
 		next = earlier(next, h.next)
+		oldest = earlier(oldest, h.heldFrom)
 		if at := h.heldFrom.Add(after); !at.After(now) {
 			long = true
 		} else if young.IsZero() || at.Before(young) {
 			young = at
 		}
 	}
+	w.metrics.OldestHold.Set(now.Sub(oldest).Seconds())
 	if w.notice.wanted() {
 		if long || w.notice.always {
 			w.notice.lastLong = now
@@ -438,14 +454,17 @@ type Hold struct {
 
 	deadlineNs atomic.Int64 // deadline as nanoseconds since epoch (monotonic), for checks at use
 	counted    atomic.Bool  // a loss was counted (found by the watchdog or at release); the loss itself is the lease's
+	progressNs atomic.Int64 // the holder's last Progress (or the hold's start), as deadlineNs; with StallAfter only
 
 	// guarded by w.mu
-	timer    *time.Timer // fires at deadline
-	maxTimer *time.Timer // fires at the max hold, if any
-	sent     time.Time   // send time of the last successful renewal (or the acquire)
-	deadline time.Time   // sent + ttl - drift
-	next     time.Time   // next renewal due
-	ended    bool
+	timer      *time.Timer // fires at deadline
+	maxTimer   *time.Timer // fires at the max hold, if any
+	stallTimer *time.Timer // fires when the hold stalls unless Progress came, with StallAfter
+	unreturned bool        // a loss cancelled the work, which has not returned (Finish) yet
+	sent       time.Time   // send time of the last successful renewal (or the acquire)
+	deadline   time.Time   // sent + ttl - drift
+	next       time.Time   // next renewal due
+	ended      bool
 }
 
 // Lease returns the held lease.
@@ -508,13 +527,14 @@ func (h *Hold) onDeadline() {
 	}
 }
 
-// lose marks the lease lost and ends the hold with the loss as cause.
-func (h *Hold) lose(reason lock.Reason) {
+// lose marks the lease lost and ends the hold with the loss as cause. It
+// reports whether the loss is this call's (for reason, counted here).
+func (h *Hold) lose(reason lock.Reason) bool {
 	cause := h.lease.MarkLost(reason) // an earlier loss or release wins
 	var lost *lock.LostError
 	if !errors.As(cause, &lost) {
 		h.end(nil) // released meanwhile: not a loss
-		return
+		return false
 	}
 	// h.counted is the one gate for counting a loss, here and in Finish: the
 	// hold may end (its work returned) while this runs, and the loss still
@@ -533,7 +553,7 @@ func (h *Hold) lose(reason lock.Reason) {
 	}
 	ended := h.end(cause)
 	if !counted {
-		return
+		return false
 	}
 	msg := "watchdog: lock lost; handler context cancelled"
 	if !ended {
@@ -544,6 +564,49 @@ func (h *Hold) lose(reason lock.Reason) {
 		attrs = append(attrs, "cause", explained.Error())
 	}
 	h.logger().Warn(msg, attrs...)
+	return lost.Reason == reason
+}
+
+// giveUp ends a hold that its holder may not keep any longer (max_hold,
+// stalled) while its process is alive: the lease is lost for reason, the
+// holder's context cancelled, and the lock released at once by its token,
+// which hands it to the next waiter (no one waits out a TTL). The work's
+// own release, when it returns, finds the lock gone.
+func (h *Hold) giveUp(reason lock.Reason) {
+	if !h.lose(reason) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(h.w.opts.ReleaseTimeout, DefaultReleaseTimeout))
+	defer cancel()
+	if err := h.lease.Release(ctx); err != nil && !errors.Is(err, lock.ErrLockLost) {
+		h.logger().Warn("watchdog: the release of a hold given up failed; it expires within its TTL",
+			"key", h.lease.Key(), "reason", string(reason), "err", err)
+	}
+}
+
+// onStallCheck runs from the stall timer: the hold stalls when no Progress
+// came within StallAfter; else the timer waits for the rest of it.
+func (h *Hold) onStallCheck() {
+	left := time.Duration(h.progressNs.Load()) + h.cfg.stallAfter - time.Since(epoch)
+	if left <= 0 {
+		h.giveUp(lock.ReasonStalled)
+		return
+	}
+	h.w.mu.Lock()
+	if !h.ended {
+		h.stallTimer.Reset(left)
+	}
+	h.w.mu.Unlock()
+}
+
+// Progress records that the holder of ctx's hold (a context Hold returned,
+// or one derived from it) made progress now: a hold with StallAfter stalls
+// only after that long without any. It is one atomic store, never a round
+// trip; without a hold in ctx it does nothing.
+func Progress(ctx context.Context) {
+	if h, _ := ctx.Value(holdKey{}).(*Hold); h != nil {
+		h.progressNs.Store(int64(time.Since(epoch)))
+	}
 }
 
 // end removes the hold and cancels its context with cause; it reports whether
@@ -569,6 +632,16 @@ func (h *Hold) end(cause error) bool {
 	h.timer.Stop()
 	if h.maxTimer != nil {
 		h.maxTimer.Stop()
+	}
+	if h.stallTimer != nil {
+		h.stallTimer.Stop()
+	}
+	if errors.Is(cause, lock.ErrLockLost) { // the work runs on, cancelled, until Finish
+		h.unreturned = true
+		h.w.metrics.HandlersUnreturned.Inc()
+	}
+	if len(h.w.holds) == 0 {
+		h.w.metrics.OldestHold.Set(0)
 	}
 	// A long hold's end starts the notifier's linger: the loop, which may
 	// sleep until a renewal far away, plans the stop from now.

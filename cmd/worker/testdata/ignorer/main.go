@@ -9,7 +9,11 @@
 // does on the demo's PostgreSQL store, under the same lock, but ignoring its
 // context: it begins, works for work_ms and commits whatever happened
 // meanwhile, as a handler paused between its last look at its context and
-// its commit would; it records the commit's verdict.
+// its commit would; it records the commit's verdict. Its handler
+// test:stallpay is test:pay declared StallAfter(2s), reporting progress once
+// after its begin (recorded as progress_ms). Its handler test:steady,
+// StallAfter(2s), reports progress every 500 ms for work_ms and records
+// each run's end and fence.
 package main
 
 import (
@@ -21,6 +25,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
 	"github.com/lockstep-dev/lockstep/internal/procid"
@@ -56,6 +61,18 @@ func main() {
 			return record(ctx, "test:waiter:runs", "task_id", job.ID, "fence", job.Fence, "event", "end",
 				"at_ms", time.Now().UnixMilli())
 		}).Lock(func(p payload) string { return "lock:wait:" + p.Key }, 0).OnContention(worker.Wait(30 * time.Second)),
+		worker.Handle("test:steady", func(ctx context.Context, job worker.Job, p payload) error {
+			end := time.Now().Add(time.Duration(p.WorkMS) * time.Millisecond)
+			for time.Now().Before(end) {
+				lockstep.Progress(ctx)
+				select {
+				case <-time.After(500 * time.Millisecond):
+				case <-ctx.Done():
+					return record(ctx, "test:steady:runs", "task_id", job.ID, "fence", job.Fence, "outcome", context.Cause(ctx).Error())
+				}
+			}
+			return record(ctx, "test:steady:runs", "task_id", job.ID, "fence", job.Fence, "outcome", "ok")
+		}).Lock(func(p payload) string { return "lock:steady:" + p.Key }, 0).StallAfter(stallAfter),
 		worker.Handle("test:free", func(ctx context.Context, job worker.Job, p payload) error {
 			if err := record(ctx, "test:free:runs", "task_id", job.ID, "event", "start", "at_ms", time.Now().UnixMilli()); err != nil {
 				return err
@@ -76,19 +93,37 @@ func main() {
 		// The demo's own store and lock name (lock.backend redis), so that
 		// its rows and fences are those of demo:order.pay's runs.
 		pg := demo.NewPostgres(db, "redis")
-		handlers = append(handlers, worker.Handle("test:pay", func(ctx context.Context, job worker.Job, p demo.Payload) error {
+		pay := func(ctx context.Context, job worker.Job, p demo.Payload, stalls bool) error {
+			hold := ctx
 			ctx = context.WithoutCancel(ctx) // ignores ctx
 			j := jobs.Job{ID: job.ID, Resource: job.Resource, Permit: job.Permit, Fence: job.Fence}
 			if ok, other, err := pg.Begin(ctx, j, p.OrderID, procid.Self()); err != nil || !ok {
 				return record(ctx, "test:payer:runs", "task_id", job.ID, "fence", job.Fence, "op", "begin", "ok", ok, "other", other, "err", errString(err))
 			}
+			if stalls {
+				lockstep.Progress(hold)
+				if err := record(ctx, "test:payer:runs", "task_id", job.ID, "fence", job.Fence, "op", "progress", "progress_ms", time.Now().UnixMilli()); err != nil {
+					return err
+				}
+			}
 			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
 			ok, other, err := pg.Commit(ctx, j, p.OrderID, procid.Self())
 			return record(ctx, "test:payer:runs", "task_id", job.ID, "fence", job.Fence, "op", "commit", "ok", ok, "other", other, "err", errString(err))
-		}).Lock(func(p demo.Payload) string { return demo.Resource(p.OrderID) }, 0))
+		}
+		lockOf := func(p demo.Payload) string { return demo.Resource(p.OrderID) }
+		handlers = append(handlers,
+			worker.Handle("test:pay", func(ctx context.Context, job worker.Job, p demo.Payload) error {
+				return pay(ctx, job, p, false)
+			}).Lock(lockOf, 0),
+			worker.Handle("test:stallpay", func(ctx context.Context, job worker.Job, p demo.Payload) error {
+				return pay(ctx, job, p, true)
+			}).Lock(lockOf, 0).StallAfter(stallAfter))
 	}
 	worker.Main(handlers...)
 }
+
+// stallAfter is the stall bound of test:stallpay and test:steady.
+const stallAfter = 2 * time.Second
 
 func errString(err error) string {
 	if err == nil {
