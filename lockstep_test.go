@@ -213,3 +213,70 @@ func TestWithLockReentrantForOneOwner(t *testing.T) {
 		t.Fatal("lock not released after the outer call")
 	}
 }
+
+// A WithLock function stuck in a call that ignores its context, under
+// StallAfter, is given up once it reported no Progress for that long: a
+// waiting caller holds the lock then (not after its 30 s TTL), with a
+// higher fence, and the stuck function's context ends with ErrLockLost,
+// reason stalled; a function that reports Progress keeps its hold past the
+// bound; MaxHold gives a hold up whatever its progress.
+func TestWithLockStallAfterAndMaxHoldHandOn(t *testing.T) {
+	t.Parallel()
+	l, _ := newLocker(t)
+	ctx := context.Background()
+	const bound = 300 * time.Millisecond
+	for _, c := range []struct {
+		name   string
+		opt    lockstep.LockOption
+		reason lockstep.Reason
+	}{{"stalled", lockstep.StallAfter(bound), lockstep.ReasonStalled}, {"max_hold", lockstep.MaxHold(bound), lockstep.ReasonMaxHold}} {
+		resource := "stuck:" + c.name
+		held, wake := make(chan int64, 1), make(chan struct{})
+		var lastProgress atomic.Int64
+		done := make(chan error, 1)
+		go func() {
+			done <- l.WithLock(ctx, resource, func(ctx context.Context, lease *lockstep.Lease) error {
+				lockstep.Progress(ctx)
+				lastProgress.Store(time.Now().UnixNano())
+				held <- lease.Fence()
+				<-wake // ignores ctx
+				return context.Cause(ctx)
+			}, c.opt)
+		}()
+		fence := <-held
+		var next int64
+		err := l.WithLock(ctx, resource, func(_ context.Context, lease *lockstep.Lease) error {
+			next = lease.Fence()
+			return nil
+		}, lockstep.Wait(10*time.Second), lockstep.Backoff(5*time.Second, 5*time.Second))
+		after := time.Since(time.Unix(0, lastProgress.Load()))
+		close(wake)
+		var lost *lockstep.LostError
+		if err != nil || next <= fence {
+			t.Errorf("%s: the waiter: %v, fence %d (the stuck holder's %d)", c.name, err, next, fence)
+		}
+		if after < bound || after > bound+2*time.Second {
+			t.Errorf("%s: the waiter held the lock %v after the stuck holder's progress, want from %v to %v", c.name, after, bound, bound+2*time.Second)
+		}
+		if err := <-done; !errors.As(err, &lost) || lost.Reason != c.reason {
+			t.Errorf("%s: the stuck holder ended with %v, want lost (%s)", c.name, err, c.reason)
+		}
+	}
+
+	// Progress every 100 ms for a second under StallAfter(1s): held
+	// throughout (a loaded machine may delay a step by most of the bound).
+	err := l.WithLock(ctx, "steady", func(ctx context.Context, _ *lockstep.Lease) error {
+		for range 10 {
+			lockstep.Progress(ctx)
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		return nil
+	}, lockstep.StallAfter(time.Second))
+	if err != nil {
+		t.Errorf("a function reporting progress under StallAfter: %v", err)
+	}
+}
