@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -23,7 +22,7 @@ import (
 func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string) error {
 	job := jobOf(ctx, t.Type())
 	l := s.runLocker()
-	k := overlap.KeysFor(strings.TrimSuffix(l.KeyPrefix(), "{"), schedule)
+	k := overlap.KeysFor(l.Prefix(), schedule)
 	ctx = lock.WithJob(ctx, job.ID, job.Type)
 	ctx = context.WithValue(ctx, inRunKey{}, true)
 	run, err := overlap.Begin(ctx, s.client, l, k, job.ID, s.cfg.LockTTL)
@@ -100,7 +99,7 @@ func (s *Server) runLocker() *lock.Locker {
 		return s.locker
 	}
 	s.runOnce.Do(func() {
-		s.runLock = lock.New(s.client, lock.WithPrefix(strings.TrimSuffix(s.locker.KeyPrefix(), "{")))
+		s.runLock = lock.New(s.client, lock.WithPrefix(s.locker.Prefix()))
 	})
 	return s.runLock
 }

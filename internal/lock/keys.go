@@ -112,6 +112,9 @@ func (l *Locker) floorKey(lock string) string {
 // every resource of its Cluster slot.
 func (l *Locker) FenceFloorKey(resource string) string { return l.keysFor(resource).floor }
 
+// Prefix is the Locker's key prefix (WithPrefix; "lockstep:" by default).
+func (l *Locker) Prefix() string { return l.prefix }
+
 // KeyPrefix is what every lock key of this Locker starts with (prefix + "{"):
 // the prefix a server-notice subscription (client tracking) watches.
 func (l *Locker) KeyPrefix() string { return l.prefix + "{" }
