@@ -34,12 +34,6 @@ func WithJob(ctx context.Context, taskID, taskType string) context.Context {
 // processID names this process in the tokens it writes (query-escaped once).
 var processID = url.QueryEscape(procid.Self())
 
-// NewToken returns a fresh lock token for a hold acquired at now, carrying
-// the holder information of ctx (WithJob) that ParseToken reads. Scripts
-// outside this package that take a lock in the Locker's layout (the jobs
-// hand-off) use it, so `lockstep locks` can name every holder.
-func NewToken(ctx context.Context, now time.Time) string { return tokenFor(ctx, now) }
-
 // tokenFor returns a fresh token for an acquire at now by ctx's job, if any.
 // It is built in one buffer: one allocation for a lease without a job.
 func tokenFor(ctx context.Context, now time.Time) string {
