@@ -104,17 +104,25 @@ func TestOwnRenewalsCauseNoExtraRenewals(t *testing.T) {
 		_ = ctx
 	}
 	waitListening(t, r.admin)
-	// Past the first (re)subscribe, which checks everything once.
-	time.Sleep(ttl)
-	before := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed"))
-	notices := testutil.ToFloat64(r.metrics.LockNotices)
-	const window = 2 * time.Second
-	time.Sleep(window)
-	renewed := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed")) - before
+	// Past the first (re)subscribe, which checks everything once: its notice
+	// is counted, and the round it makes due renews every lease.
+	renewals := func() float64 { return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed")) }
+	redistest.WaitFor(t, 5*time.Second, "the (re)subscribe's check of every lease", func() bool {
+		return testutil.ToFloat64(r.metrics.LockNotices) >= 1
+	})
+	checked := renewals()
+	redistest.WaitFor(t, 5*time.Second, "a round of every lease after the (re)subscribe", func() bool {
+		return renewals() >= checked+float64(len(holds))
+	})
+	before, notices, from := renewals(), testutil.ToFloat64(r.metrics.LockNotices), time.Now()
+	// The window is what is measured (renewals per lease per interval), not
+	// a wait for an event; its length is read back, not assumed.
+	time.Sleep(2 * time.Second)
+	renewed, window := renewals()-before, time.Since(from)
 	// One renewal per lease per interval (ttl/3), with a margin for rounds
 	// that run early (leases within a quarter interval share a round).
 	perLease := renewed / float64(len(holds))
-	want := float64(window / (ttl / 3))
+	want := float64(window) / float64(ttl/3)
 	t.Logf("%.0f renewals of %d leases in %v: %.1f per lease (one interval: %.1f); unexplained notices %v",
 		renewed, len(holds), window, perLease, want, testutil.ToFloat64(r.metrics.LockNotices)-notices)
 	if perLease > want*1.5 {
