@@ -80,7 +80,7 @@ func TestNoticesRunOnlyWhileAHoldIsOld(t *testing.T) {
 	if first := *n.first.Load(); first.Before(oldEnough) {
 		t.Fatalf("notifier started %v before any hold was NoticeAfter (%v) old", oldEnough.Sub(first), after)
 	}
-	waitListening(t, r.admin)
+	waitChecked(t, r, 1)
 	changed := time.Now()
 	if err := r.admin.Del(bg, r.locker.Key("long")).Err(); err != nil {
 		t.Fatal(err)
