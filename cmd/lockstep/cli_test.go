@@ -104,7 +104,7 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 	})
 	t.Run("ticks", func(t *testing.T) {
 		var ticks []map[string]any
-		waitFor(t, 10*time.Second, "a done tick of every-second", func() bool {
+		redistest.WaitEvery(t, 10*time.Second, 100*time.Millisecond, "a done tick of every-second", func() bool {
 			r := cli(t, srv.Addr, "", "ticks", "every-second", "--last", "5", "--json")
 			return r.code == 0 && json.Unmarshal([]byte(r.stdout), &ticks) == nil &&
 				slices.ContainsFunc(ticks, func(tk map[string]any) bool { return tk["state"] == "done" })
