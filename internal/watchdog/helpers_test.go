@@ -119,8 +119,11 @@ func newRig(t *testing.T, addr string, srv *redistest.Server, opts watchdog.Opti
 	t.Helper()
 	rec := &recorder{}
 	c := redis.NewClient(&redis.Options{
+		// A round's context ends at its earliest deadline, which bounds
+		// a dial too: a dial timeout shorter than that (it was 100ms) lost
+		// healthy leases on a loaded machine, whose Redis accepted late.
 		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
-		DialTimeout: 100 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		DialTimeout: ttl, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	c.AddHook(rec)
 	t.Cleanup(func() { c.Close() })
