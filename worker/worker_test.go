@@ -161,19 +161,14 @@ worker: {concurrency: 2, shutdown_timeout: 1s, contention_backoff_min: 10ms, con
 	if c.job != want || c.job.Fence <= 0 || c.p != (pay{"42", 5}) || c.held == "" {
 		t.Fatalf("handler saw job %+v payload %+v lock %q; want job %+v with a fence, the lock held", c.job, c.p, c.held, want)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := insp.GetTaskInfo("default", "p2")
-		if err == nil && info.State == asynq.TaskStateArchived {
-			if !strings.Contains(info.LastErr, "cents must be positive") {
-				t.Errorf("archived with %q, want the validation error", info.LastErr)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("invalid payload not archived: %+v %v", info, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var info *asynq.TaskInfo
+	redistest.WaitFor(t, 20*time.Second, "the invalid payload p2 archived", func() bool {
+		var err error
+		info, err = insp.GetTaskInfo("default", "p2")
+		return err == nil && info.State == asynq.TaskStateArchived
+	})
+	if !strings.Contains(info.LastErr, "cents must be positive") {
+		t.Errorf("archived with %q, want the validation error", info.LastErr)
 	}
 
 	cancel()

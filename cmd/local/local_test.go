@@ -268,7 +268,7 @@ func TestInterrupt(t *testing.T) {
 	var out, errOut buffer
 	code := make(chan int, 1)
 	go func() { code <- runMain(configArgs("--every", "500ms"), &out, &errOut) }()
-	waitFor(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "] ticks ") })
+	redistest.WaitFor(t, 30*time.Second, "a line of ticks on stdout", func() bool { return strings.Contains(out.String(), "] ticks ") })
 	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestEmbeddedExpires(t *testing.T) {
 		t.Fatalf("second acquire at once: %v, want ErrNotAcquired", err)
 	}
 	var second *lock.Lease
-	waitFor(t, 5*time.Second, func() bool {
+	redistest.WaitFor(t, 5*time.Second, "the lock free again after its TTL", func() bool {
 		second, err = l.TryAcquire(ctx, "lock:order:x", ttl)
 		return err == nil
 	})
@@ -370,17 +370,5 @@ func TestBadConfig(t *testing.T) {
 				t.Errorf("stdout: %s", out.String())
 			}
 		})
-	}
-}
-
-// waitFor polls cond until it holds, or fails the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

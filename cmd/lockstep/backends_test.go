@@ -103,14 +103,10 @@ func TestLocksWaitersAndUnlockOnEtcd(t *testing.T) {
 		wl := etcdclient.NewLocker(cluster.Client())
 		t.Cleanup(func() { _ = wl.Close() })
 		waiting.Go(func() { _, _ = wl.Acquire(lock.WithJob(wctx, id, "t:wait"), "lock:order:8", 2*time.Second) })
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			if ws, err := l.Waiters(context.Background(), "lock:order:8"); err == nil && len(ws) == i+1 {
-				break
-			}
-			if time.Now().After(end) {
-				t.Fatalf("%s is not in lock:order:8's queue within 10s", id)
-			}
-		}
+		redistest.WaitFor(t, 10*time.Second, id+" in lock:order:8's queue", func() bool {
+			ws, err := l.Waiters(context.Background(), "lock:order:8")
+			return err == nil && len(ws) == i+1
+		})
 	}
 	var ws []waiterView
 	if r := cliEnv(t, env, "", "waiters", "lock:order:8", "--json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &ws) != nil ||

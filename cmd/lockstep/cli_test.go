@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"reflect"
 	"slices"
@@ -83,10 +84,9 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 		t.Fatalf("locks: exit %d\n%s", r.code, r.stdout)
 	}
 	col := strings.Index(lines[0], "HOLDER")
-	for _, l := range lines[1:] {
-		if strings.HasPrefix(l, "lock:order:42 ") && !strings.HasPrefix(l[col:], held["holder"].(string)) {
-			t.Fatalf("locks: holder not aligned under HOLDER:\n%s", r.stdout)
-		}
+	i := slices.IndexFunc(lines[1:], func(l string) bool { return strings.HasPrefix(l, "lock:order:42 ") })
+	if i < 0 || col < 0 || !strings.HasPrefix(lines[1+i][col:], held["holder"].(string)) {
+		t.Fatalf("locks: no row of lock:order:42 with its holder under HOLDER:\n%s", r.stdout)
 	}
 	if r := cli(t, srv.Addr, "", "waiters", "lock:order:42"); r.code != 0 || !strings.Contains(r.stdout, "wait-1") {
 		t.Fatalf("waiters: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -94,9 +94,6 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 
 	t.Run("schedules", func(t *testing.T) {
 		r := cli(t, srv.Addr, "", "schedules", "--json")
-		if strings.Contains(r.stderr, "not yet available") {
-			t.Skip("lockstep schedules is a placeholder on this branch")
-		}
 		var scheds []map[string]any
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &scheds) != nil {
 			t.Fatalf("schedules --json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -107,13 +104,21 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 	})
 	t.Run("ticks", func(t *testing.T) {
 		var ticks []map[string]any
-		waitFor(t, 10*time.Second, "ticks of every-second", func() bool {
+		redistest.WaitEvery(t, 10*time.Second, 100*time.Millisecond, "a done tick of every-second", func() bool {
 			r := cli(t, srv.Addr, "", "ticks", "every-second", "--last", "5", "--json")
-			if strings.Contains(r.stderr, "not yet available") {
-				t.Skip("lockstep ticks is a placeholder on this branch")
-			}
-			return r.code == 0 && json.Unmarshal([]byte(r.stdout), &ticks) == nil && len(ticks) > 0
+			return r.code == 0 && json.Unmarshal([]byte(r.stdout), &ticks) == nil &&
+				slices.ContainsFunc(ticks, func(tk map[string]any) bool { return tk["state"] == "done" })
 		})
+		for _, tk := range ticks {
+			s, _ := tk["tick"].(string)
+			tick, err := time.Parse(time.RFC3339, s)
+			if err != nil || !slices.Contains([]any{"done", "pending", "skipped", "missed"}, tk["state"]) {
+				t.Fatalf("ticks --json: %v, want a tick (RFC 3339) and a state done/pending/skipped/missed", tk)
+			}
+			if tk["state"] == "done" && tk["task_id"] != fmt.Sprintf("every-second:%d", tick.Unix()) {
+				t.Fatalf("ticks --json: done tick %v has task_id %v, want every-second:<tick>", tk, tk["task_id"])
+			}
+		}
 	})
 
 	// Unlock: refused without --force, and off a terminal without --yes.

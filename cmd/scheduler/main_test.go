@@ -70,22 +70,24 @@ func (p *proc) httpAddr() string {
 func (p *proc) waitStatus(path string, want int, timeout time.Duration) string {
 	p.t.Helper()
 	url := "http://" + p.httpAddr() + path
-	deadline := time.Now().Add(timeout)
 	exited := p.Exited()
-	for {
-		code, body := get(url)
-		if code == want {
-			return body
+	var code int
+	var body string
+	defer func() {
+		if code != want {
+			p.t.Logf("GET %s, last answer: %d %q", path, code, body)
 		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("GET %s: %d %q after %v, want %d", path, code, body, timeout, want)
-		}
+	}()
+	redistest.WaitEvery(p.t, timeout, 50*time.Millisecond, fmt.Sprintf("GET %s to answer %d", path, want), func() bool {
 		select {
 		case <-exited:
 			p.t.Fatalf("process exited; output:\n%s", p.output())
-		case <-time.After(50 * time.Millisecond): // polling an endpoint, the observable itself
+		default:
 		}
-	}
+		code, body = get(url)
+		return code == want
+	})
+	return body
 }
 
 func get(url string) (int, string) {

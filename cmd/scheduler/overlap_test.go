@@ -157,49 +157,46 @@ func (r *overlapRig) executions() map[string]demo.Execution {
 // waitExecutions waits until the demo recorded n runs.
 func (r *overlapRig) waitExecutions(n int, timeout time.Duration) {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for len(r.executions()) < n {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%d runs recorded after %v, want %d", len(r.executions()), timeout, n)
-		}
-		time.Sleep(100 * time.Millisecond) // polling the executions stream, the observable itself
-	}
+	redistest.WaitEvery(r.t, timeout, 100*time.Millisecond, fmt.Sprintf("%d runs recorded", n), func() bool { return len(r.executions()) >= n })
 }
 
 // waitIdle waits until every enqueued tick's run has been recorded.
 func (r *overlapRig) waitIdle(timeout time.Duration, except ...string) []cliTick {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ticks, execs := r.ticks(), r.executions()
-		var missing []string
+	var ticks []cliTick
+	var missing []string
+	defer func() {
+		if len(missing) == 0 { // done, or failed for another reason
+			return
+		}
+		insp := asynq.NewInspectorFromRedisClient(r.srv.Client())
+		for _, id := range missing {
+			info, err := insp.GetTaskInfo("default", id)
+			if err == nil {
+				r.t.Logf("task %s: asynq state %v, last error %q", id, info.State, info.LastErr)
+			}
+			for i, w := range r.workers {
+				for _, line := range strings.Split(w.output(), "\n") {
+					if strings.Contains(line, id) {
+						r.t.Logf("worker %d: %s", i, line)
+					}
+				}
+			}
+		}
+		r.t.Logf("enqueued ticks without a recorded run: %v", missing)
+	}()
+	redistest.WaitEvery(r.t, timeout, 200*time.Millisecond, "every enqueued tick's run recorded", func() bool {
+		var execs map[string]demo.Execution
+		ticks, execs = r.ticks(), r.executions()
+		missing = missing[:0]
 		for _, tk := range ticks {
 			if _, ok := execs[tk.TaskID]; tk.State == "done" && !ok && !slices.Contains(except, tk.TaskID) {
 				missing = append(missing, tk.TaskID)
 			}
 		}
-		if len(missing) == 0 {
-			return ticks
-		}
-		if time.Now().After(deadline) {
-			insp := asynq.NewInspectorFromRedisClient(r.srv.Client())
-			for _, id := range missing {
-				info, err := insp.GetTaskInfo("default", id)
-				if err == nil {
-					r.t.Logf("task %s: asynq state %v, last error %q", id, info.State, info.LastErr)
-				}
-				for i, w := range r.workers {
-					for _, line := range strings.Split(w.output(), "\n") {
-						if strings.Contains(line, id) {
-							r.t.Logf("worker %d: %s", i, line)
-						}
-					}
-				}
-			}
-			r.t.Fatalf("enqueued ticks without a recorded run after %v: %v", timeout, missing)
-		}
-		time.Sleep(200 * time.Millisecond) // polling the executions stream, the observable itself
-	}
+		return len(missing) == 0
+	})
+	return ticks
 }
 
 // checkBacklog asserts that every tick is done or skipped with reason
@@ -272,17 +269,16 @@ func TestOverlapBufferOneQueuesAtMostOne(t *testing.T) {
 	t.Parallel()
 	r := startOverlapRig(t, "buffer_one")
 	// lockstep schedules (and the page) show the running run and the one behind it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, out := r.lockstep("--config", r.cfg, "schedules", "--json")
-		if strings.Contains(out, `"running": "nightly:`) && strings.Contains(out, `"queued": 1`) && strings.Contains(out, `"overlap": "buffer_one"`) {
-			break
+	var out string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("lockstep schedules --json, last seen:\n%s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lockstep schedules --json never showed a running run with one queued:\n%s", out)
-		}
-		time.Sleep(200 * time.Millisecond) // polling the CLI, the observable itself
-	}
+	})
+	redistest.WaitEvery(t, 10*time.Second, 200*time.Millisecond, "lockstep schedules --json to show a running run with one queued", func() bool {
+		_, out = r.lockstep("--config", r.cfg, "schedules", "--json")
+		return strings.Contains(out, `"running": "nightly:`) && strings.Contains(out, `"queued": 1`) && strings.Contains(out, `"overlap": "buffer_one"`)
+	})
 	r.waitExecutions(4, 30*time.Second)
 	r.stopReplicas()
 	ticks := r.waitIdle(15 * time.Second)
@@ -429,35 +425,28 @@ func killMidRun(t *testing.T, policy string, maxLive int) {
 	r := startOverlapRig(t, policy)
 	var victim *proc
 	var id string
-	deadline := time.Now().Add(15 * time.Second)
-	for victim == nil {
+	redistest.WaitFor(t, 15*time.Second, "a schedule run started", func() bool {
 		for _, w := range r.workers {
 			if rec := w.log.Find(proctest.Msg("schedule run started")); rec != nil {
 				victim, id = w, rec["id"].(string)
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no schedule run started within 15s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling the workers' logs
-	}
+		return victim != nil
+	})
 	victim.Kill()
 	killed := time.Now()
 	t.Logf("killed the worker of %s", id)
 
 	// The first run that started after the kill.
 	var next demo.Execution
-	for next.TaskID == "" {
+	redistest.WaitEvery(t, 10*time.Second-time.Since(killed), 100*time.Millisecond, "a run started after the kill", func() bool {
 		for _, x := range r.executions() {
 			if started := time.UnixMilli(x.StartedMS); started.After(killed) && (next.TaskID == "" || x.StartedMS < next.StartedMS) {
 				next = x
 			}
 		}
-		if time.Since(killed) > 10*time.Second {
-			t.Fatal("no run started within 10s of the kill")
-		}
-		time.Sleep(100 * time.Millisecond) // polling the executions stream
-	}
+		return next.TaskID != ""
+	})
 	started := time.UnixMilli(next.StartedMS)
 	// The run lock was renewed every TTL/3: it lived at least 2/3 TTL after
 	// the kill, and at most TTL.
@@ -489,18 +478,14 @@ func TestOverlapRunWaitsForItsHandlersLockUnderTheRunLock(t *testing.T) {
 	})
 	var w *proc
 	var id string
-	deadline := time.Now().Add(15 * time.Second)
-	for w == nil {
+	redistest.WaitFor(t, 15*time.Second, "a schedule run waiting in its worker for the busy order lock", func() bool {
 		for _, p := range r.workers {
 			if rec := p.log.Find(proctest.Msg("lock busy; task waits in the worker")); rec != nil {
 				w, id = p, rec["id"].(string)
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no schedule run waited in its worker for the busy order lock within 15s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling the workers' logs
-	}
+		return w != nil
+	})
 	code, out := r.lockstep("locks", "--json")
 	if code != 0 || !strings.Contains(out, `"resource": "schedule:nightly"`) || !strings.Contains(out, id) {
 		t.Errorf("lockstep locks: exit %d; want schedule:nightly held by %s:\n%s", code, id, out)

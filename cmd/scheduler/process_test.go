@@ -269,20 +269,13 @@ func sleepIntoTick(rng *rand.Rand) {
 func waitTask(t *testing.T, insp *asynq.Inspector, schedule string, tick time.Time, timeout time.Duration) {
 	t.Helper()
 	id := scheduler.TaskID(schedule, tick)
-	deadline := time.Now().Add(timeout)
-	for {
+	redistest.WaitFor(t, timeout, "task "+id+" enqueued", func() bool {
 		_, err := insp.GetTaskInfo("default", id)
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
+		if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
 			t.Fatalf("GetTaskInfo %s: %v", id, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s not enqueued within %v", id, timeout)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the queue, the observable itself
-	}
+		return err == nil
+	})
 }
 
 // assertExactlyOnce lists the queue with asynq's Inspector: every tick in

@@ -251,25 +251,25 @@ func checkTickTree(t *testing.T, tr jaegertest.Trace, tick, enqueue, job, wait, 
 func waitTrace(t *testing.T, jg *jaegertest.Server, what string, match func(jaegertest.Trace) bool) {
 	t.Helper()
 	var lastErr error
-	var seen int
-	deadline := time.Now().Add(traceTimeout)
-	for {
-		ts, err := jg.Traces(context.Background(), jaegertest.Query{Service: "lockstep-scheduler", Operation: tracing.SpanTick})
-		lastErr, seen = err, len(ts)
-		// Oldest tick first: its runs are the likeliest to be whole.
-		slices.SortFunc(ts, func(a, b jaegertest.Trace) int { return cmp.Compare(traceStart(a), traceStart(b)) })
-		if slices.ContainsFunc(ts, match) {
+	var ts []jaegertest.Trace
+	found := false
+	defer func() {
+		if found {
 			return
 		}
-		if time.Now().After(deadline) {
-			oldest := "none"
-			if len(ts) > 0 {
-				oldest = describe(ts[0])
-			}
-			t.Fatalf("no trace in Jaeger of %s within %v (%d tick traces, the oldest: %s; last error %v)", what, traceTimeout, seen, oldest, lastErr)
+		oldest := "none"
+		if len(ts) > 0 {
+			oldest = describe(ts[0])
 		}
-		time.Sleep(200 * time.Millisecond) // polling the query API, the observable itself
-	}
+		t.Logf("%d tick traces in Jaeger, the oldest: %s; last error %v", len(ts), oldest, lastErr)
+	}()
+	redistest.WaitEvery(t, traceTimeout, 200*time.Millisecond, "a trace in Jaeger of "+what, func() bool {
+		ts, lastErr = jg.Traces(context.Background(), jaegertest.Query{Service: "lockstep-scheduler", Operation: tracing.SpanTick})
+		// Oldest tick first: its runs are the likeliest to be whole.
+		slices.SortFunc(ts, func(a, b jaegertest.Trace) int { return cmp.Compare(traceStart(a), traceStart(b)) })
+		found = slices.ContainsFunc(ts, match)
+		return found
+	})
 }
 
 // describe lists a trace's spans: id, name, parent, outcome, service.

@@ -99,8 +99,13 @@ func TestNilAfterLossIsNotRunAgain(t *testing.T) {
 	if info.Retried != 0 {
 		t.Fatalf("retried %d times, want 0: a handler that returned nil is done", info.Retried)
 	}
-	// Long enough for a wrongly scheduled retry (short backoff) to run.
-	time.Sleep(1500 * time.Millisecond)
+	// A wrongly scheduled retry or requeue would be a task of the queue
+	// still to run (pending, active, scheduled, retry, or parked, which is
+	// scheduled): wait until the queue holds none, then count the runs.
+	waitFor(t, 10*time.Second, "no task of the queue left to run", func() bool {
+		q, err := r.insp.GetQueueInfo("default")
+		return err == nil && q.Pending+q.Active+q.Scheduled+q.Retry+q.Aggregating == 0
+	})
 	if n := admin.XLen(bg, "test:ignorer:runs").Val(); n != 1 {
 		t.Fatalf("the handler ran %d times, want once", n)
 	}

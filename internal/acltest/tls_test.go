@@ -9,17 +9,14 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
@@ -106,39 +103,6 @@ func (p *pki) tlsConfig() *tls.Config {
 	return &tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{p.client}, MinVersion: tls.VersionTLS12}
 }
 
-// startTLSRedis starts a redis-server that listens on TLS only (no plain
-// port) and asks clients for a certificate of the CA (tls-auth-clients yes,
-// its default). It is killed when the test ends.
-func startTLSRedis(t *testing.T, p *pki) string {
-	t.Helper()
-	bin := proctest.Binary(t, "redis-server", "redis-server")
-	dir := t.TempDir()
-	var lastErr error
-	for range 5 { // a free port can be taken between probe and bind
-		port, err := proctest.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		log := filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
-		srv := proctest.New(t, proctest.Spec{
-			What: "redis-server (TLS) " + addr, Bin: bin, Log: log,
-			Args: []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-				"--tls-cert-file", p.cert, "--tls-key-file", p.key, "--tls-ca-cert-file", p.ca,
-				"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", log, "--daemonize", "no"},
-			Ready: func(exited <-chan struct{}) error {
-				return redistest.WaitPong(&redis.Options{Addr: addr, TLSConfig: p.tlsConfig()}, exited, 10*time.Second)
-			},
-		})
-		if lastErr = srv.Start(); lastErr == nil {
-			t.Cleanup(srv.Kill)
-			return addr
-		}
-	}
-	t.Fatalf("start redis-server with TLS: %v", lastErr)
-	return ""
-}
-
 // TestWorkerOverTLS: a worker configured with redis.tls.* (the generated CA,
 // a client certificate) runs a demo job on a Redis that speaks TLS only, and
 // the CLI reads it the same way; without redis.tls.enabled the CLI cannot
@@ -146,9 +110,8 @@ func startTLSRedis(t *testing.T, p *pki) string {
 func TestWorkerOverTLS(t *testing.T) {
 	t.Parallel()
 	p := newPKI(t)
-	addr := startTLSRedis(t, p)
-	c := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: p.tlsConfig()})
-	t.Cleanup(func() { _ = c.Close() })
+	srv := redistest.StartTLS(t, redistest.TLS{Cert: p.cert, Key: p.key, CA: p.ca, Client: p.tlsConfig()})
+	addr, c := srv.Addr, srv.Client()
 
 	env := []string{
 		"LOCKSTEP_REDIS_ADDR=" + addr,

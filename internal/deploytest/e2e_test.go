@@ -189,18 +189,20 @@ func waitQuery(t *testing.T, p *Prometheus, expr string, timeout time.Duration) 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var last string
-	for {
+	defer func() {
+		if last != "" {
+			t.Logf("%s, last answer: %s", expr, last)
+		}
+	}()
+	redistest.WaitEvery(t, timeout, p.interval/4, "data for "+expr, func() bool {
 		r, err := p.Query(ctx, expr)
 		if err == nil && len(r.Series) > 0 {
-			return
+			last = ""
+			return true
 		}
 		last = fmt.Sprintf("error %v, result %+v", err, r)
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no data for %s within %v (last: %s)", expr, timeout, last)
-		case <-time.After(p.interval / 4):
-		}
-	}
+		return false
+	})
 }
 
 // buildBinaries builds ./cmd/<name> for each name into one temporary

@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
@@ -394,16 +396,11 @@ func TestEtcdWaitersOfOneProcessWakeInArrivalOrder(t *testing.T) {
 // etcd, in any process: each made its busy attempt and holds its place.
 func waitingOnEtcd(t *testing.T, l *lock.Locker, resource string, n int) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	redistest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d Acquires of %q waiting", n, resource), func() bool {
 		ws, err := l.Waiters(context.Background(), resource)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ws) >= n {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%d Acquires of %q wait, want %d within 10s", len(ws), resource, n)
-		}
-	}
+		return len(ws) >= n
+	})
 }

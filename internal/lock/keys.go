@@ -168,10 +168,6 @@ func (l *Locker) ScanPattern() string { return globEscape(l.prefix) + "{*}" }
 // (SCAN MATCH): a resource whose permit 0 is free may hold others.
 func (l *Locker) LimitPattern() string { return globEscape(l.prefix) + "{*}:limit" }
 
-// LimitKey returns the key of resource's limit hash (lua/lib.lua): fields n
-// (the limit) and h (the permits that may be held).
-func (l *Locker) LimitKey(resource string) string { return l.keysFor(resource).limitKey() }
-
 func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
 
 // resourceOfGrants returns R for the channel prefix{R}:granted.

@@ -17,6 +17,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -43,14 +44,36 @@ type Server struct {
 	tb   testing.TB
 	Addr string // host:port on 127.0.0.1
 	Port int
+	tls  *tls.Config // the client side of a server from StartTLS; nil: plain TCP
 }
 
 // Start starts a private redis-server. Extra config directives may be given
 // as "name value" pairs, e.g. Start(t, "maxmemory", "10mb").
 func Start(tb testing.TB, directives ...string) *Server {
 	tb.Helper()
-	return launch(tb, func(port int, dir string) []string {
+	return launch(tb, nil, func(port int, dir string) []string {
 		return append(append(serverArgs(port, dir), noStrayReplication...), expand(directives)...)
+	})
+}
+
+// TLS is what StartTLS needs: the server's certificate, key and CA bundle
+// (PEM files), and the client side that reaches it (the CA, and a client
+// certificate of it).
+type TLS struct {
+	Cert, Key, CA string
+	Client        *tls.Config
+}
+
+// StartTLS starts a private redis-server that listens on TLS only (no plain
+// port) and asks clients for a certificate of the CA (tls-auth-clients yes,
+// its default). Client connects with t.Client; Addr is the TLS port.
+func StartTLS(tb testing.TB, t TLS, directives ...string) *Server {
+	tb.Helper()
+	return launch(tb, t.Client, func(port int, dir string) []string {
+		args := append(serverArgs(port, dir), "--port", "0", // the later --port wins: no plain port
+			"--tls-port", strconv.Itoa(port),
+			"--tls-cert-file", t.Cert, "--tls-key-file", t.Key, "--tls-ca-cert-file", t.CA)
+		return append(append(args, noStrayReplication...), expand(directives)...)
 	})
 }
 
@@ -81,8 +104,9 @@ func serverArgs(port int, dir string) []string {
 
 // launch starts redis-server with the arguments args returns for a free port
 // and the server's own directory, retrying on another port when the bind
-// fails. The server is killed in tb's cleanup.
-func launch(tb testing.TB, args func(port int, dir string) []string) *Server {
+// fails; a non-nil tlsConf is the client side of a server that speaks TLS.
+// The server is killed in tb's cleanup.
+func launch(tb testing.TB, tlsConf *tls.Config, args func(port int, dir string) []string) *Server {
 	tb.Helper()
 	bin := proctest.Binary(tb, "redis-server", "redis-server")
 	dir := tb.TempDir()
@@ -92,7 +116,7 @@ func launch(tb testing.TB, args func(port int, dir string) []string) *Server {
 		if err != nil {
 			tb.Fatalf("redistest: free port: %v", err)
 		}
-		s := &Server{tb: tb, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port}
+		s := &Server{tb: tb, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port, tls: tlsConf}
 		s.Proc = proctest.New(tb, proctest.Spec{
 			What: "redis-server " + s.Addr, Bin: bin, Args: args(port, dir),
 			Log: logFile(dir, port), Ready: s.waitReady,
@@ -153,7 +177,7 @@ func StartWithReplica(tb testing.TB) (master, replica *Server) {
 
 // Client returns a new client for the server, closed when the test ends.
 func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
-	return client(s.tb, &redis.Options{Addr: s.Addr}, opts, redis.NewClient)
+	return client(s.tb, &redis.Options{Addr: s.Addr, TLSConfig: s.tls}, opts, redis.NewClient)
 }
 
 // client makes a client of o, tuned by opts, closed when tb's test ends.
@@ -177,14 +201,13 @@ func addrsOf(servers []*Server) []string {
 
 // waitReady waits for PONG (proctest's Ready).
 func (s *Server) waitReady(exited <-chan struct{}) error {
-	return WaitPong(&redis.Options{Addr: s.Addr}, exited, startTimeout)
+	return waitPong(&redis.Options{Addr: s.Addr, TLSConfig: s.tls}, exited, startTimeout)
 }
 
-// WaitPong waits up to timeout for the server that opts reach (its address,
-// TLS, credentials) to answer PING, or for exited to close (the process died
-// during its start): a proctest.Spec's Ready for a redis-server started
-// another way (e.g. TLS only).
-func WaitPong(opts *redis.Options, exited <-chan struct{}, timeout time.Duration) error {
+// waitPong waits up to timeout for the server that opts reach (its address,
+// TLS) to answer PING, or for exited to close (the process died during its
+// start).
+func waitPong(opts *redis.Options, exited <-chan struct{}, timeout time.Duration) error {
 	o := *opts
 	o.MaxRetries, o.DialTimeout = -1, time.Second
 	c := redis.NewClient(&o)

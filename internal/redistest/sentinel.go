@@ -43,7 +43,7 @@ func StartSentinel(tb testing.TB, directives ...string) *Sentinel {
 	tb.Helper()
 	s := &Sentinel{tb: tb, MasterName: "lockstep"}
 	data := func(extra ...string) *Server {
-		return launch(tb, func(port int, dir string) []string {
+		return launch(tb, nil, func(port int, dir string) []string {
 			args := append(serverArgs(port, dir),
 				"--user", replUser, "on", ">"+replPassword, "~*", "&*", "+@all",
 				"--masteruser", replUser,
@@ -55,7 +55,7 @@ func StartSentinel(tb testing.TB, directives ...string) *Sentinel {
 	s.Data[0] = data()
 	s.Data[1] = data("--replicaof", "127.0.0.1", strconv.Itoa(s.Data[0].Port))
 	for range 3 {
-		s.Sentinels = append(s.Sentinels, launch(tb, func(port int, dir string) []string {
+		s.Sentinels = append(s.Sentinels, launch(tb, nil, func(port int, dir string) []string {
 			text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\n"+
 				"sentinel monitor %s 127.0.0.1 %d 2\n"+
 				"sentinel down-after-milliseconds %[4]s 1000\n"+

@@ -10,12 +10,19 @@ import (
 // first. It is how tests wait: on an event, with a bound, never a bare sleep.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	WaitEvery(tb, timeout, 5*time.Millisecond, what, cond)
+}
+
+// WaitEvery is WaitFor for an observable that is costly to read (a process
+// to run, a query API to ask): it polls cond every interval instead.
+func WaitEvery(tb testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
+	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

@@ -443,13 +443,7 @@ func TestModule(t *testing.T) {
 	if err := s.Ready(ctx); err != nil {
 		t.Errorf("Ready after start: %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(taskTicks(t, srv.Client(), name)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no tick enqueued within 5s")
-		}
-		time.Sleep(50 * time.Millisecond) // polling an observable: the queue
-	}
+	redistest.WaitFor(t, 5*time.Second, "a tick enqueued", func() bool { return len(taskTicks(t, srv.Client(), name)) > 0 })
 	if err := app.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -490,22 +484,14 @@ func TestRedisPausedTicksRecovered(t *testing.T) {
 	// Ticks of the pause are enqueued by the catch-up or by takeovers.
 	cl := srv.Client()
 	k := keysFor(c.Lock.Prefix, name)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n []int64
+	redistest.WaitFor(t, 10*time.Second, fmt.Sprintf("no tick before %v pending", after), func() bool {
 		for _, u := range pendingTicks(t, cl, k) {
 			if u < after.Unix() {
-				n = append(n, u)
+				return false
 			}
 		}
-		if len(n) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ticks before %v still pending after 10s: %v", after, n)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the pending set, the observable itself
-	}
+		return true
+	})
 	assertExactlyOnce(t, cl, name, spec, first, last)
 	evs := rec.all()
 	t.Logf("caught up %d, duplicates %d", countResult(evs, name, ResultCaughtUp), countResult(evs, name, ResultDuplicate))

@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -33,7 +35,8 @@ func BenchmarkLossNotice(b *testing.B) {
 				c := srv.Client()
 				admin := srv.Client()
 				l := lock.New(c)
-				opts := watchdog.Options{}
+				m := metrics.New(nil)
+				opts := watchdog.Options{Metrics: m}
 				if mode == "notices" {
 					opts.Notifier = watchdog.Tracking(c, l.KeyPrefix(), nil)
 				}
@@ -49,12 +52,14 @@ func BenchmarkLossNotice(b *testing.B) {
 					ctxs[i], holds[i] = wd.Hold(context.Background(), lease)
 				}
 				if mode == "notices" {
-					redistest.WaitFor(b, 5*time.Second, "the tracking connection", func() bool {
-						n, _ := admin.PubSubNumSub(context.Background(), "__redis__:invalidate").Result()
-						return n["__redis__:invalidate"] > 0
+					// Past the first (re)subscribe's check of every lease: a
+					// deletion that lands with one of its renewals would be
+					// taken for the renewal's own notice (see waitChecked).
+					redistest.WaitFor(b, 10*time.Second, "the (re)subscribe's check of every lease", func() bool {
+						return testutil.ToFloat64(m.LockNotices) >= 1 &&
+							testutil.ToFloat64(m.Renewals.WithLabelValues("renewed")) >= held
 					})
 				}
-				time.Sleep(ttl / 2) // past the first (re)subscribe check
 				busy := commandsPerSecond(b, admin, 3*time.Second)
 				var lat []time.Duration
 				for i := range deletions {

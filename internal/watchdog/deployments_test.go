@@ -79,17 +79,21 @@ func TestNoticeThroughSentinel(t *testing.T) {
 	admin := s.Client()
 	del := func(k string) error { return admin.Del(context.Background(), k).Err() }
 
-	m := s.Master().Client()
+	old := s.Master()
+	m := old.Client()
 	checkNotice(t, "before the failover", l, wd, del, func() { waitListening(t, m) }, "s:before")
-	m.Close()
 	s.Failover()
 	// The old master is now a replica: the notifier hears the new master's
 	// writes through it (tracking works on replicas) or reconnects to it.
 	redistest.WaitFor(t, 10*time.Second, "the failover client on the new master", func() bool {
 		return c.Set(context.Background(), "probe", "1", time.Second).Err() == nil
 	})
+	// The replica link carries the acquire to the old master before the
+	// deletion, so that a notifier listening there hears them apart.
 	checkNotice(t, "after the failover", l, wd, del, func() {
-		time.Sleep(200 * time.Millisecond) // the replica link carries the acquire
+		redistest.WaitFor(t, 5*time.Second, "the acquire on the old master, now a replica", func() bool {
+			return m.Exists(context.Background(), l.Key("s:after")).Val() == 1
+		})
 	}, "s:after")
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,8 +119,11 @@ func newRig(t *testing.T, addr string, srv *redistest.Server, opts watchdog.Opti
 	t.Helper()
 	rec := &recorder{}
 	c := redis.NewClient(&redis.Options{
+		// A round's context ends at its earliest deadline, which bounds
+		// a dial too: a dial timeout shorter than that (it was 100ms) lost
+		// healthy leases on a loaded machine, whose Redis accepted late.
 		Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true,
-		DialTimeout: 100 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		DialTimeout: ttl, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	c.AddHook(rec)
 	t.Cleanup(func() { c.Close() })
@@ -166,3 +170,43 @@ func cancelled(t *testing.T, ctx context.Context, within time.Duration) (time.Ti
 	}
 	return at, lost.Reason
 }
+
+// lateness measures how late this process's timers fire while a test runs:
+// a goroutine waits on a timer of probeEvery, again and again, and keeps the
+// largest overshoot. A bound that the watchdog can only meet as fast as the
+// machine schedules it (a deadline timer's, a renewal round's) widens by
+// what the probe measured over the same stretch, not by a guess: on an idle
+// machine that is a millisecond or two, under a CPU hog what the hog took.
+type lateness struct {
+	max  atomic.Int64 // nanoseconds
+	stop chan struct{}
+	done chan struct{}
+}
+
+const probeEvery = 5 * time.Millisecond
+
+// measureLateness starts a probe, stopped when the test ends.
+func measureLateness(t *testing.T) *lateness {
+	l := &lateness{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		timer := time.NewTimer(probeEvery)
+		defer timer.Stop()
+		for due := time.Now().Add(probeEvery); ; due = time.Now().Add(probeEvery) {
+			select {
+			case <-l.stop:
+				return
+			case now := <-timer.C:
+				if late := int64(now.Sub(due)); late > l.max.Load() {
+					l.max.Store(late)
+				}
+				timer.Reset(probeEvery)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(l.stop); <-l.done })
+	return l
+}
+
+// Max is the largest overshoot seen so far.
+func (l *lateness) Max() time.Duration { return time.Duration(l.max.Load()) }

@@ -39,6 +39,23 @@ func waitListening(t *testing.T, admin *redis.Client) {
 	})
 }
 
+// waitChecked waits until the notifier listens and the check it makes of
+// every lease when it subscribes has landed: renewed counts at least holds
+// renewals (none fall due sooner under longTTL). A foreign write that Redis
+// ran in the same event-loop iteration as one of those renewals would reach
+// the watchdog as one notice with it (BCAST tracking sends a key once per
+// iteration) and be taken for the renewal's own: that loss is then found at
+// the next renewal, not at once. The tests of notices change a key after
+// the check, as a loss mid-hold would.
+func waitChecked(t *testing.T, r *rig, holds int) {
+	t.Helper()
+	waitListening(t, r.admin)
+	redistest.WaitFor(t, 5*time.Second, "the (re)subscribe's check of every lease", func() bool {
+		return testutil.ToFloat64(r.metrics.LockNotices) >= 1 &&
+			testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed")) >= float64(holds)
+	})
+}
+
 // A key deleted, overwritten or replaced under a 30s TTL (next renewal
 // 10s away) cancels its holder within milliseconds; other holds stay.
 func TestNoticeCancelsWithinMilliseconds(t *testing.T) {
@@ -68,7 +85,7 @@ func TestNoticeCancelsWithinMilliseconds(t *testing.T) {
 			defer hold.Stop()
 			other, otherHold := holdOn(t, r.wd, r.locker, "other:"+c.name, longTTL)
 			defer otherHold.Stop()
-			waitListening(t, r.admin)
+			waitChecked(t, r, 2)
 			changed := time.Now()
 			if err := c.change(r.locker.Key("n:" + c.name)); err != nil {
 				t.Fatal(err)
@@ -104,17 +121,25 @@ func TestOwnRenewalsCauseNoExtraRenewals(t *testing.T) {
 		_ = ctx
 	}
 	waitListening(t, r.admin)
-	// Past the first (re)subscribe, which checks everything once.
-	time.Sleep(ttl)
-	before := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed"))
-	notices := testutil.ToFloat64(r.metrics.LockNotices)
-	const window = 2 * time.Second
-	time.Sleep(window)
-	renewed := testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed")) - before
+	// Past the first (re)subscribe, which checks everything once: its notice
+	// is counted, and the round it makes due renews every lease.
+	renewals := func() float64 { return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues("renewed")) }
+	redistest.WaitFor(t, 5*time.Second, "the (re)subscribe's check of every lease", func() bool {
+		return testutil.ToFloat64(r.metrics.LockNotices) >= 1
+	})
+	checked := renewals()
+	redistest.WaitFor(t, 5*time.Second, "a round of every lease after the (re)subscribe", func() bool {
+		return renewals() >= checked+float64(len(holds))
+	})
+	before, notices, from := renewals(), testutil.ToFloat64(r.metrics.LockNotices), time.Now()
+	// The window is what is measured (renewals per lease per interval), not
+	// a wait for an event; its length is read back, not assumed.
+	time.Sleep(2 * time.Second)
+	renewed, window := renewals()-before, time.Since(from)
 	// One renewal per lease per interval (ttl/3), with a margin for rounds
 	// that run early (leases within a quarter interval share a round).
 	perLease := renewed / float64(len(holds))
-	want := float64(window / (ttl / 3))
+	want := float64(window) / float64(ttl/3)
 	t.Logf("%.0f renewals of %d leases in %v: %.1f per lease (one interval: %.1f); unexplained notices %v",
 		renewed, len(holds), window, perLease, want, testutil.ToFloat64(r.metrics.LockNotices)-notices)
 	if perLease > want*1.5 {
