@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/lockstep-dev/lockstep"
 	"github.com/lockstep-dev/lockstep/worker"
 )
 
@@ -109,6 +110,36 @@ func ExampleHandlerOf_Limit() {
 	handler := worker.Handle("tenant.sync", syncTenant).
 		Lock(func(p SyncPayload) string { return "lock:tenant:" + p.TenantID }, 30*time.Second).
 		Limit(3)
+	worker.Main(handler)
+}
+
+// Report is the payload of "report:build" tasks.
+type Report struct {
+	ID    string   `json:"id"`
+	Parts []string `json:"parts"`
+}
+
+// buildReport reports progress after each part: a run stuck in one part (a
+// call that ignores ctx) stalls, and its lock goes to the next task.
+func buildReport(ctx context.Context, job worker.Job, p Report) error {
+	for _, part := range p.Parts {
+		if err := render(ctx, part); err != nil {
+			return err
+		}
+		lockstep.Progress(ctx) // one atomic store, never a round trip
+	}
+	return nil
+}
+
+func render(ctx context.Context, part string) error { return ctx.Err() }
+
+// StallAfter and MaxHold: a run that reports no progress for 2 minutes, or
+// holds its lock for an hour, is cancelled and its lock handed on at once.
+func ExampleHandlerOf_StallAfter() {
+	handler := worker.Handle("report:build", buildReport).
+		Lock(func(p Report) string { return "report:" + p.ID }, 0).
+		StallAfter(2 * time.Minute). // no lockstep.Progress for 2 minutes: stalled
+		MaxHold(time.Hour)           // held an hour: given up, progress or not
 	worker.Main(handler)
 }
 
