@@ -229,6 +229,12 @@ func TestWaitPolicyWokenByRelease(t *testing.T) {
 	<-started
 	enqueued := time.Now()
 	e.enqueue("t:hot", "waiter", nil)
+	t.Cleanup(func() { // 1 run in 20 under a CPU hog never saw the waiter queued: what was it doing?
+		if t.Failed() {
+			info := e.info("waiter")
+			t.Logf("waiter: asynq state %v, retried %d, last error %q", info.State, info.Retried, info.LastErr)
+		}
+	})
 	waitFor(t, 10*time.Second, "waiter waiting in its worker, in the resource's queue", func() bool {
 		return e.admin.ZCard(context.Background(), "lockstep:{hot}:queue").Val() == 1
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
 // BenchmarkMemoryHandOff serves b.N hand-off jobs, memJobsPerResource
@@ -213,17 +214,10 @@ func (r *benchRig) enqueueInOrder(b *testing.B, n int, opts []asynq.Option) {
 // retention, n completed).
 func (r *benchRig) waitRecorded(b *testing.B, kept bool, n int) {
 	insp := asynq.NewInspectorFromRedisClient(r.admin)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	redistest.WaitEvery(b, 2*time.Minute, 100*time.Millisecond, "asynq to record every task", func() bool {
 		q, err := insp.GetQueueInfo("default")
-		if err == nil && q.Pending+q.Active+q.Scheduled+q.Retry+q.Aggregating == 0 && (!kept || q.Completed == n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("asynq has not recorded every task: %+v, %v", q, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && q.Pending+q.Active+q.Scheduled+q.Retry+q.Aggregating == 0 && (!kept || q.Completed == n)
+	})
 }
 
 // lockstepKeys counts the keys under lockstep: (SCAN).
@@ -273,17 +267,10 @@ func BenchmarkMemoryParked(b *testing.B) {
 	})
 	insp := asynq.NewInspectorFromRedisClient(locked.admin)
 	queue := "lockstep:{mem:hot}:queue"
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
+	redistest.WaitEvery(b, 10*time.Minute, 100*time.Millisecond, fmt.Sprintf("all %d parked", n), func() bool {
 		q, err := insp.GetQueueInfo("default")
-		if err == nil && q.Retry == n && locked.admin.ZCard(ctx, queue).Val() == int64(n) {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("not all parked: %+v, %v", q, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && q.Retry == n && locked.admin.ZCard(ctx, queue).Val() == int64(n)
+	})
 	stop()
 	l1 := locked.mem(b)
 	b.StopTimer()

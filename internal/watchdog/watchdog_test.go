@@ -185,16 +185,25 @@ func TestUnreachableRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
 			}
 			r := newRig(t, addr, srv, watchdog.Options{})
 			late := measureLateness(t)
-			ctx, hold := r.hold(t, "r")
-			defer hold.Stop()
-			// A healthy lease first: the wait is bounded, not the renewals'
-			// pace (one per ttl/3), which TestHealthyLeaseIsRenewed… checks.
-			held := time.Now()
-			waitFor(t, 5*time.Second, "3 renewals", func() bool {
-				return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) >= 3
-			})
-			if d := time.Since(held); d > time.Second {
-				t.Logf("3 renewals took %v (errors: %v)", d, testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalError)))
+			// A healthy lease first, renewed 3 times. A machine that starves
+			// Redis past the short ttl loses it before any fault (rightly):
+			// that is not the fault under test, so a fresh lease is taken,
+			// a bounded number of times.
+			var ctx context.Context
+			renewed := func() float64 { return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) }
+			for attempt := 1; ; attempt++ {
+				var hold *watchdog.Hold
+				ctx, hold = r.hold(t, fmt.Sprint("r", attempt))
+				defer hold.Stop()
+				from := renewed()
+				waitFor(t, 5*time.Second, "3 renewals or the lease's loss", func() bool { return renewed() >= from+3 || ctx.Err() != nil })
+				if ctx.Err() == nil {
+					break
+				}
+				if attempt == 3 {
+					t.Fatalf("3 leases in a row lost before any fault: %v", context.Cause(ctx))
+				}
+				t.Logf("lease %d lost before the fault on this loaded machine (%v): taking another", attempt, context.Cause(ctx))
 			}
 			faulted := time.Now()
 			heal := tc.fault(srv, proxy)
@@ -273,8 +282,10 @@ func TestPanicInOneRenewalDoesNotStopOthers(t *testing.T) {
 	}
 }
 
+// Not parallel: its 10,000 leases take the machine for seconds (under
+// -race, with a CPU hog beside it, past the deadline of the 300ms leases of
+// every other test), so it runs alone, before the parallel tests start.
 func TestTenThousandLeasesFewRoundTrips(t *testing.T) {
-	t.Parallel()
 	const n = 10_000
 	const longTTL = 2 * time.Second // interval ~667ms
 	r := startRig(t, watchdog.Options{})
@@ -315,17 +326,21 @@ func TestTenThousandLeasesFewRoundTrips(t *testing.T) {
 	// others of that round. Count from when every lease was renewed once:
 	// the steady state, where the claim is that a round is one pipeline.
 	renewed := func() float64 { return testutil.ToFloat64(r.metrics.Renewals.WithLabelValues(metrics.RenewalRenewed)) }
-	first := time.Now()
 	waitFor(t, 2*longTTL, "every lease renewed once", func() bool { return renewed() >= n })
-	// A round of n leases comes at most every interval, and no faster than
-	// this machine ran the first wave of them: the wait follows that pace.
-	wave := time.Since(first)
 	before := len(r.rec.snapshot())
 	renewedBefore := renewed()
 	const rounds = 4
-	waitFor(t, rounds*max(wave, longTTL/3)+longTTL, fmt.Sprintf("%d rounds of renewals (the first took %v)", rounds, wave), func() bool {
-		return renewed()-renewedBefore >= rounds*n
-	})
+	// Each round must come within a ttl of the one before, or its leases
+	// are lost anyway: that, not a guess at the machine's pace, bounds
+	// each wait.
+	for k := 1; k <= rounds; k++ {
+		waitFor(t, longTTL, fmt.Sprintf("renewal round %d of %d", k, rounds), func() bool {
+			return renewed()-renewedBefore >= float64(k*n) || lost.Load() != 0
+		})
+		if lost.Load() != 0 {
+			break
+		}
+	}
 	trips := r.rec.snapshot()[before:]
 	if lost.Load() != 0 {
 		t.Fatalf("%d leases cancelled while Redis was healthy", lost.Load())
