@@ -16,7 +16,7 @@ func clean() History {
 	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	return History{
-		Seed: 7, Start: t0, End: at(60_000),
+		Seed: 7, Start: t0, End: at(60_000), LockTTL: 2 * time.Second,
 		ExecutionsComplete: true, WritesAvailable: true, WritesComplete: true, ReplicaLogsComplete: true,
 		Executions: []Execution{
 			{OrderID: "1", Fence: 10, Worker: "h:1", TaskID: "j1", Started: at(0), Finished: at(100), Outcome: "ok"},
@@ -163,8 +163,8 @@ func TestCheckReportsWhatItCouldNotCheck(t *testing.T) {
 	if r.JobsUnfinished != 1 || r.JobsLost != 0 {
 		t.Errorf("unfinished %d, lost %d; want 1, 0", r.JobsUnfinished, r.JobsLost)
 	}
-	if len(r.NotChecked) != 3 {
-		t.Errorf("not checked: %q, want 3 lines", r.NotChecked)
+	if len(r.NotChecked) != 4 { // executions, writes, an unfinished job, recovery_ms (no writes to see what ran)
+		t.Errorf("not checked: %q, want 4 lines", r.NotChecked)
 	}
 
 	dir := t.TempDir()
@@ -176,7 +176,7 @@ func TestCheckReportsWhatItCouldNotCheck(t *testing.T) {
 	if err != nil || json.Unmarshal(b, &got) != nil {
 		t.Fatalf("report json: %v\n%s", err, b)
 	}
-	for _, k := range []string{"overlaps", "stale_writes_accepted", "jobs_lost", "jobs_completed_twice_unexplained", "ticks_claimed_twice", "ticks_missing", "seed"} {
+	for _, k := range []string{"overlaps", "stale_writes_accepted", "jobs_lost", "jobs_completed_twice_unexplained", "ticks_claimed_twice", "ticks_missing", "recovery_over_bound", "seed"} {
 		if _, ok := got[k].(float64); !ok {
 			t.Errorf("report json: %s = %v, want an integer", k, got[k])
 		}
@@ -320,5 +320,42 @@ func TestCheckRecoveriesFromLiveWorkers(t *testing.T) {
 		if r := Check(h); r.RecoveredFromLive != c.live || r.Violations() != c.live {
 			t.Errorf("%s: recovered_from_live_workers %d (violations %d), want %d", c.name, r.RecoveredFromLive, r.Violations(), c.live)
 		}
+	}
+}
+
+// recovery_ms: the tasks a killed worker was running (begun, not ended by
+// it) are timed from the kill to their next start; one later than the lock
+// TTL + 3 s is a violation. A task the worker had finished is not counted.
+func TestCheckRecoveryTimes(t *testing.T) {
+	h := clean()
+	h.LockTTL = 2 * time.Second
+	at := func(ms int) time.Time { return h.Start.Add(time.Duration(ms) * time.Millisecond) }
+	h.Writes = append(h.Writes,
+		Write{OrderID: "7", Fence: 20, Op: "begin", TaskID: "k1", Worker: "h:1", At: at(120)},
+		Write{OrderID: "8", Fence: 21, Op: "begin", TaskID: "k2", Worker: "h:1", At: at(140)},
+		Write{OrderID: "9", Fence: 22, Op: "begin", TaskID: "k3", Worker: "h:1", At: at(50)},
+	)
+	h.Executions = append(h.Executions,
+		Execution{OrderID: "9", Fence: 22, Worker: "h:1", TaskID: "k3", Started: at(50), Finished: at(140), Outcome: "ok"},
+		Execution{OrderID: "7", Fence: 30, Worker: "h:2", TaskID: "k1", Started: at(1650), Finished: at(1700), Outcome: "ok"},
+		Execution{OrderID: "8", Fence: 31, Worker: "h:2", TaskID: "k2", Started: at(6150), Finished: at(6200), Outcome: "ok"},
+	)
+	h.Jobs = append(h.Jobs, Job{ID: "k1", OrderID: "7", Acked: true, State: "completed"},
+		Job{ID: "k2", OrderID: "8", Acked: true, State: "completed"}, Job{ID: "k3", OrderID: "9", Acked: true, State: "completed"})
+	// A schedule's tick task (not the producer's) cut off by the same kill,
+	// back late: timed, not bounded.
+	h.Writes = append(h.Writes, Write{OrderID: "t", Fence: 23, Op: "begin", TaskID: "s:100", Worker: "h:1", At: at(130)})
+	h.Executions = append(h.Executions, Execution{OrderID: "t", Fence: 32, Worker: "h:2", TaskID: "s:100", Started: at(20_150), Finished: at(20_200), Outcome: "ok"})
+	r := Check(h)
+	got := r.RecoveryMS[FaultWorkerKill]
+	if got == nil || got.Tasks != 3 || got.P50 != 6000 || got.Max != 20_000 {
+		t.Fatalf("recovery_ms[worker_kill] = %+v, want 3 tasks, p50 6000 ms, max 20000 ms", got)
+	}
+	if r.RecoveryOverBound != 1 || r.Violations() != 1 {
+		t.Errorf("recovery_over_bound %d (violations %d), want 1: k2 came back 6 s after the kill, over 2 s + 3 s", r.RecoveryOverBound, r.Violations())
+	}
+	b, _ := json.Marshal(r)
+	if !strings.Contains(string(b), `"recovery_ms":{"worker_kill":{"p50":6000,"max":20000,"tasks":3}}`) {
+		t.Errorf("report JSON lacks recovery_ms as DESIGN names it: %s", b)
 	}
 }

@@ -219,7 +219,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		p.start(tb)
 	}
 
-	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock, Store: cfg.Store}
+	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock, LockTTL: lockTTL, Store: cfg.Store}
 	firstTick := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	ctx, stopTraffic := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

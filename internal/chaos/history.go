@@ -13,6 +13,8 @@ type History struct {
 	// Lock is the workers' lock back end, "redis" or "etcd". With etcd, a
 	// Redis fault excuses no overlap: the locks do not live there.
 	Lock string
+	// LockTTL is the workers' lock TTL (recovery_ms's bound).
+	LockTTL time.Duration
 	// Store is the demo's fenced store, "redis" or "postgres" (where Writes
 	// are the rows of its log table).
 	Store string

@@ -67,6 +67,8 @@ func Markdown(r *Report, h History, replay string) string {
 		count(r.JobsCompletedTwiceUnexplained), r.JobsCompletedTwiceExplained)
 	p("| `recovered_from_live_workers` | G7, G8 | %d | %d tasks brought back from a worker judged dead; each must follow a kill, a pause or a cut-off of that worker |\n",
 		r.RecoveredFromLive, len(h.Recoveries))
+	p("| `recovery_over_bound` | G7 | %s | tasks a killed worker was running that started again later than the lock TTL + 3 s after the kill (`recovery_ms` below) |\n",
+		count(r.RecoveryOverBound))
 	p("| `ticks_claimed_twice` | G1 | %s | %d claims, %d enqueues logged by the replicas; %d takeovers of unfinished ticks |\n",
 		count(r.TicksClaimedTwice), len(h.Claims), len(h.Enqueues), r.TicksTakenOver)
 	p("| `ticks_enqueued_twice` | G1 | %s | fresh enqueues of one tick by two replicas |\n", count(r.TicksEnqueuedTwice))
@@ -83,6 +85,15 @@ func Markdown(r *Report, h History, replay string) string {
 			ms(st.JobsResumedP50MS), ms(st.JobsResumedMaxMS), ms(st.TicksResumedP50MS), ms(st.TicksResumedMaxMS), st.Unrecovered)
 	}
 	p("\nTimes are from the fault healing (process restarted, resumed, link restored) to the next ok execution and the next tick enqueued.\n\n")
+	if len(r.RecoveryMS) > 0 {
+		p("## Recovery of a killed worker's tasks\n\n| fault | tasks | p50 | max |\n|---|---:|---|---|\n")
+		for _, kind := range AllFaults {
+			if s := r.RecoveryMS[kind]; s != nil {
+				p("| `%s` | %d | %s | %s |\n", kind, s.Tasks, ms(s.P50), ms(s.Max))
+			}
+		}
+		p("\nFrom the kill to each task the killed worker was running starting again; over the lock TTL + 3 s counts in `recovery_over_bound` (%d).\n\n", r.RecoveryOverBound)
+	}
 
 	if len(r.NotChecked) > 0 {
 		p("## Not checked or incomplete\n\n")
