@@ -16,8 +16,3 @@ func Leave(l *Locker, resource, id string) {
 	s := &Lease{locker: l, keys: l.keysFor(resource), resource: resource, ttl: time.Second, wait: &waitState{id: id}}
 	l.be.(fairWaiter).leave(context.Background(), s)
 }
-
-// AllowAt is Allow with the server's time of the decision.
-func AllowAt(l *Locker, ctx context.Context, key string, r Rate) (time.Duration, time.Time, error) {
-	return l.allow(ctx, key, r)
-}

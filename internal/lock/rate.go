@@ -55,12 +55,13 @@ var errNoRate = errors.New("rate limits need the single Redis back end (one serv
 // own once idle. Only the single back end has rate limits: Redlock and
 // etcd return an error.
 func (l *Locker) Allow(ctx context.Context, key string, r Rate) (time.Duration, error) {
-	wait, _, err := l.allow(ctx, key, r)
+	wait, _, err := l.AllowAt(ctx, key, r)
 	return wait, err
 }
 
-// allow is Allow, with the server's time of the decision.
-func (l *Locker) allow(ctx context.Context, key string, r Rate) (time.Duration, time.Time, error) {
+// AllowAt is Allow, with the server's time of the decision: with wait 0,
+// the admission's time on the clock the limit is kept by.
+func (l *Locker) AllowAt(ctx context.Context, key string, r Rate) (wait time.Duration, at time.Time, err error) {
 	if err := r.Check(); err != nil {
 		return 0, time.Time{}, fmt.Errorf("lock: allow %q: %w", key, err)
 	}
@@ -76,7 +77,7 @@ func (l *Locker) allow(ctx context.Context, key string, r Rate) (time.Duration, 
 	if !ok || len(reply) != 2 {
 		return 0, time.Time{}, fmt.Errorf("lock: allow %q: unexpected reply %v", key, v)
 	}
-	wait, _ := reply[0].(int64)
+	us, _ := reply[0].(int64)
 	now, _ := reply[1].(int64)
-	return time.Duration(wait) * time.Microsecond, time.UnixMicro(now), nil
+	return time.Duration(us) * time.Microsecond, time.UnixMicro(now), nil
 }

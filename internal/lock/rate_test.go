@@ -59,7 +59,7 @@ func TestAllowNeverOverGrants(t *testing.T) {
 		l := lockers[g%2]
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				wait, at, err := lock.AllowAt(l, ctx, "rated", r)
+				wait, at, err := l.AllowAt(ctx, "rated", r)
 				if err != nil {
 					t.Error(err)
 					return
@@ -101,7 +101,7 @@ func TestAllowWaitIsTimeToNextAdmission(t *testing.T) {
 	r := lock.Rate{N: 10, Per: time.Second, Burst: 3} // one every 100ms, 3 at once
 	var first time.Time
 	for i := range r.Burst {
-		wait, at, err := lock.AllowAt(l, ctx, "wait", r)
+		wait, at, err := l.AllowAt(ctx, "wait", r)
 		if err != nil || wait != 0 {
 			t.Fatalf("admission %d of the burst: wait %v, err %v", i+1, wait, err)
 		}
@@ -113,7 +113,7 @@ func TestAllowWaitIsTimeToNextAdmission(t *testing.T) {
 	next := first.Add(100 * time.Millisecond)
 	var wait time.Duration
 	for range 20 {
-		w, at, err := lock.AllowAt(l, ctx, "wait", r)
+		w, at, err := l.AllowAt(ctx, "wait", r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestAllowWaitIsTimeToNextAdmission(t *testing.T) {
 		wait = w
 	}
 	time.Sleep(wait)
-	if w, _, err := lock.AllowAt(l, ctx, "wait", r); err != nil || w != 0 {
+	if w, _, err := l.AllowAt(ctx, "wait", r); err != nil || w != 0 {
 		t.Fatalf("after waiting the wait: wait %v, err %v; want admitted", w, err)
 	}
 }
