@@ -197,3 +197,18 @@ func TestClusterAllow(t *testing.T) {
 		}
 	}
 }
+
+// Through Sentinel the limit lives on the master: two clients share it.
+func TestSentinelAllow(t *testing.T) {
+	t.Parallel()
+	s := redistest.StartSentinel(t)
+	a, b := lock.New(s.Client()), lock.New(s.Client())
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: time.Minute}
+	if w, err := a.Allow(ctx, "k", r); err != nil || w != 0 {
+		t.Fatalf("first Allow: wait %v, err %v", w, err)
+	}
+	if w, err := b.Allow(ctx, "k", r); err != nil || w <= 50*time.Second {
+		t.Fatalf("the other client's Allow: wait %v, err %v; want about a minute", w, err)
+	}
+}
