@@ -155,7 +155,9 @@ func (h HandlerOf[T]) MaxHold(d time.Duration) HandlerOf[T] {
 // taken: a task over its rate is delayed to the moment its key admits one,
 // never failed and never counted as an attempt (its retry count stays), and
 // no worker waits meanwhile. It asks again when it comes back, so every
-// start is an admission. A task with no retries left waits in the worker
+// start is an admission (with a Lock, a start may follow its admission by
+// its wait for the lock: one admission for both is still to do). A task
+// with no retries left waits in the worker
 // instead (asynq would archive it). Its key lives in the queue's Redis,
 // whatever lock.backend is. Delays count in lockstep_rate_limited_total and
 // lockstep_rate_limit_delay_seconds. An empty key is an invalid payload.
