@@ -28,3 +28,31 @@ func ExampleLocker_WithLock() {
 }
 
 func rebuildCache(ctx context.Context, fence int64) error { return ctx.Err() }
+
+// Allow: at most 100 events a second to a partner, across every process;
+// wait the time Allow gives and ask again.
+func ExampleLocker_Allow() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locker := lockstep.NewLocker(client)
+	defer locker.Close(context.Background())
+	ctx := context.Background()
+
+	for _, event := range events {
+		for {
+			wait, err := locker.Allow(ctx, "api:partner-42", lockstep.RateLimit{N: 100, Per: time.Second})
+			if err != nil {
+				log.Fatal(err)
+			}
+			if wait == 0 {
+				break
+			}
+			time.Sleep(wait)
+		}
+		send(event)
+	}
+}
+
+var events []string
+
+func send(string) {}

@@ -143,6 +143,24 @@ func ExampleHandlerOf_StallAfter() {
 	worker.Main(handler)
 }
 
+// CallPayload is the payload of "partner.call" tasks.
+type CallPayload struct {
+	PartnerID string `json:"partner_id"`
+}
+
+func callPartner(ctx context.Context, job worker.Job, p CallPayload) error {
+	return ledger.Charge(ctx, p.PartnerID, 0, job.Fence)
+}
+
+// Rate: at most 100 calls a second per partner, 10 at once, across every
+// worker; a task over the rate is delayed to its turn, never failed.
+func ExampleHandlerOf_Rate() {
+	handler := worker.Handle("partner.call", callPartner).
+		Rate(func(p CallPayload) string { return "rate:partner:" + p.PartnerID },
+			lockstep.RateLimit{N: 100, Per: time.Second, Burst: 10})
+	worker.Main(handler)
+}
+
 // ledger stands for the store the handler writes to.
 var ledger interface {
 	Charge(ctx context.Context, orderID string, cents, fence int64) error

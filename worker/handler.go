@@ -11,7 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lockstep-dev/lockstep"
 	"github.com/lockstep-dev/lockstep/internal/jobs"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // Job describes the task a handler runs.
@@ -58,10 +60,12 @@ type HandlerOf[T any] struct {
 	resource   func(T) string
 	ttl        time.Duration
 	contention Contention
-	limit      int            // Limit's n
-	limited    bool           // Limit was called (Limit(0) is an error, not the default)
-	stall      *time.Duration // StallAfter's d, if called
-	maxHold    *time.Duration // MaxHold's d, if called
+	limit      int                                  // Limit's n
+	limited    bool                                 // Limit was called (Limit(0) is an error, not the default)
+	stall      *time.Duration                       // StallAfter's d, if called
+	maxHold    *time.Duration                       // MaxHold's d, if called
+	rate       func(T) (string, lockstep.RateLimit) // Rate's or RateBy's
+	rateFixed  *lockstep.RateLimit                  // Rate's limit, checked at registration
 }
 
 // Handle returns the handler of taskType. The task's payload is JSON,
@@ -140,6 +144,36 @@ func (h HandlerOf[T]) StallAfter(d time.Duration) HandlerOf[T] {
 // handed to the next waiter. Needs a Lock; d must be positive.
 func (h HandlerOf[T]) MaxHold(d time.Duration) HandlerOf[T] {
 	h.maxHold = &d
+	return h
+}
+
+// Rate limits the task type per key: key names it from the payload (e.g.
+// func(p Sync) string { return "rate:partner:" + p.PartnerID }), and over
+// any window of w at most r.N·w/r.Per + r.Burst tasks of one key start
+// (Burst 0 is N), across every worker and process (G11 in the README's
+// guarantees). The limit is decided before fn runs, and before its Lock is
+// taken: a task over its rate is delayed to the moment its key admits one,
+// never failed and never counted as an attempt (its retry count stays), and
+// no worker waits meanwhile. It asks again when it comes back, so every
+// start is an admission (with a Lock, a start may follow its admission by
+// its wait for the lock: one admission for both is still to do). A task
+// with no retries left waits in the worker
+// instead (asynq would archive it). Its key lives in the queue's Redis,
+// whatever lock.backend is. Delays count in lockstep_rate_limited_total and
+// lockstep_rate_limit_delay_seconds. An empty key is an invalid payload.
+func (h HandlerOf[T]) Rate(key func(payload T) string, r lockstep.RateLimit) HandlerOf[T] {
+	h.rate = func(p T) (string, lockstep.RateLimit) { return key(p), r }
+	h.rateFixed = &r
+	return h
+}
+
+// RateBy is Rate with the limit taken from the payload too, e.g. a premium
+// tenant's higher rate: f returns the key and its limit. Tasks of one key
+// should agree on its limit; while they differ, each admission is decided by
+// the limit of the task that asks. A limit that is not one (N < 1, Per ≤ 0,
+// Burst < 0) is an invalid payload.
+func (h HandlerOf[T]) RateBy(f func(payload T) (key string, r lockstep.RateLimit)) HandlerOf[T] {
+	h.rate, h.rateFixed = f, nil
 	return h
 }
 
@@ -284,6 +318,11 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 			return jobs.Spec{}, fmt.Errorf("worker: handler for %q: %s needs a Lock", h.taskType, b.name)
 		}
 	}
+	if h.rateFixed != nil {
+		if err := lock.Rate(*h.rateFixed).Check(); err != nil {
+			return jobs.Spec{}, fmt.Errorf("worker: handler for %q: Rate: %w", h.taskType, err)
+		}
+	}
 	s := jobs.Spec{
 		Type:           h.taskType,
 		TTL:            h.ttl,
@@ -309,6 +348,13 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 			return h.fn(ctx, Job{ID: j.ID, Type: j.Type, Queue: j.Queue, Attempt: j.Attempt, MaxRetry: j.MaxRetry,
 				Resource: j.Resource, Fence: j.Fence, Permit: j.Permit}, p.(T))
 		},
+	}
+	if h.rate != nil {
+		rate := h.rate
+		s.Rate = func(p any) (string, lock.Rate) {
+			key, r := rate(p.(T))
+			return key, lock.Rate(r)
+		}
 	}
 	if h.resource != nil {
 		resource := h.resource

@@ -66,6 +66,14 @@
 // after its last failure) therefore cannot be requeued: it waits for its
 // lock in the worker, as Wait does, until its context ends.
 //
+// # Rate limits (G11)
+//
+// A Spec with a Rate asks its key's limit (lock.Locker.Allow, GCRA on the
+// server's clock) after the payload decodes and before the lock: over the
+// rate, the task returns a *RateLimitedError, which like ContendedError is
+// no failure and carries its delay, and the worker wakes it at that moment
+// (rate.go).
+//
 // # Contention policies
 //
 // Requeue (above) is the default. Skip completes the task without running

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // Job describes the task a handler runs.
@@ -19,6 +21,9 @@ type Job struct {
 	Resource string // the lock's resource name, "" for a handler without a lock
 	Fence    int64  // the lock's fencing token, 0 without a lock (per permit with a Limit)
 	Permit   int    // which of the Limit permits the task holds, 0-based (0 for a lock)
+	// Admitted is when its rate limit admitted the run, on the Redis
+	// server's clock (the limit's); zero without a Rate.
+	Admitted time.Time
 
 	limit int // the Spec's Limit (1: a lock), for the take
 }
@@ -65,6 +70,12 @@ type Spec struct {
 	// max_hold). Either releases the lock at once and cancels the run
 	// (watchdog.StallAfter, watchdog.MaxHold); 0: no bound.
 	StallAfter, MaxHold time.Duration
+	// Rate names the rate limit a task runs under, from the decoded
+	// payload: its key and its limit (lock.Rate); nil means none. It is
+	// decided before the lock is taken: a task over its rate is delayed to
+	// the moment it may run, never failed (rate.go). An empty key or a bad
+	// limit is an invalid payload.
+	Rate func(payload any) (key string, r lock.Rate)
 	// Run is the handler. Its context is cancelled, with a cause matching
 	// lock.ErrLockLost, when the lock is lost.
 	Run func(ctx context.Context, job Job, payload any) error

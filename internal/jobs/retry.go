@@ -31,6 +31,18 @@ func (e *ContendedError) Error() string {
 	return fmt.Sprintf("lock %q busy, %d ahead", e.Resource, e.Ahead)
 }
 
+// RateLimitedError is returned to asynq when a task was over its rate limit:
+// as for ContendedError, IsFailure says it is no failure (the retry count
+// stays) and RetryDelay takes the delay from it, the wait the limit gave.
+type RateLimitedError struct {
+	Key   string
+	Delay time.Duration
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("rate limit %q: delayed %v", e.Key, e.Delay.Round(time.Millisecond))
+}
+
 // lostError is the result of a failed run during which the lock was lost:
 // it is retried soon. errors.Is(err, lock.ErrLockLost) holds. (A run that
 // returned nil is done, lock or no lock: see Server.run.)
@@ -53,10 +65,12 @@ type soonError struct{ err error }
 func (e *soonError) Error() string { return e.err.Error() }
 func (e *soonError) Unwrap() error { return e.err }
 
-// isFailure is asynq's Config.IsFailure: everything but contention is one.
+// isFailure is asynq's Config.IsFailure: everything but contention and a
+// rate limit's delay is one.
 func isFailure(err error) bool {
 	var c *ContendedError
-	return !errors.As(err, &c)
+	var r *RateLimitedError
+	return !errors.As(err, &c) && !errors.As(err, &r)
 }
 
 // retryDelay is asynq's Config.RetryDelayFunc. n is the task's retry count
@@ -64,10 +78,13 @@ func isFailure(err error) bool {
 func retryDelay(b backoff.Jitter) asynq.RetryDelayFunc {
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		var c *ContendedError
+		var r *RateLimitedError
 		var soon *soonError
 		switch {
 		case errors.As(err, &c):
 			return asynqstore.RetryDelay(c.Delay, time.Now())
+		case errors.As(err, &r):
+			return asynqstore.RetryDelay(r.Delay, time.Now())
 		case errors.As(err, &soon), errors.Is(err, lock.ErrLockLost), errors.Is(err, asynq.ErrLeaseExpired):
 			// A crashed worker (lease expired) is a lost lock too: retry soon.
 			return asynqstore.RetryDelay(b.Nth(n+1), time.Now())

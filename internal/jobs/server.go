@@ -102,8 +102,9 @@ type Server struct {
 	handsOff bool              // tasks park in the resource's queue and releases hand on to them
 	recovers bool              // a dead worker's locked tasks are brought back once their locks expire (recovery.go)
 	grants   context.CancelFunc
-	bg       sync.WaitGroup // wakes of granted tasks still on their way to the retry set; recovery
-	recovery *recovery      // nil: no recovery (an asynq whose layout asynqstore does not know)
+	bgCtx    context.Context // the started server's, cancelled with grants; nil before Start
+	bg       sync.WaitGroup  // wakes of granted tasks still on their way to the retry set; recovery
+	recovery *recovery       // nil: no recovery (an asynq whose layout asynqstore does not know)
 
 	hooks hooks // zero outside tests
 
@@ -147,6 +148,7 @@ func NewServer(p Params) *Server {
 		for _, t := range p.Registry.Types() {
 			s.metrics.JobContended.WithLabelValues(t)
 			s.metrics.JobsRecovered.WithLabelValues(t)
+			s.metrics.RateLimited.WithLabelValues(t)
 			for _, r := range []string{ResultSuccess, ResultFailure, ResultLockLost, ResultInvalid, ResultSkipped} {
 				s.metrics.JobsProcessed.WithLabelValues(t, r)
 			}
@@ -199,7 +201,7 @@ func asynqShutdownTimeout(total time.Duration) time.Duration {
 func (s *Server) Start(context.Context) error {
 	return s.life.Start(func() error {
 		ctx, cancel := context.WithCancel(context.Background())
-		s.grants = cancel
+		s.grants, s.bgCtx = cancel, ctx
 		if s.handsOff {
 			if err := s.watchGrants(ctx); err != nil {
 				cancel()
@@ -328,6 +330,11 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	payload, err := spec.Decode(t.Payload())
 	if err != nil {
 		return s.invalid(job, err)
+	}
+	if spec.Rate != nil {
+		if err := s.admit(ctx, spec, &job, payload); err != nil {
+			return err // delayed to its turn (no failure), or its result
+		}
 	}
 	if spec.Resource == nil {
 		if s.holdBare(ctx, job) {

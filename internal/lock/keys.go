@@ -37,6 +37,10 @@ func (k keys) permitKeys(p int) keys {
 // holding the limit alone.
 func (k keys) limitKey() string { return k.base + ":limit" }
 
+// rateKey is the key of a rate limit on the resource (lua/rate.lua): its
+// theoretical arrival time, under the resource's hash tag.
+func (k keys) rateKey() string { return k.base + ":rate" }
+
 // permitPrefix is what the lock keys of permits k > 0 start with
 // (prefix{R}:p): on etcd one range holds them all, and with the lock key
 // itself they are the resource's permits.
@@ -135,6 +139,8 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:p<k>           permit k > 0 of a resource with a limit (permitKeys),
 //	                         with prefix{R}:fence:<k> and prefix{R}:owners:<k>
 //	prefix{R}:limit          the resource's limit: hash n (limit), h (permits to look at)
+//	prefix{R}:rate           a rate limit on R (Allow): its GCRA theoretical arrival
+//	                         time, Unix µs; it expires once that time has passed
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
@@ -167,6 +173,9 @@ func (l *Locker) ScanPattern() string { return globEscape(l.prefix) + "{*}" }
 // LimitPattern matches the limit hash of every resource with permits
 // (SCAN MATCH): a resource whose permit 0 is free may hold others.
 func (l *Locker) LimitPattern() string { return globEscape(l.prefix) + "{*}:limit" }
+
+// RateKey returns the key of the rate limit on key (Allow).
+func (l *Locker) RateKey(key string) string { return l.keysFor(key).rateKey() }
 
 func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
 

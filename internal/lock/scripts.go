@@ -34,6 +34,8 @@ var (
 	grantLua string
 	//go:embed lua/claim.lua
 	claimLua string
+	//go:embed lua/rate.lua
+	rateLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -45,6 +47,7 @@ var (
 	scriptHandOn     = redis.NewScript(libLua + handOnLua)
 	scriptGrant      = redis.NewScript(grantLua)
 	scriptClaim      = redis.NewScript(claimLua)
+	scriptRate       = redis.NewScript(rateLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

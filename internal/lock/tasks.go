@@ -553,3 +553,41 @@ func (l *Locker) PermitKey(resource string, k int) string {
 func (l *Locker) PermitFenceKey(resource string, k int) string {
 	return l.keysFor(resource).permitKeys(k).fence
 }
+
+// Waiting reports whether task id of queue waits for resource: parked among
+// its waiters, or granted one of its first limit permits and not taken over
+// yet. One read-only round trip. A job with a rate limit asks it before its
+// rate: a task that joined the waiters was admitted by its rate already, and
+// asking again would only delay a task the lock is, or will be, granted to.
+func (l *Locker) Waiting(ctx context.Context, resource, queue, id string, limit int) (bool, error) {
+	b, err := l.redis()
+	if err != nil {
+		return false, err
+	}
+	k := l.keysFor(resource)
+	member := TaskWaiter(queue, id)
+	locks := make([]string, max(limit, 1))
+	for p := range locks {
+		locks[p] = k.permitKeys(p).lock
+	}
+	var score *redis.FloatCmd
+	var held *redis.SliceCmd
+	_, err = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		score = p.ZScore(ctx, k.queue, member)
+		held = p.MGet(ctx, locks...)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return false, fmt.Errorf("lock: waiting %q: %w", resource, err)
+	}
+	if score.Err() == nil {
+		return true, nil
+	}
+	grant := "g:" + member + ":"
+	for _, v := range held.Val() {
+		if s, ok := v.(string); ok && strings.HasPrefix(s, grant) {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -56,6 +56,8 @@ type Metrics struct {
 	JobsProcessed *prometheus.CounterVec // type, result
 	JobContended  *prometheus.CounterVec // type
 	JobsRecovered *prometheus.CounterVec // type
+	RateLimited   *prometheus.CounterVec // type
+	RateDelay     prometheus.Histogram
 
 	SchedulerTicks         *prometheus.CounterVec // schedule, result
 	SchedulerTickLateness  prometheus.Histogram
@@ -100,6 +102,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Jobs that found their resource lock busy, by task type.", "type"),
 		JobsRecovered: c.counterVec("lockstep_jobs_recovered_total",
 			"Locked jobs of a dead worker brought back once their lock had expired, by task type.", "type"),
+		RateLimited: c.counterVec("lockstep_rate_limited_total",
+			"Tasks found over their rate limit and delayed to the moment they may run (no failure, no attempt used), by task type.", "type"),
+		RateDelay: c.histogram("lockstep_rate_limit_delay_seconds",
+			"The delay given to a task over its rate limit: the time until its key admits one.",
+			prometheus.ExponentialBuckets(0.001, 4, 10)),
 		SchedulerTicks: c.counterVec("lockstep_scheduler_ticks_total",
 			"Cron ticks seen by this replica, by schedule and result (enqueued, follower, duplicate, missed, caught_up).", "schedule", "result"),
 		SchedulerTickLateness: c.histogram("lockstep_scheduler_tick_lateness_seconds",

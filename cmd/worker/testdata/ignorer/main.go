@@ -13,7 +13,10 @@
 // test:stallpay is test:pay declared StallAfter(2s), reporting progress once
 // after its begin (recorded as progress_ms). Its handler test:steady,
 // StallAfter(2s), reports progress every 500 ms for work_ms and records
-// each run's end and fence.
+// each run's end and fence. Its handler test:rated takes no lock and is
+// rate limited per key (ratedLimit, key "rate:<key>"): it records each
+// run's start (the Redis server's clock, the limit's, as start_us) and
+// works for work_ms.
 package main
 
 import (
@@ -73,6 +76,17 @@ func main() {
 			}
 			return record(ctx, "test:steady:runs", "task_id", job.ID, "fence", job.Fence, "outcome", "ok")
 		}).Lock(func(p payload) string { return "lock:steady:" + p.Key }, 0).StallAfter(stallAfter),
+		worker.Handle("test:rated", func(ctx context.Context, job worker.Job, p payload) error {
+			now, err := rdb.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if err := record(ctx, "test:rated:runs", "task_id", job.ID, "start_us", now.UnixMicro(), "attempt", job.Attempt); err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
+			return nil
+		}).Rate(func(p payload) string { return "rate:" + p.Key }, ratedLimit),
 		worker.Handle("test:free", func(ctx context.Context, job worker.Job, p payload) error {
 			if err := record(ctx, "test:free:runs", "task_id", job.ID, "event", "start", "at_ms", time.Now().UnixMilli()); err != nil {
 				return err
@@ -121,6 +135,10 @@ func main() {
 	}
 	worker.Main(handlers...)
 }
+
+// ratedLimit is test:rated's rate limit per key: one every 200 ms, one at
+// once.
+var ratedLimit = lockstep.RateLimit{N: 5, Per: time.Second, Burst: 1}
 
 // stallAfter is the stall bound of test:stallpay and test:steady.
 const stallAfter = 2 * time.Second

@@ -1,0 +1,117 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
+)
+
+// Rate limits (G11), decided before the handler runs and before its lock is
+// taken (the one admission script for both is still to do, docs/design.md
+// §3a):
+//
+//  1. Locker.Allow on the queue's Redis (GCRA on the server's clock): 0 runs
+//     the task now, its admission counted.
+//  2. Over the rate, the task goes back to asynq's retry set with a
+//     *RateLimitedError: no failure, so its retry count stays and no
+//     attempt is used, delayed by the wait Allow gave (rounded up to asynq's
+//     whole second, asynqstore.RetryDelay). A timer of this server brings it
+//     back at the wait itself (asynqstore.Wake), so the key's next turn is
+//     not lost to asynq's rounding; the rounded retry time is the fallback
+//     when this server stops first.
+//  3. It asks again when it comes back: every start is an admission, so
+//     over any window the starts per key stay within N·w/Per + Burst.
+//
+// A task that cannot go back to asynq waits its turn in the worker instead:
+// one with no retries left (asynq archives such a task on any error) and a
+// schedule's run (it holds the schedule's run lock).
+
+// admit applies spec's rate limit to job: nil runs it now (job.Admitted
+// says when it was admitted; zero for a task admitted before it joined its
+// lock's waiters); otherwise the task's result (a *RateLimitedError delays
+// it, an invalid payload is archived, a Redis error is retried soon).
+func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) error {
+	key, r := spec.Rate(payload)
+	if key == "" {
+		return s.invalid(*job, errors.New("the rate limit's key is empty"))
+	}
+	if err := r.Check(); err != nil {
+		return s.invalid(*job, err)
+	}
+	if spec.Resource != nil && s.handsOff {
+		// A task that joined its lock's waiters was admitted before it did.
+		if resource := spec.Resource(payload); resource != "" {
+			waiting, err := s.locker.Waiting(ctx, resource, job.Queue, job.ID, max(spec.Limit, 1))
+			if err != nil {
+				return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+			}
+			if waiting {
+				return nil
+			}
+		}
+	}
+	rates := s.runLocker() // the queue's Redis, whatever the lock back end
+	for {
+		wait, at, err := rates.AllowAt(ctx, key, r)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		case wait == 0:
+			job.Admitted = at
+			if s.log.Enabled(ctx, slog.LevelDebug) {
+				s.log.Debug("rate limit admitted", "type", job.Type, "id", job.ID, "rate_key", key, "admitted_us", at.UnixMicro())
+			}
+			return nil
+		}
+		s.metrics.RateLimited.WithLabelValues(job.Type).Inc()
+		s.metrics.RateDelay.Observe(wait.Seconds())
+		if job.Attempt <= job.MaxRetry && ctx.Value(inRunKey{}) == nil {
+			s.log.Debug("over its rate limit; task delayed", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
+			s.wakeAfter(job.Queue, job.ID, wait)
+			return &RateLimitedError{Key: key, Delay: wait}
+		}
+		s.log.Debug("over its rate limit; task waits in the worker", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// wakeAfter brings task id of queue back from the retry set after d, the
+// moment its rate admits it, rather than at asynq's next whole second. For
+// a moment after its handler returned the task is still active, on its way
+// to the retry set: the wake is tried again for up to a second.
+func (s *Server) wakeAfter(queue, id string, d time.Duration) {
+	ctx := s.bgCtx
+	if ctx == nil || ctx.Err() != nil || !s.recovers {
+		return // not started, stopping, or an asynq whose layout asynqstore does not know
+	}
+	s.bg.Go(func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		for range 100 {
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
+			w, err := s.store.Wake(wctx, queue, id)
+			cancel()
+			if err != nil || w != asynqstore.WokenActive {
+				return // moved, or gone: asynq's retry time is the fallback
+			}
+			t.Reset(10 * time.Millisecond)
+		}
+	})
+}

@@ -1,0 +1,214 @@
+package lock_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+)
+
+// overGrants counts the windows between two admissions (server times,
+// sorted) that hold more than N·w/Per + Burst of them (G11), and returns the
+// worst one found.
+func overGrants(at []time.Time, r lock.Rate) (n int, worst string) {
+	burst := r.Burst
+	if burst == 0 {
+		burst = r.N
+	}
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			w := at[j].Sub(at[i])
+			// count ≤ N·w/Per + Burst, in integers: (count - Burst)·Per ≤ N·w
+			if count := j - i + 1; int64(count-burst)*int64(r.Per) > int64(r.N)*int64(w) {
+				n++
+				worst = fmt.Sprintf("%d admissions within %v (bound %.2f)", count, w, float64(r.N)*float64(w)/float64(r.Per)+float64(burst))
+			}
+		}
+	}
+	return n, worst
+}
+
+// G11: over any window, admissions per key ≤ N·window/Per + Burst, with 32
+// goroutines on two Lockers of their own clients (two processes' worth)
+// asking at once and retrying after the wait Allow gives. It admits close
+// to the rate too, so the bound is not met by admitting nothing.
+func TestAllowNeverOverGrants(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	lockers := []*lock.Locker{
+		lock.New(srv.Client(func(o *redis.Options) { o.PoolSize = 16 })),
+		lock.New(srv.Client(func(o *redis.Options) { o.PoolSize = 16 })),
+	}
+	r := lock.Rate{N: 40, Per: time.Second, Burst: 5}
+	const run = 2 * time.Second
+	ctx := context.Background()
+	var mu sync.Mutex
+	var admitted []time.Time
+	var denied int
+	deadline := time.Now().Add(run)
+	var wg sync.WaitGroup
+	for g := range 32 {
+		l := lockers[g%2]
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				wait, at, err := l.AllowAt(ctx, "rated", r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if wait == 0 {
+					admitted = append(admitted, at)
+				} else {
+					denied++
+				}
+				mu.Unlock()
+				time.Sleep(wait) // 0 after an admission: ask again at once
+			}
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(admitted, func(a, b time.Time) int { return a.Compare(b) })
+	if n, worst := overGrants(admitted, r); n > 0 {
+		t.Fatalf("%d windows over the bound, e.g. %s", n, worst)
+	}
+	span := admitted[len(admitted)-1].Sub(admitted[0])
+	// every emission interval after the burst admits one: at least all but
+	// a few of them (the goroutines' round trips are the slack)
+	want := int(float64(r.N)*span.Seconds()) + r.Burst - 4
+	if len(admitted) < want {
+		t.Fatalf("%d admitted over %v, want at least %d: the limit under-grants", len(admitted), span, want)
+	}
+	t.Logf("%d admitted over %v (rate %d/%v, burst %d), %d denied, 0 windows over the bound",
+		len(admitted), span.Round(time.Millisecond), r.N, r.Per, r.Burst, denied)
+}
+
+// Allow's wait is exactly the time until the next admission on the
+// server's clock: an admission tried that much later succeeds, and a denied
+// one counts nothing (many denials do not push the next admission back).
+func TestAllowWaitIsTimeToNextAdmission(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	ctx := context.Background()
+	r := lock.Rate{N: 10, Per: time.Second, Burst: 3} // one every 100ms, 3 at once
+	var first time.Time
+	for i := range r.Burst {
+		wait, at, err := l.AllowAt(ctx, "wait", r)
+		if err != nil || wait != 0 {
+			t.Fatalf("admission %d of the burst: wait %v, err %v", i+1, wait, err)
+		}
+		if i == 0 {
+			first = at
+		}
+	}
+	// The burst spent: the next admission is one interval after the first.
+	next := first.Add(100 * time.Millisecond)
+	var wait time.Duration
+	for range 20 {
+		w, at, err := l.AllowAt(ctx, "wait", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !at.Before(next) {
+			break // a slow machine: the turn came meanwhile
+		}
+		if want := next.Sub(at); w != want {
+			t.Fatalf("wait %v at %v, want %v (the time until %v)", w, at.Format("15:04:05.000000"), want, next.Format("15:04:05.000000"))
+		}
+		wait = w
+	}
+	time.Sleep(wait)
+	if w, _, err := l.AllowAt(ctx, "wait", r); err != nil || w != 0 {
+		t.Fatalf("after waiting the wait: wait %v, err %v; want admitted", w, err)
+	}
+}
+
+// A rate key lives while its state matters: it expires when its theoretical
+// arrival time passes, after which it would say what no key says.
+func TestRateKeyExpiresOnceIdle(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	r := lock.Rate{N: 2, Per: 400 * time.Millisecond} // 200ms apart, burst 2
+	if _, err := l.Allow(ctx, "idle", r); err != nil {
+		t.Fatal(err)
+	}
+	key := l.RateKey("idle")
+	if !strings.HasPrefix(key, l.Key("idle")) {
+		t.Fatalf("rate key %q is not under the resource's hash tag %q", key, l.Key("idle"))
+	}
+	pttl, err := c.PTTL(ctx, key).Result()
+	if err != nil || pttl <= 0 || pttl > 200*time.Millisecond {
+		t.Fatalf("rate key %s: pttl %v, err %v; want an expiry within one interval (200ms)", key, pttl, err)
+	}
+	eventually(t, 2*time.Second, "the idle rate key expired", func() bool { return c.Exists(ctx, key).Val() == 0 })
+}
+
+// Rate limits are the single back end's: on Redlock Allow says so.
+func TestAllowRefusedOnRedlock(t *testing.T) {
+	t.Parallel()
+	nodes := redistest.StartN(t, 3)
+	clients := make([]redis.UniversalClient, len(nodes))
+	for i, n := range nodes {
+		clients[i] = n.Client()
+	}
+	_, err := lock.NewRedlock(clients).Allow(context.Background(), "k", lock.Rate{N: 1, Per: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "single Redis back end") || !strings.Contains(err.Error(), "redlock") {
+		t.Fatalf("Allow on Redlock: %v; want an error naming the single back end and redlock", err)
+	}
+}
+
+func TestAllowRefusesBadRates(t *testing.T) {
+	t.Parallel()
+	l, _, _ := newLocker(t)
+	for _, r := range []lock.Rate{{N: 0, Per: time.Second}, {N: 1}, {N: 1, Per: time.Second, Burst: -1}} {
+		if _, err := l.Allow(context.Background(), "k", r); err == nil {
+			t.Errorf("Allow(%+v): no error", r)
+		}
+	}
+}
+
+// On a Cluster the rate key lives in its key's slot, with the key's lock,
+// and the limit holds per key on every master.
+func TestClusterAllow(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	l := lock.New(cl.Client())
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: time.Minute}
+	for i := range 6 {
+		key := fmt.Sprintf("tenant:%d", i)
+		if w, err := l.Allow(ctx, key, r); err != nil || w != 0 {
+			t.Fatalf("%s: first Allow: wait %v, err %v", key, w, err)
+		}
+		if w, err := l.Allow(ctx, key, r); err != nil || w <= 50*time.Second {
+			t.Fatalf("%s: second Allow: wait %v, err %v; want about a minute", key, w, err)
+		}
+		if node, rate := cl.NodeFor(l.Key(key)), cl.NodeFor(l.RateKey(key)); node.Addr != rate.Addr {
+			t.Fatalf("%s: rate key on %s, its lock's slot on %s", key, rate.Addr, node.Addr)
+		}
+	}
+}
+
+// Through Sentinel the limit lives on the master: two clients share it.
+func TestSentinelAllow(t *testing.T) {
+	t.Parallel()
+	s := redistest.StartSentinel(t)
+	a, b := lock.New(s.Client()), lock.New(s.Client())
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: time.Minute}
+	if w, err := a.Allow(ctx, "k", r); err != nil || w != 0 {
+		t.Fatalf("first Allow: wait %v, err %v", w, err)
+	}
+	if w, err := b.Allow(ctx, "k", r); err != nil || w <= 50*time.Second {
+		t.Fatalf("the other client's Allow: wait %v, err %v; want about a minute", w, err)
+	}
+}
