@@ -60,13 +60,17 @@ func observeAll(m *metrics.Metrics) {
 	}
 	m.RenewalDuration.Observe(0.001)
 	m.LocksHeld.Set(3)
-	for _, r := range []string{"stolen", "expired", "unreachable", "max_hold", "quorum_lost"} {
+	for _, r := range metrics.LostReasons {
 		m.LockLost.WithLabelValues(r).Inc()
 	}
+	m.HandlersUnreturned.Set(1)
+	m.OldestHold.Set(12)
 	m.LockHeld.Observe(1.5)
 	m.JobsProcessed.WithLabelValues("demo:order.pay", "success").Inc()
 	m.JobContended.WithLabelValues("demo:order.pay").Inc()
 	m.JobsRecovered.WithLabelValues("demo:order.pay").Inc()
+	m.RateLimited.WithLabelValues("demo:order.pay").Inc()
+	m.RateDelay.Observe(0.2)
 	for _, r := range []string{"enqueued", "follower", "duplicate", "missed", "caught_up"} {
 		m.SchedulerTicks.WithLabelValues("settle-orders", r).Inc()
 	}
