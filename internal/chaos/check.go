@@ -76,11 +76,15 @@ type Report struct {
 	// write and not finished) starting again on some worker: {p50, max} in
 	// milliseconds and how many tasks. RecoveryOverBound counts the
 	// producer's jobs that a SIGKILL mid-work (worker_kill) cut off and that
-	// started again later than the lock TTL + 3 s (G7's bound); a
-	// schedule's tick task and a kill during the drain are measured, not
-	// bounded (docs/chaos.md).
+	// started again later than the lock TTL + 3 s (G7's bound); it is
+	// reported, not yet a violation: "begun and not ended" also takes in a
+	// run whose lock a Redis fault had ended before the kill (then asynq's
+	// retry brings it back, not G7's recovery), and a recovered task may
+	// wait for a holder granted the lock first (docs/chaos.md).
 	RecoveryMS        map[string]*Spread `json:"recovery_ms"`
 	RecoveryOverBound int                `json:"recovery_over_bound"`
+	RecoveryLate      []string           `json:"recovery_late"` // each of RecoveryOverBound, said
+
 	// NotChecked names each check that could not be made, or was made on an
 	// incomplete history, and why.
 	NotChecked []string `json:"not_checked"`
@@ -122,7 +126,7 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RecoveryOverBound} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive} {
 		if v > 0 {
 			n += v
 		}
@@ -140,6 +144,7 @@ func Check(h History) *Report {
 		Executions:      map[string]int{},
 		PerFault:        map[string]*FaultStats{},
 		RecoveryMS:      map[string]*Spread{},
+		RecoveryLate:    []string{},
 		DurationSeconds: h.End.Sub(h.Start).Seconds(),
 		NotChecked:      []string{},
 		Evidence:        []Violation{},
@@ -180,7 +185,7 @@ func Check(h History) *Report {
 	r.StaleWritesAccepted = checkWrites(h, r, add)
 	checkJobs(h, r, add)
 	r.RecoveredFromLive = checkRecoveries(h, add)
-	checkRecoveryTimes(h, r, add)
+	checkRecoveryTimes(h, r)
 	checkTicks(h, r, add)
 	perFault(h, r, found)
 
@@ -588,7 +593,7 @@ const recoveryBound = 3 * time.Second
 // and that worker recorded no end of it by then; such a task holds its lock
 // (the demo writes under it). A task with no later start is jobs_lost's to
 // judge, not timed here.
-func checkRecoveryTimes(h History, r *Report, add func(Violation)) {
+func checkRecoveryTimes(h History, r *Report) {
 	if !h.WritesAvailable {
 		r.NotChecked = append(r.NotChecked, "recovery_ms: the demo store keeps no log of its writes")
 		return
@@ -628,9 +633,8 @@ func checkRecoveryTimes(h History, r *Report, add func(Violation)) {
 			times[f.Kind] = append(times[f.Kind], d.Milliseconds())
 			if h.LockTTL > 0 && d > bound && f.Kind == FaultWorkerKill && jobs[id] {
 				r.RecoveryOverBound++
-				add(Violation{Check: "recovery_over_bound", At: next,
-					Detail: fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v",
-						id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound)})
+				r.RecoveryLate = append(r.RecoveryLate, fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v",
+					id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound))
 			}
 		}
 	}

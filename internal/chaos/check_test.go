@@ -351,8 +351,8 @@ func TestCheckRecoveryTimes(t *testing.T) {
 	if got == nil || got.Tasks != 3 || got.P50 != 6000 || got.Max != 20_000 {
 		t.Fatalf("recovery_ms[worker_kill] = %+v, want 3 tasks, p50 6000 ms, max 20000 ms", got)
 	}
-	if r.RecoveryOverBound != 1 || r.Violations() != 1 {
-		t.Errorf("recovery_over_bound %d (violations %d), want 1: k2 came back 6 s after the kill, over 2 s + 3 s", r.RecoveryOverBound, r.Violations())
+	if r.RecoveryOverBound != 1 || r.Violations() != 0 {
+		t.Errorf("recovery_over_bound %d (violations %d), want 1 (k2 came back 6 s after the kill, over 2 s + 3 s), reported but no violation yet", r.RecoveryOverBound, r.Violations())
 	}
 	b, _ := json.Marshal(r)
 	if !strings.Contains(string(b), `"recovery_ms":{"worker_kill":{"p50":6000,"max":20000,"tasks":3}}`) {
