@@ -284,18 +284,27 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 		return
 	}
 	s.bg.Go(func() {
-		wctx, cancel := context.WithTimeout(context.Background(), g.TTL)
-		defer cancel()
-		var wait time.Duration
-		for wctx.Err() == nil {
-			wait = parking.Next(wait)
-			backoff.Sleep(wctx, wait)
-			if w, err := s.store.Wake(wctx, g.Queue, g.ID); err != nil || w != asynqstore.WokenActive {
-				return
-			}
+		if s.wakeOnceParked(context.Background(), g.Queue, g.ID, g.TTL) {
+			s.log.Info("granted task still active when its grant expired; the next waiter takes the lock", "resource", g.Resource, "id", g.ID)
 		}
-		s.log.Info("granted task still active when its grant expired; the next waiter takes the lock", "resource", g.Resource, "id", g.ID)
 	})
+}
+
+// wakeOnceParked wakes task id of queue again, paced by parking, while it is
+// still active (on its way to the retry set after its handler returned), for
+// at most within. It reports whether the task was still active then.
+func (s *Server) wakeOnceParked(ctx context.Context, queue, id string, within time.Duration) bool {
+	wctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	var wait time.Duration
+	for wctx.Err() == nil {
+		wait = parking.Next(wait)
+		backoff.Sleep(wctx, wait)
+		if w, err := s.store.Wake(wctx, queue, id); err != nil || w != asynqstore.WokenActive {
+			return false
+		}
+	}
+	return true
 }
 
 // runChained runs a claimed task under its granted lock. It returns the

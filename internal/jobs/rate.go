@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
+	"github.com/lockstep-dev/lockstep/internal/backoff"
 )
 
 // Rate limits (G11), decided before the handler runs and before its lock is
@@ -77,41 +78,31 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 			return &RateLimitedError{Key: key, Delay: wait}
 		}
 		s.log.Debug("over its rate limit; task waits in the worker", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}
 }
 
 // wakeAfter brings task id of queue back from the retry set after d, the
-// moment its rate admits it, rather than at asynq's next whole second. For
-// a moment after its handler returned the task is still active, on its way
-// to the retry set: the wake is tried again for up to a second.
+// moment its rate admits it, rather than at asynq's next whole second. A
+// task still active then (on its way to the retry set) is woken again for up
+// to a second (wakeOnceParked); moved or gone, asynq's retry time is the
+// fallback.
 func (s *Server) wakeAfter(queue, id string, d time.Duration) {
 	ctx := s.bgCtx
 	if ctx == nil || ctx.Err() != nil || !s.recovers {
 		return // not started, stopping, or an asynq whose layout asynqstore does not know
 	}
 	s.bg.Go(func() {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		for range 100 {
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return
-			}
-			wctx, cancel := context.WithTimeout(ctx, time.Second)
-			w, err := s.store.Wake(wctx, queue, id)
-			cancel()
-			if err != nil || w != asynqstore.WokenActive {
-				return // moved, or gone: asynq's retry time is the fallback
-			}
-			t.Reset(10 * time.Millisecond)
+		if !backoff.Sleep(ctx, d) {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		w, err := s.store.Wake(wctx, queue, id)
+		cancel()
+		if err == nil && w == asynqstore.WokenActive {
+			s.wakeOnceParked(ctx, queue, id, time.Second)
 		}
 	})
 }
