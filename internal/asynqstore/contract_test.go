@@ -425,6 +425,43 @@ func TestContractRecover(t *testing.T) {
 	}
 }
 
+// holds: Holds says which tasks asynq has active (a handler running, or one
+// that returned and whose result asynq has not recorded) and which it may
+// still deliver, as its own Inspector reports their states.
+func TestContractHolds(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.active("hold-1")
+	w.parked("park-1")
+	w.completed("done-1")
+	kept := "kept-1"
+	w.enqueue(kept, asynq.Retention(time.Hour))
+	w.waitState(kept, "completed retried=0")
+	w.pause()
+	w.enqueue("pending-1")
+	w.enqueue("later-1", asynq.ProcessIn(time.Hour))
+	ids := []string{"hold-1", "park-1", "done-1", kept, "pending-1", "later-1", "nothing"}
+	tasks := make([]Task, len(ids))
+	for i, id := range ids {
+		tasks[i] = Task{Queue: "default", ID: id}
+	}
+	got, err := w.store.Holds(t.Context(), tasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		state := w.state(id)
+		active := strings.HasPrefix(state, "active")
+		deliverable := active || strings.HasPrefix(state, "pending") || strings.HasPrefix(state, "retry") || strings.HasPrefix(state, "scheduled")
+		if got[i].Active != active || got[i].Deliverable != deliverable {
+			t.Errorf("Holds says %s is %+v; asynq reports %q", id, got[i], state)
+		}
+	}
+	if !got[0].Active || !got[1].Deliverable || got[2].Deliverable || got[3].Deliverable {
+		t.Errorf("running, parked, done, kept: %+v, want active, deliverable, neither, neither", got[:4])
+	}
+}
+
 // world is an asynq server whose handler does what a task's id says:
 // "park-soon" and "park-*" are parked on their first run (RetryDelay of
 // parkSoon, or an hour), "hold-*" blocks on its first run until the test

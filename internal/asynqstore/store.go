@@ -18,7 +18,9 @@
 //   - claim, extend, complete: Claim and ExtendClaim let a hand-off chain
 //     run a parked task under its lease and complete it as asynq's Done
 //     does;
-//   - recover: Recover and RecoverActive bring a dead worker's task back;
+//   - recover: Recover and RecoverActive bring a dead worker's task back,
+//     and Holds tells whether asynq has recorded a task's result yet and
+//     may still deliver it;
 //   - decode: DecodeTaskMsg (taskmsg.go) reads a task's message, and
 //     TaskMsg.Context bounds its run as asynq does; Redelivery bounds
 //     asynq's own redelivery of a dead worker's task.
@@ -217,6 +219,44 @@ func (s *Store) recover(ctx context.Context, queue, id, only string) (*TaskMsg, 
 	}
 	msg, err := DecodeTaskMsg([]byte(m))
 	return &msg, err
+}
+
+// Task names one task of asynq's.
+type Task struct{ Queue, ID string }
+
+// Held says what asynq still does with a task that left a worker's hands.
+type Held struct {
+	// Active: asynq has not recorded the handler's result yet (it retries
+	// that while Redis is away).
+	Active bool
+	// Deliverable: asynq may still deliver it (pending, active, scheduled,
+	// retry or aggregating); not when it is completed, archived or gone.
+	Deliverable bool
+}
+
+// Holds reports, for each task, what asynq still does with it (its task
+// hash's state). One round trip.
+func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
+	cmds := make([]*redis.StringCmd, len(tasks))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range tasks {
+			cmds[i] = p.HGet(ctx, queuePrefix(t.Queue)+"t:"+t.ID, "state")
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, fmt.Errorf("asynq task states: %w", err)
+	}
+	out := make([]Held, len(tasks))
+	for i, c := range cmds {
+		switch c.Val() {
+		case "active":
+			out[i] = Held{Active: true, Deliverable: true}
+		case "pending", "scheduled", "retry", "aggregating":
+			out[i] = Held{Deliverable: true}
+		}
+	}
+	return out, nil
 }
 
 // completedAtField is TaskMessage's completed_at (asynq's internal/proto).

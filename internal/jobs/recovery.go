@@ -64,8 +64,12 @@ type recovery struct {
 	// A record outlives its task's leaving by a whole beat, so that asynq
 	// has recorded the task's result first.
 	done, aged map[string]struct{}
-	markers    []string  // done markers to delete at the next beat
-	landed     time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
+	// kept: records and markers of tasks that left but that asynq still
+	// holds, since when; see settled.
+	kept map[string]time.Time
+	// markers: done markers to delete at the next beat, with their tasks
+	markers map[string]asynqstore.Task
+	landed  time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
 
 	// dequeues says that asynq's every dequeue records its task's bare
 	// record (asynqstore.RecordDequeues), for a task id it can record.
@@ -74,7 +78,8 @@ type recovery struct {
 
 func newRecovery(l *lock.Locker) *recovery {
 	p := procid.Self() // the holder in this process's lock tokens
-	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string]struct{}{}, aged: map[string]struct{}{}}
+	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string]struct{}{}, aged: map[string]struct{}{},
+		kept: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
 
 // left queues the hold record of a task that left this process's hands (it
@@ -100,17 +105,19 @@ func (r *recovery) back(resource, queue, id string) {
 	r.mu.Lock()
 	delete(r.done, rec)
 	delete(r.aged, rec)
+	delete(r.kept, rec)
 	r.mu.Unlock()
 }
 
-// forget queues a done marker for deletion at the next beat: its task left
-// this process's hands, and asynq has recorded it by then.
-func (r *recovery) forget(marker string) {
+// forget queues the done marker of the task id of queue for deletion at
+// the next beat: its task left this process's hands, and asynq has
+// recorded it by then (see settled).
+func (r *recovery) forget(marker, queue, id string) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	r.markers = append(r.markers, marker)
+	r.markers[marker] = asynqstore.Task{Queue: queue, ID: id}
 	r.mu.Unlock()
 }
 
@@ -200,7 +207,7 @@ func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payloa
 			if err := s.client.Set(ctx, marker, outcomeOK, s.recoveryTTL()).Err(); err != nil {
 				s.log.Debug("done marker for recovery not written", "id", job.ID, "err", err)
 			}
-			s.recovery.forget(marker)
+			s.recovery.forget(marker, job.Queue, job.ID)
 		}
 		return lease.Release(ctx)
 	}}
@@ -233,14 +240,23 @@ func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
 	r.mu.Lock()
 	aged, markers := r.aged, r.markers
-	r.aged, r.done, r.markers = r.done, map[string]struct{}{}, nil
+	r.aged, r.done, r.markers = r.done, map[string]struct{}{}, map[string]asynqstore.Task{}
 	r.mu.Unlock()
-	done := make([]any, 0, len(aged))
-	for rec := range aged {
-		done = append(done, rec)
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
+	keep := s.settled(ctx, aged, markers)
+	done := make([]any, 0, len(aged))
+	for rec := range aged {
+		if !keep[rec] {
+			done = append(done, rec)
+		}
+	}
+	var drop []string
+	for m := range markers {
+		if !keep[m] {
+			drop = append(drop, m)
+		}
+	}
 	sent := time.Now()
 	until := sent.Add(3 * s.beatInterval()).UnixMilli()
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -248,25 +264,85 @@ func (s *Server) beat(ctx context.Context) {
 		if len(done) > 0 {
 			p.SRem(ctx, r.holds, done...)
 		}
-		if len(markers) > 0 {
-			p.Del(ctx, markers...)
+		if len(drop) > 0 {
+			p.Del(ctx, drop...)
 		}
 		return nil
 	})
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for k := range keep {
+		if t, ok := markers[k]; ok {
+			r.markers[k] = t
+		} else if _, ok := r.kept[k]; ok { // not back in this process's hands meanwhile
+			r.aged[k] = struct{}{}
+		}
+	}
 	if err != nil {
 		s.log.Debug("recovery beat failed", "err", err)
 		for rec := range aged {
 			r.aged[rec] = struct{}{}
 		}
-		r.markers = append(r.markers, markers...)
+		for m, t := range markers {
+			r.markers[m] = t
+		}
 		r.landed = time.Time{}
 		return
 	}
 	if r.landed.IsZero() {
 		r.landed = sent
 	}
+}
+
+// settled returns the hold records of aged and the done markers to keep
+// for now. A record stays while asynq still has its task active: the
+// handler returned, but asynq has not recorded the result yet (it retries
+// that every few seconds while Redis was away), and a worker killed
+// meanwhile would leave the task to asynq's own lease (half a minute and
+// more) if its record were gone. A marker stays while asynq may still
+// deliver its task: a worker frozen past its lease that resumes has asynq
+// retry the task it ran (asynq does not check whose delivery it ends), and
+// that delivery must read the marker and not run the task again. Either
+// is kept so for at most asynqstore.Redelivery, the bound of asynq's own
+// lease; a marker's own TTL is longer.
+func (s *Server) settled(ctx context.Context, aged map[string]struct{}, markers map[string]asynqstore.Task) map[string]bool {
+	if len(aged)+len(markers) == 0 || s.store == nil {
+		return nil
+	}
+	keys := make([]string, 0, len(aged)+len(markers))
+	tasks := make([]asynqstore.Task, 0, len(aged)+len(markers))
+	for rec := range aged {
+		if _, queue, id, ok := lock.ParseHoldRecord(rec); ok {
+			keys, tasks = append(keys, rec), append(tasks, asynqstore.Task{Queue: queue, ID: id})
+		}
+	}
+	records := len(keys)
+	for m, t := range markers {
+		keys, tasks = append(keys, m), append(tasks, t)
+	}
+	held, err := s.store.Holds(ctx, tasks)
+	r := s.recovery
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keep := map[string]bool{}
+	now := time.Now()
+	for i, k := range keys {
+		if err == nil && (i < records && !held[i].Active || i >= records && !held[i].Deliverable) {
+			delete(r.kept, k)
+			continue
+		}
+		since, ok := r.kept[k]
+		if !ok {
+			since = now
+			r.kept[k] = now
+		}
+		if now.Sub(since) > asynqstore.Redelivery {
+			delete(r.kept, k)
+			continue
+		}
+		keep[k] = true
+	}
+	return keep
 }
 
 // judging reports whether this process may judge others dead now: its own
@@ -353,7 +429,15 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
 			continue // another recoverer has it
 		}
+		// First in its resource's queue: it came before every waiter
+		// there, so it runs again as soon as the lock is free, within
+		// TTL + 3 s (G7), not behind them. (A back end whose queue is not
+		// in Redis has no Front: the task takes its turn as it comes.)
+		_, ferr := s.locker.Front(ctx, resource, queue, id, s.waitersTTL())
 		m, err := s.store.Recover(ctx, queue, id)
+		if ferr == nil && (err != nil || m == nil) {
+			_ = s.locker.Unfront(ctx, resource, queue, id)
+		}
 		s.recovered(m, err, id, resource, p)
 	}
 	if waiting == 0 {

@@ -393,7 +393,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 	}
 	s.recovery.left(job.Resource, job.Queue, job.ID) // asynq records it as this returns
 	if keep != "" {
-		s.recovery.forget(keep) // and then no delivery of it is left to read its marker
+		s.recovery.forget(keep, job.Queue, job.ID) // once no delivery of it is left to read its marker
 	}
 	return err
 }

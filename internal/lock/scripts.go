@@ -36,6 +36,8 @@ var (
 	claimLua string
 	//go:embed lua/rate.lua
 	rateLua string
+	//go:embed lua/front.lua
+	frontLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -48,6 +50,7 @@ var (
 	scriptGrant      = redis.NewScript(grantLua)
 	scriptClaim      = redis.NewScript(claimLua)
 	scriptRate       = redis.NewScript(rateLua)
+	scriptFront      = redis.NewScript(libLua + frontLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -554,6 +554,38 @@ func (l *Locker) PermitFenceKey(resource string, k int) string {
 	return l.keysFor(resource).permitKeys(k).fence
 }
 
+// Front puts the task id of queue first in resource's one queue
+// (front.lua): a dead holder's task that a recoverer brings back came before
+// every waiter there, so it runs again as soon as the lock is free (G6,
+// G7). The queue outlives it by queueTTL. It returns how many waiters it
+// went ahead of. A task that is not brought back after all leaves with
+// Unfront.
+func (l *Locker) Front(ctx context.Context, resource, queue, id string, queueTTL time.Duration) (int, error) {
+	b, err := l.redis()
+	if err != nil {
+		return 0, err
+	}
+	v, err := run(ctx, b.client, scriptFront, []string{l.keysFor(resource).queue}, TaskWaiter(queue, id), queueTTL.Milliseconds())
+	if err != nil {
+		return 0, fmt.Errorf("lock: front of %q: %w", resource, err)
+	}
+	n, _ := v.(int64)
+	return int(n), nil
+}
+
+// Unfront takes back a Front whose task was not brought back: the task
+// leaves the queue.
+func (l *Locker) Unfront(ctx context.Context, resource, queue, id string) error {
+	b, err := l.redis()
+	if err != nil {
+		return err
+	}
+	if err := b.client.ZRem(ctx, l.keysFor(resource).queue, TaskWaiter(queue, id)).Err(); err != nil {
+		return fmt.Errorf("lock: unfront %q: %w", resource, err)
+	}
+	return nil
+}
+
 // Waiting reports whether task id of queue waits for resource: parked among
 // its waiters, or granted one of its first limit permits and not taken over
 // yet. One read-only round trip. A job with a rate limit asks it before its

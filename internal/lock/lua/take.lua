@@ -40,13 +40,14 @@
 --                       died): granted to the task head, and this task waits
 --                       as for {0} (a goroutine head is woken by the script)
 --   {3, outcome}        this task already ran under a hand-off (its done
---                       marker): "ok", "fail:<msg>" or "skip:<msg>". A failure's
+--                       marker): "ok", "fail:<msg>" or "skip:<msg>"; it leaves
+--                       the queue and a grant to it goes on (passon). A failure's
 --                       marker is consumed (asynq retries the task, and that
 --                       retry runs it anew); an "ok" marker is kept until it
 --                       expires: the delivery that reads it may itself be lost
 --                       (its worker killed before asynq completed the task),
 --                       and the next delivery must read it again.
--- (time, nextfence, own and handoff: lua/lib.lua, prepended by scripts.go)
+-- (time, nextfence, retire, own and handoff: lua/lib.lua, prepended by scripts.go)
 local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 floorkey = KEYS[6]
 local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -75,13 +76,6 @@ local function join()
   return since, redis.call('ZRANK', q, me)
 end
 
-local done = redis.call('GET', KEYS[5])
-if done then
-  if done ~= 'ok' then
-    redis.call('DEL', KEYS[5])
-  end
-  return {3, done}
-end
 -- takepermit: the task takes permit k (free, or granted to it).
 local function takepermit(k, status, fresh)
   local pl, pf = permit(lock, fencekey, owners, k)
@@ -121,6 +115,43 @@ local function grantedto(h)
     end
   end
   return nil
+end
+
+-- passon: a task that will not run leaves the queue, and a lock or permit
+-- granted to it goes on to the next waiter (or is freed), as a release
+-- would: a recovered task put first in the queue (front.lua) that had run
+-- already must not keep its resource for a TTL.
+local function passon()
+  redis.call('ZREM', q, me)
+  local n, h = limitof(lock)
+  local k = 0
+  if n then
+    k = grantedto(h)
+    if not k then
+      return
+    end
+  elseif string.sub(redis.call('GET', lock) or '', 1, #me + 3) ~= 'g:' .. me .. ':' then
+    return
+  end
+  local pl, pf, po = permit(lock, fencekey, owners, k)
+  redis.call('DEL', pl)
+  if n then
+    serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, k)
+  else
+    handoff(pl, pf, po, q, fencettl, ttl, '')
+  end
+  if redis.call('EXISTS', pl) == 0 then
+    retire(pf, fencettl)
+  end
+end
+
+local done = redis.call('GET', KEYS[5])
+if done then
+  if done ~= 'ok' then
+    redis.call('DEL', KEYS[5])
+  end
+  passon()
+  return {3, done}
 end
 
 local limit = tonumber(ARGV[8])

@@ -1,0 +1,59 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// A hold record of a task that left this process's hands stays while asynq
+// still has the task active: its handler returned, but asynq had not
+// recorded the result (it retries that while Redis is away), and a worker
+// killed then must leave a record for a recoverer, not the task to asynq's
+// own lease. Once asynq has the result, the record goes within two beats.
+func TestRecordStaysWhileAsynqHasTheTaskActive(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	e := newEnv(t, testConfig(), lockedSpec("t:slow", "slow", func(ctx context.Context, job Job) error {
+		<-release
+		return nil
+	}))
+	ctx := context.Background()
+	e.enqueueID("t:slow", "kept")
+	holds := e.srv.recovery.holds
+	rec := lock.HoldRecord("slow", "default", "kept")
+	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
+		return e.admin.SIsMember(ctx, holds, rec).Val()
+	})
+	// As if the handler had returned: the record is queued for removal,
+	// while asynq still has the task active.
+	e.srv.recovery.left("slow", "default", "kept")
+	beats := func(n int) {
+		t.Helper()
+		seen, last := 0, e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.process).Val()
+		waitFor(t, 10*time.Second, "beats", func() bool {
+			if s := e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.process).Val(); s != last {
+				seen, last = seen+1, s
+			}
+			return seen >= n
+		})
+	}
+	beats(4)
+	if !e.admin.SIsMember(ctx, holds, rec).Val() {
+		t.Fatal("the record was removed while asynq still had the task active")
+	}
+	close(release)
+	waitFor(t, 10*time.Second, "the task done in asynq", func() bool {
+		_, err := e.insp.GetTaskInfo("default", "kept")
+		return errors.Is(err, asynq.ErrTaskNotFound) // done, without retention
+	})
+	beats(3)
+	if e.admin.SIsMember(ctx, holds, rec).Val() {
+		t.Fatal("the record stayed after asynq recorded the task's result")
+	}
+}
