@@ -139,8 +139,9 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:p<k>           permit k > 0 of a resource with a limit (permitKeys),
 //	                         with prefix{R}:fence:<k> and prefix{R}:owners:<k>
 //	prefix{R}:limit          the resource's limit: hash n (limit), h (permits to look at)
-//	prefix{R}:rate           a rate limit on R (Allow): its GCRA theoretical arrival
-//	                         time, Unix µs; it expires once that time has passed
+//	prefix{R}:rate           a rate limit on R (Allow): "<TAT> <T> <B>", its GCRA theoretical
+//	                         arrival time (Unix µs) and the interval (µs) and burst it was
+//	                         counted under; it expires once that time has passed
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
@@ -176,6 +177,18 @@ func (l *Locker) LimitPattern() string { return globEscape(l.prefix) + "{*}:limi
 
 // RateKey returns the key of the rate limit on key (Allow).
 func (l *Locker) RateKey(key string) string { return l.keysFor(key).rateKey() }
+
+// RatePattern matches the rate key of every key (SCAN MATCH).
+func (l *Locker) RatePattern() string { return globEscape(l.prefix) + "{*}:rate" }
+
+// rateOf returns the key of a rate key, prefix{K}:rate.
+func (l *Locker) rateOf(key string) (string, bool) {
+	base, ok := strings.CutSuffix(key, ":rate")
+	if !ok {
+		return "", false
+	}
+	return resourceOf(l.prefix, base)
+}
 
 func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
 
