@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -255,6 +256,54 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkRateCost is what a rate limit that never binds costs a job: no-op
+// jobs through the middleware with and without one, with a lock (each job
+// on its own resource) and without, taking turns in rounds on Redises of
+// their own as BenchmarkThroughput's modes do. Every rated job is admitted
+// by one key ("tenant", a million a second: a tenant's limit that its
+// traffic stays under), so each pays the rate's round trip and nothing
+// else. The figure is each rated mode's median ratio to its unrated twin.
+func BenchmarkRateCost(b *testing.B) {
+	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
+	modes := []string{"locked", "locked-rated", "unlocked", "unlocked-rated"}
+	const rounds = 5
+	n := max(b.N/rounds, 1)
+	rigs := make([]*benchRig, len(modes))
+	for i := range modes {
+		rigs[i] = newBenchRig(b)
+	}
+	totals := make([]throughputRun, len(modes))
+	ratios := make([][]float64, len(modes))
+	b.ResetTimer()
+	for round := range rounds {
+		runs := make([]throughputRun, len(modes))
+		for k := range modes {
+			i := (k + round) % len(modes)
+			runs[i] = rigs[i].runThroughput(b, modes[i], cfg, n)
+			totals[i].add(runs[i])
+		}
+		for i := 1; i < len(modes); i += 2 {
+			ratios[i] = append(ratios[i], runs[i].rate()/runs[i-1].rate())
+		}
+	}
+	b.StopTimer()
+	for i, mode := range modes {
+		t := totals[i]
+		b.ReportMetric(t.rate(), mode+"-jobs/s")
+		if i%2 == 1 {
+			b.ReportMetric(median(ratios[i]), mode+"-x-unrated")
+			b.Logf("%s / %s per round: %.3f", mode, modes[i-1], ratios[i])
+		}
+		b.ReportMetric(float64(t.server)/float64(t.jobs), mode+"-server-cmds/job")
+		b.ReportMetric(t.redisCPU.Seconds()*1e6/float64(t.jobs), mode+"-redis-cpu-us/job")
+	}
+	for _, r := range rigs {
+		if limited := testutil.ToFloat64(r.metrics.RateLimited.WithLabelValues("bench:noop")); limited > 0 {
+			b.Fatalf("the limit bound %v times: it was meant not to", limited)
+		}
+	}
+}
+
 // throughputRun is what one run of no-op jobs took.
 type throughputRun struct {
 	jobs            int
@@ -306,12 +355,19 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 			return r.client.Del(ctx, key).Err()
 		})
 	default:
-		stop = r.serveLocked(b, cfg, Spec{
+		spec := Spec{
 			Type:     "bench:noop",
 			Decode:   func(p []byte) (any, error) { return string(p), nil },
 			Resource: func(p any) string { return p.(string) },
 			Run:      func(context.Context, Job, any) error { c.add(); return nil },
-		})
+		}
+		if strings.HasPrefix(mode, "unlocked") {
+			spec.Resource = nil
+		}
+		if strings.HasSuffix(mode, "-rated") { // BenchmarkRateCost: a limit that never binds
+			spec.Rate = func(p any) (string, lock.Rate) { return "tenant", lock.Rate{N: 1_000_000, Per: time.Second} }
+		}
+		stop = r.serveLocked(b, cfg, spec)
 	}
 	waitDone(b, c.done, 5*time.Minute)
 	elapsed := time.Since(began)
