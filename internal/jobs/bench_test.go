@@ -20,6 +20,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
@@ -64,6 +65,9 @@ type benchRig struct {
 	// traced has serveLocked trace every job (tracing_bench_test.go).
 	traced bool
 	spans  *sdktrace.TracerProvider // the traced rig's provider
+	// work is how long runThroughput's handler through the middleware
+	// works (BenchmarkRateCost); 0: no-op.
+	work time.Duration
 }
 
 func newBenchRig(b *testing.B) *benchRig {
@@ -256,14 +260,25 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// BenchmarkRateCost is what a rate limit that never binds costs a job: no-op
-// jobs through the middleware with and without one, with a lock (each job
-// on its own resource) and without, taking turns in rounds on Redises of
-// their own as BenchmarkThroughput's modes do. Every rated job is admitted
-// by one key ("tenant", a million a second: a tenant's limit that its
-// traffic stays under), so each pays the rate's round trip and nothing
+// BenchmarkRateCost is what a rate limit that never binds costs a job: jobs
+// through the middleware with and without one, with a lock (each job on its
+// own resource) and without, taking turns in rounds on Redises of their own
+// as BenchmarkThroughput's modes do; no-op jobs, and jobs of 1 ms of work
+// (benchhold.Hold: the same length whatever the load). Every rated job is
+// admitted by one key ("tenant", a million a second: a tenant's limit that
+// its traffic stays under), so each pays the rate's round trip and nothing
 // else. The figure is each rated mode's median ratio to its unrated twin.
 func BenchmarkRateCost(b *testing.B) {
+	for _, work := range []time.Duration{0, time.Millisecond} {
+		name := "noop"
+		if work > 0 {
+			name = "work=" + work.String()
+		}
+		b.Run(name, func(b *testing.B) { rateCost(b, work) })
+	}
+}
+
+func rateCost(b *testing.B, work time.Duration) {
 	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
 	modes := []string{"locked", "locked-rated", "unlocked", "unlocked-rated"}
 	const rounds = 5
@@ -271,6 +286,7 @@ func BenchmarkRateCost(b *testing.B) {
 	rigs := make([]*benchRig, len(modes))
 	for i := range modes {
 		rigs[i] = newBenchRig(b)
+		rigs[i].work = work
 	}
 	totals := make([]throughputRun, len(modes))
 	ratios := make([][]float64, len(modes))
@@ -359,7 +375,13 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 			Type:     "bench:noop",
 			Decode:   func(p []byte) (any, error) { return string(p), nil },
 			Resource: func(p any) string { return p.(string) },
-			Run:      func(context.Context, Job, any) error { c.add(); return nil },
+			Run: func(context.Context, Job, any) error {
+				if r.work > 0 {
+					benchhold.Hold(r.work)
+				}
+				c.add()
+				return nil
+			},
 		}
 		if strings.HasPrefix(mode, "unlocked") {
 			spec.Resource = nil
