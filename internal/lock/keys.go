@@ -41,6 +41,9 @@ func (k keys) limitKey() string { return k.base + ":limit" }
 // theoretical arrival time, under the resource's hash tag.
 func (k keys) rateKey() string { return k.base + ":rate" }
 
+// turnKey is the turn a rate limit on the resource gave task (lua/reserve.lua).
+func (k keys) turnKey(task string) string { return k.base + ":rate:task:" + task }
+
 // permitPrefix is what the lock keys of permits k > 0 start with
 // (prefix{R}:p): on etcd one range holds them all, and with the lock key
 // itself they are the resource's permits.
@@ -142,6 +145,8 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:rate           a rate limit on R (Allow): "<TAT> <T> <B>", its GCRA theoretical
 //	                         arrival time (Unix µs) and the interval (µs) and burst it was
 //	                         counted under; it expires once that time has passed
+//	prefix{R}:rate:task:<t>  the turn a rate limit on R gave task t (Reserve): Unix µs; it
+//	                         expires shortly after that turn
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).

@@ -87,6 +87,35 @@ func (l *Locker) AllowAt(ctx context.Context, key string, r Rate) (wait time.Dur
 	return time.Duration(us) * time.Microsecond, time.UnixMicro(now), nil
 }
 
+// Reserve is AllowAt for a task that can come back later: over the rate it
+// takes the task's turn (counted now) and returns the wait until it, and
+// when the task asks again on that turn, up to late after it, it is
+// admitted without asking the limit again (lua/reserve.lua). A task
+// therefore waits once. at is the admission's time on the limit's
+// schedule: now, or the turn. task names the task among those of key (a
+// queue and its id); a turn not used expires shortly after late.
+func (l *Locker) Reserve(ctx context.Context, key string, r Rate, task string, late time.Duration) (wait time.Duration, at time.Time, err error) {
+	if err := r.Check(); err != nil {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+	}
+	b, ok := l.be.(*single)
+	if !ok {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w (this one is %s)", key, errNoRate, l.kind)
+	}
+	k := l.keysFor(key)
+	v, err := run(ctx, b.client, scriptReserve, []string{k.rateKey(), k.turnKey(task)}, r.interval(), r.burst(), max(late.Microseconds(), 0))
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+	}
+	reply, ok := v.([]any)
+	if !ok || len(reply) != 3 {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: unexpected reply %v", key, v)
+	}
+	us, _ := reply[0].(int64)
+	turn, _ := reply[1].(int64)
+	return time.Duration(us) * time.Microsecond, time.UnixMicro(turn), nil
+}
+
 // RateState is a rate key's state, read from what lua/rate.lua keeps (the
 // theoretical arrival time and the limit it was counted under) against the
 // server's clock. Only a key whose state still matters exists: an idle key

@@ -287,3 +287,50 @@ func TestClusterRates(t *testing.T) {
 		t.Fatalf("keys not read: %v (keys on %d masters)", want, len(nodes))
 	}
 }
+
+// Reserve takes a task's turn when it is over the rate: it returns the wait
+// to its turn (counted at once, so the next task's turn is one interval
+// later), admits the task on that turn without counting again, answers a
+// task back early with the rest of its wait, and makes a task back later
+// than late ask afresh. A task under the rate is admitted now, as by Allow.
+func TestReserveTakesTheTasksTurn(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: 200 * time.Millisecond, Burst: 1}
+	const late = 50 * time.Millisecond
+	w, first, err := l.Reserve(ctx, "k", r, "q:a", late)
+	if err != nil || w != 0 {
+		t.Fatalf("a: wait %v, err %v; want admitted now", w, err)
+	}
+	wb, turnB, err := l.Reserve(ctx, "k", r, "q:b", late)
+	if err != nil || wb <= 0 || !turnB.Equal(first.Add(200*time.Millisecond)) {
+		t.Fatalf("b: wait %v, turn %v, err %v; want its turn one interval after a's admission %v", wb, turnB, err, first)
+	}
+	_, turnC, err := l.Reserve(ctx, "k", r, "q:c", late)
+	if err != nil || !turnC.Equal(turnB.Add(200*time.Millisecond)) {
+		t.Fatalf("c: turn %v, err %v; want one interval after b's %v", turnC, err, turnB)
+	}
+	if w, again, err := l.Reserve(ctx, "k", r, "q:b", late); err != nil || w <= 0 || !again.Equal(turnB) {
+		t.Fatalf("b back early: wait %v, turn %v, err %v; want the rest of its wait to %v", w, again, err, turnB)
+	}
+	time.Sleep(time.Until(turnB)) // the server's clock and this one's are the same machine's
+	redistest.WaitFor(t, time.Second, "b's turn on the server's clock", func() bool {
+		now, err := c.Time(ctx).Result()
+		return err == nil && !now.Before(turnB)
+	})
+	w, at, err := l.Reserve(ctx, "k", r, "q:b", late)
+	if err != nil || w != 0 || !at.Equal(turnB) {
+		t.Fatalf("b on its turn: wait %v, at %v, err %v; want admitted at its turn %v", w, at, err, turnB)
+	}
+	if n := c.Exists(ctx, l.RateKey("k")+":task:q:b").Val(); n != 0 {
+		t.Fatalf("b's turn key still there after its admission")
+	}
+	// c comes back well after its turn + late: its turn is gone, it asks
+	// afresh and gets the next one after everything counted (after c's own).
+	time.Sleep(time.Until(turnC.Add(late + 20*time.Millisecond)))
+	w, at, err = l.Reserve(ctx, "k", r, "q:c", late)
+	if err != nil || at.Before(turnC.Add(200*time.Millisecond)) {
+		t.Fatalf("c back late: wait %v, at %v, err %v; want a fresh turn, from one interval after its old one %v", w, at, err, turnC)
+	}
+}

@@ -36,6 +36,8 @@ var (
 	claimLua string
 	//go:embed lua/rate.lua
 	rateLua string
+	//go:embed lua/reserve.lua
+	reserveLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -48,6 +50,7 @@ var (
 	scriptGrant      = redis.NewScript(grantLua)
 	scriptClaim      = redis.NewScript(claimLua)
 	scriptRate       = redis.NewScript(rateLua)
+	scriptReserve    = redis.NewScript(reserveLua)
 )
 
 // run calls one script through the project's one runner (internal/script);
