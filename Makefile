@@ -53,6 +53,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
 	$(GO) test -run '^$$' -bench 'FencedWrite' -benchtime 2s ./fence
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs
+	$(GO) test -run '^$$' -bench 'RateCost' -benchtime 20000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'Contention|HotResources' -benchtime 3x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'TickLateness' -benchtime 20x ./internal/scheduler
 	$(GO) test -run '^$$' -bench 'Burst10k' -benchtime 2x ./internal/scheduler
@@ -62,7 +63,9 @@ bench: deps
 # redsync in one run (bench/peers, a module of its own: the peers are never
 # dependencies of Lockstep): uncontended cycles at 1 and 64 goroutines, 16
 # contenders on one key, interleaved repetitions, medians with their spread,
-# commands and Redis CPU per cycle. About two minutes on 2 cores.
+# commands and Redis CPU per cycle; and the rate limit beside
+# go-redis/redis_rate (admissions/s, Redis CPU, over-grant). About three
+# minutes on 2 cores.
 REPS ?= 5
 bench-peers: deps
 	cd bench/peers && $(GO) run . -reps $(REPS)

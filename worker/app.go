@@ -58,7 +58,8 @@ func appOptions(cfg *config.WorkerConfig, handlers []jobs.Spec, log *slog.Logger
 		jobs.Module,
 	}
 	if cfg.Worker.Demo {
-		opts = append(opts, fx.Provide(newDemoStore), fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
+		opts = append(opts, fx.Provide(newDemoStore), fx.Provide(fx.Annotate(demoSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))),
+			fx.Provide(fx.Annotate(demoRatedSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
 		if demoTenants(cfg) {
 			opts = append(opts, fx.Provide(fx.Annotate(demoTenantSpec, fx.ResultTags(`group:"`+jobs.Group+`"`))))
 		}
@@ -171,6 +172,12 @@ func demoSpec(cfg *config.WorkerConfig, c redis.UniversalClient, pg *demo.Postgr
 
 func demoTenantSpec(cfg *config.WorkerConfig, c redis.UniversalClient, pg *demo.Postgres) jobs.Spec {
 	return demo.TenantSpec(c, cfg.Lock.Prefix, procid.Self(), demoOptions(pg)...)
+}
+
+// demoRatedSpec is demo:api.call, rate limited per client; its rate lives
+// in the queue's Redis whatever the lock back end.
+func demoRatedSpec(cfg *config.WorkerConfig, c redis.UniversalClient) jobs.Spec {
+	return demo.RatedSpec(c, cfg.Lock.Prefix, procid.Self())
 }
 
 func demoOptions(pg *demo.Postgres) []demo.Option {

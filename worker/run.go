@@ -149,7 +149,7 @@ func checkSpecs(cfg *config.WorkerConfig, handlers []Handler) ([]jobs.Spec, erro
 	}
 	all := hs
 	if cfg.Worker.Demo {
-		all = append(all[:len(all):len(all)], demo.Spec(nil, cfg.Lock.Prefix, ""))
+		all = append(all[:len(all):len(all)], demo.Spec(nil, cfg.Lock.Prefix, ""), demo.RatedSpec(nil, cfg.Lock.Prefix, ""))
 		if demoTenants(cfg) {
 			all = append(all, demo.TenantSpec(nil, cfg.Lock.Prefix, ""))
 		}

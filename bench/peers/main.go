@@ -1,7 +1,8 @@
 // Command peers puts Lockstep's lock next to its peers in one run, on one
 // redis-server it starts itself: raw go-redis (SET NX PX + DEL, no token
 // check, no fence: the floor), github.com/bsm/redislock,
-// github.com/go-redsync/redsync/v4 (one pool) and Lockstep (internal/lock).
+// github.com/go-redsync/redsync/v4 (one pool) and Lockstep (internal/lock);
+// and Lockstep's rate limit beside github.com/go-redis/redis_rate (rate.go).
 // The peers are requirements of this module only, never of Lockstep's.
 //
 //   - cycle/1 and cycle/64: acquire + release as fast as possible, each
@@ -93,6 +94,7 @@ type peer struct {
 	cycle   func(ctx context.Context, key string) error
 	wait    func(ctx context.Context, key string) (func() error, error)
 	limited func(ctx context.Context, key string) (release func() error, permit int, err error)
+	allow   allowFunc // a rate limiter (rate.go)
 	spawn   spawner
 }
 
@@ -204,6 +206,11 @@ type sample struct {
 	// sleep and its overshoot), handoff the median time from a release call
 	// to the next holder's acquire returning.
 	hold, handoff time.Duration
+	// rate runs (rate.go): ops are the admissions, decisions every call;
+	// over-granted windows by the client's times and (-1: unknown) by the
+	// server's.
+	decisions                 int64
+	overGrant, overGrantExact int
 }
 
 func (s sample) rate() float64       { return float64(s.ops) / s.elapsed.Seconds() }
@@ -346,7 +353,7 @@ func main() {
 	addr, stopRedis := startRedis()
 	defer stopRedis()
 	srv := server{admin: redis.NewClient(&redis.Options{Addr: addr})}
-	ps := append(peers(addr), limitedPeers(addr)...)
+	ps := append(append(peers(addr), limitedPeers(addr)...), ratePeers(addr)...)
 	var names []string
 	for _, p := range ps {
 		names = append(names, p.name)
@@ -364,6 +371,9 @@ func main() {
 		{"alone/1", *reps, func(p peer, rep int) sample { return srv.contended(p, 1, rep) }, func(p peer) bool { return p.wait != nil }},
 		{fmt.Sprintf("limited/%d", *contenders), *reps, func(p peer, rep int) sample { return srv.limitedRun(p, *contenders, rep) },
 			func(p peer) bool { return p.limited != nil }},
+		{"rate/1", *cycleReps, func(p peer, rep int) sample { return srv.rateRun(p, 1, false, *cycleTime, rep) }, func(p peer) bool { return p.allow != nil }},
+		{"rate/64", *cycleReps, func(p peer, rep int) sample { return srv.rateRun(p, 64, false, *cycleTime, rep) }, func(p peer) bool { return p.allow != nil }},
+		{"rate-binding/64", *reps, func(p peer, rep int) sample { return srv.rateRun(p, 64, true, *contTime, rep) }, func(p peer) bool { return p.allow != nil }},
 	}
 	results := map[string]map[string][]sample{}
 	for _, k := range kinds {
@@ -396,6 +406,7 @@ func main() {
 	}
 	report(names, results)
 	reportLimited(names, results)
+	reportRate(names, results)
 }
 
 // processCPU returns this process's user+sys CPU time.

@@ -22,6 +22,7 @@ import (
 
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
+	Kind     string   `json:"kind"` // "lock" (a rate key's object is a rateView, kind "rate")
 	Resource string   `json:"resource"`
 	Limit    int      `json:"limit"`   // the resource's limit: 1 for a lock
 	Permit   int      `json:"permit"`  // which permit this is: 0 for a lock
@@ -57,7 +58,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 	out := make([]lockView, 0, len(held))
 	for _, h := range held {
 		info := lock.ParseToken(h.Token)
-		v := lockView{Resource: h.Resource, Limit: max(h.Limit, 1), Permit: h.Permit, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
+		v := lockView{Kind: "lock", Resource: h.Resource, Limit: max(h.Limit, 1), Permit: h.Permit, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
 			TTLMs: -1, Waiters: h.Queued, Backend: a.backendName(), Nodes: h.Nodes}
 		if h.TTL >= 0 {
 			v.TTLMs = h.TTL.Milliseconds() // -1: no expiry, not written by Lockstep
@@ -83,6 +84,40 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 		}
 		return cmp.Or(cmp.Compare(hy, hx), strings.Compare(x.Resource, y.Resource), cmp.Compare(x.Permit, y.Permit))
 	})
+	return out, nil
+}
+
+// rateView is a live rate key's state (a key of HandlerOf.Rate or Allow),
+// as `lockstep locks --json` prints it beside the locks.
+type rateView struct {
+	Kind       string `json:"kind"` // "rate"
+	Key        string `json:"key"`
+	IntervalUs int64  `json:"interval_us"` // Per/N of the limit it was last counted under
+	Burst      int    `json:"burst"`
+	BurstLeft  int    `json:"burst_left"` // admissions it allows at once now
+	NextMs     int64  `json:"next_ms"`    // when it allows one, Unix ms on Redis's clock
+	WaitMs     int64  `json:"wait_ms"`    // from now until then: 0 when it allows one now
+	Backend    string `json:"backend"`    // redis: rate keys live in the queue's Redis
+}
+
+// listRates returns every live rate key, the soonest to allow one first,
+// read by the lock package (Locker.Rates) from the queue's Redis, where rate
+// keys live whatever lock.backend says.
+func listRates(ctx context.Context, a *app) ([]rateView, error) {
+	l := a.locker
+	if l.Backend() != "single" {
+		l = lock.New(a.client, lock.WithPrefix(a.prefix))
+	}
+	rs, err := l.Rates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]rateView, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, rateView{Kind: "rate", Key: r.Key, IntervalUs: r.Interval.Microseconds(), Burst: r.Burst, BurstLeft: r.BurstLeft,
+			NextMs: r.Next.UnixMilli(), WaitMs: (r.Next.Sub(r.Now) + time.Millisecond - 1).Milliseconds(), Backend: "redis"})
+	}
+	slices.SortFunc(out, func(x, y rateView) int { return cmp.Or(cmp.Compare(x.WaitMs, y.WaitMs), strings.Compare(x.Key, y.Key)) })
 	return out, nil
 }
 

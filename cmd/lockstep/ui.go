@@ -27,7 +27,7 @@ var uiFiles embed.FS
 const defaultUIAddr = "127.0.0.1:8089"
 
 const uiAbout = `Serves one live page (refreshed every second) of the held locks, their waiters, the
-schedules and their recent ticks, and the recent lock losses with their reason; each
+live rate keys, the schedules and their recent ticks, and the recent lock losses with their reason; each
 job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside
 network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?resource=R,
 /api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see docs/operations.md).`
@@ -138,8 +138,8 @@ func required(w http.ResponseWriter, r *http.Request, name string) (string, bool
 }
 
 func (u *ui) locks(w http.ResponseWriter, r *http.Request) {
-	ls, err := listLocks(r.Context(), u.a)
-	replyOr(w, ls, err, http.StatusBadGateway)
+	locks, rates, err := locksAndRates(r.Context(), u.a)
+	replyOr(w, locksOutput(locks, rates), err, http.StatusBadGateway)
 }
 
 func (u *ui) waiters(w http.ResponseWriter, r *http.Request) {
@@ -302,6 +302,8 @@ type overview struct {
 	ServerTimeMs   int64                      `json:"server_time_ms"`
 	Locks          []lockView                 `json:"locks"`
 	LocksError     string                     `json:"locks_error,omitempty"`
+	Rates          []rateView                 `json:"rates"`
+	RatesError     string                     `json:"rates_error,omitempty"`
 	Waiters        map[string][]waiterView    `json:"waiters"` // resource -> waiters, for locks with waiters
 	Schedules      json.RawMessage            `json:"schedules"`
 	SchedulesError string                     `json:"schedules_error,omitempty"`
@@ -315,7 +317,7 @@ type overview struct {
 func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	o := overview{Waiters: map[string][]waiterView{}, Ticks: map[string]json.RawMessage{}, Asynqmon: u.asynqmon,
-		Schedules: json.RawMessage("[]"), Locks: []lockView{}, Losses: []lossView{}}
+		Schedules: json.RawMessage("[]"), Locks: []lockView{}, Rates: []rateView{}, Losses: []lossView{}}
 	if now, err := serverTime(ctx, u.a.client); err == nil {
 		o.ServerTimeMs = now.UnixMilli()
 	}
@@ -323,6 +325,11 @@ func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 		o.LocksError = err.Error()
 	} else {
 		o.Locks = ls
+	}
+	if rs, err := listRates(ctx, u.a); err != nil {
+		o.RatesError = err.Error()
+	} else {
+		o.Rates = rs
 	}
 	for _, l := range o.Locks {
 		if l.Waiters > 0 {

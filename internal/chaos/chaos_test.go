@@ -52,12 +52,14 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos: overlaps %d, stale_writes_accepted %d, jobs_lost %d, jobs_completed_twice_unexplained %d (explained %d), ticks_claimed_twice %d, ticks_enqueued_twice %d, ticks_missing %d, recovered_from_live_workers %d",
 		rep.Overlaps, rep.StaleWritesAccepted, rep.JobsLost, rep.JobsCompletedTwiceUnexplained, rep.JobsCompletedTwiceExplained,
 		rep.TicksClaimedTwice, rep.TicksEnqueuedTwice, rep.TicksMissing, rep.RecoveredFromLive)
+	t.Logf("chaos: rate_over_grants %d of %d rate-limited starts (fullest window %.2f of its bound, start lag up to %d ms)",
+		rep.RateOverGrants, rep.RatedStarts, rep.RatedMaxInWindow, rep.RatedStartLagMaxMS)
 	for _, s := range rep.NotChecked {
 		t.Logf("chaos: not checked: %s", s)
 	}
-	if len(h.Faults) == 0 || len(h.Executions) == 0 || rep.TicksChecked == 0 || rep.JobsEnqueued == 0 {
-		t.Errorf("chaos: the run exercised nothing: %d faults, %d executions, %d ticks, %d jobs",
-			len(h.Faults), len(h.Executions), rep.TicksChecked, rep.JobsEnqueued)
+	if len(h.Faults) == 0 || len(h.Executions) == 0 || rep.TicksChecked == 0 || rep.JobsEnqueued == 0 || rep.RatedStarts == 0 {
+		t.Errorf("chaos: the run exercised nothing: %d faults, %d executions, %d ticks, %d jobs, %d rate-limited starts",
+			len(h.Faults), len(h.Executions), rep.TicksChecked, rep.JobsEnqueued, rep.RatedStarts)
 	}
 	if v := rep.Violations(); v > 0 {
 		for _, e := range rep.Evidence {

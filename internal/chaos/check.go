@@ -49,6 +49,17 @@ type Report struct {
 	// TenantMaxAtOnce the most of one tenant that ran at once.
 	TenantSyncs     int `json:"tenant_syncs_checked"`
 	TenantMaxAtOnce int `json:"tenant_max_at_once"`
+	// RateOverGrants counts the starts of rate-limited calls that open a
+	// window of one client's starts, at their admission times (Redis's
+	// clock), holding more than N·w/Per + Burst of them (G11), and the
+	// starts that no admission counted. RatedStarts is how many starts were
+	// checked, RatedMaxInWindow the closest any window came (starts over
+	// the bound's value, ≤ 1 when within), RatedStartLagMaxMS the longest a
+	// start followed its admission.
+	RateOverGrants     int     `json:"rate_over_grants"`
+	RatedStarts        int     `json:"rated_starts_checked"`
+	RatedMaxInWindow   float64 `json:"rated_max_window_fill"`
+	RatedStartLagMaxMS int64   `json:"rated_start_lag_max_ms"`
 
 	// Counts docs/chaos.md explains, and the sizes of what was checked.
 	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
@@ -126,7 +137,7 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RateOverGrants} {
 		if v > 0 {
 			n += v
 		}
@@ -183,6 +194,7 @@ func Check(h History) *Report {
 	r.Overlaps, r.OverlapsRedisUnhealthy = checkOverlaps(h, add)
 	r.OverLimit, r.TenantSyncs, r.TenantMaxAtOnce = checkLimit(h, add)
 	r.StaleWritesAccepted = checkWrites(h, r, add)
+	checkRate(h, r, add)
 	checkJobs(h, r, add)
 	r.RecoveredFromLive = checkRecoveries(h, add)
 	checkRecoveryTimes(h, r)
@@ -644,5 +656,54 @@ func checkRecoveryTimes(h History, r *Report) {
 	}
 	if h.LockTTL == 0 {
 		r.NotChecked = append(r.NotChecked, "recovery_over_bound: the history does not say the lock TTL")
+	}
+}
+
+// checkRate bounds the starts of each client's rate-limited calls (G11):
+// over any window w of their admissions, at most N·w/Per + Burst. A start
+// is checked at its admission's time, on Redis's clock (the limit's): the
+// start itself follows by the worker's scheduling (RatedStartLagMaxMS). A
+// start that no admission counted is an over-grant of its own. Each start
+// opening an over-granted window counts once.
+func checkRate(h History, r *Report, add func(Violation)) {
+	if !h.RatedComplete {
+		r.NotChecked = append(r.NotChecked, "rate_over_grants: the rate-limited calls' stream is incomplete (trimmed or unreadable)")
+	}
+	lim := ratedLimit
+	burst := lim.Burst
+	if burst == 0 {
+		burst = lim.N
+	}
+	by := map[string][]RatedStart{}
+	for _, s := range h.RatedStarts {
+		r.RatedStarts++
+		if s.Admitted.IsZero() {
+			r.RateOverGrants++
+			add(Violation{Check: "rate_over_grants", At: s.Started, Detail: fmt.Sprintf(
+				"client %s: task %s started on %s with no admission", s.Client, s.TaskID, s.Worker)})
+			continue
+		}
+		r.RatedStartLagMaxMS = max(r.RatedStartLagMaxMS, s.Started.Sub(s.Admitted).Milliseconds())
+		by[s.Client] = append(by[s.Client], s)
+	}
+	for _, client := range slices.Sorted(maps.Keys(by)) {
+		starts := by[client]
+		slices.SortFunc(starts, func(a, b RatedStart) int { return a.Admitted.Compare(b.Admitted) })
+		for i := range starts {
+			for j := i; j < len(starts); j++ {
+				w := starts[j].Admitted.Sub(starts[i].Admitted)
+				bound := float64(lim.N)*w.Seconds()/lim.Per.Seconds() + float64(burst)
+				count := j - i + 1
+				r.RatedMaxInWindow = max(r.RatedMaxInWindow, float64(count)/bound)
+				// count ≤ N·w/Per + Burst, in integers: (count − Burst)·Per ≤ N·w
+				if int64(count-burst)*int64(lim.Per) > int64(lim.N)*int64(w) {
+					r.RateOverGrants++
+					add(Violation{Check: "rate_over_grants", At: starts[i].Admitted, Detail: fmt.Sprintf(
+						"client %s: %d starts admitted within %v from task %s's (bound %.2f: %d per %v, burst %d)",
+						client, count, w, starts[i].TaskID, bound, lim.N, lim.Per, burst)})
+					break
+				}
+			}
+		}
 	}
 }

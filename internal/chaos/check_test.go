@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ func clean() History {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	return History{
 		Seed: 7, Start: t0, End: at(60_000), LockTTL: 2 * time.Second,
-		ExecutionsComplete: true, WritesAvailable: true, WritesComplete: true, ReplicaLogsComplete: true,
+		ExecutionsComplete: true, WritesAvailable: true, WritesComplete: true, ReplicaLogsComplete: true, RatedComplete: true,
 		Executions: []Execution{
 			{OrderID: "1", Fence: 10, Worker: "h:1", TaskID: "j1", Started: at(0), Finished: at(100), Outcome: "ok"},
 			{OrderID: "1", Fence: 11, Worker: "h:2", TaskID: "j2", Started: at(100), Finished: at(300), Outcome: "ok"},
@@ -33,6 +34,15 @@ func clean() History {
 			{OrderID: "1", Fence: 10, Op: "commit", TaskID: "j1", At: at(99)},
 			{OrderID: "1", Fence: 11, Op: "begin", TaskID: "j2", At: at(101)},
 			{OrderID: "1", Fence: 11, Op: "commit", TaskID: "j2", At: at(299)},
+		},
+		// Client c1's quota (2 a second, burst 2): a burst of 2, then one
+		// each 500ms, each starting a little after its admission.
+		RatedStarts: []RatedStart{
+			{Client: "c1", TaskID: "k1", Admitted: at(1000), Started: at(1003)},
+			{Client: "c1", TaskID: "k2", Admitted: at(1001), Started: at(1010)},
+			{Client: "c1", TaskID: "k3", Admitted: at(1500), Started: at(1502)},
+			{Client: "c1", TaskID: "k4", Admitted: at(2000), Started: at(2600)},
+			{Client: "c2", TaskID: "k5", Admitted: at(2000), Started: at(2001)},
 		},
 		Jobs: []Job{
 			{ID: "j1", OrderID: "1", Acked: true, State: "completed"},
@@ -130,6 +140,31 @@ func TestCheckFindsEachViolation(t *testing.T) {
 	}
 	if r.Violations() != 7 {
 		t.Errorf("violations %d, want 7", r.Violations())
+	}
+}
+
+// G11 in the chaos run: starts of one client admitted closer than its quota
+// allows are over-grants, each counted once at the window it opens; a start
+// with no admission is one too; another client's starts are its own.
+func TestCheckRateOverGrants(t *testing.T) {
+	h := clean()
+	if r := Check(h); r.RateOverGrants != 0 || r.RatedStarts != 5 || r.RatedStartLagMaxMS != 600 || r.RatedMaxInWindow > 1 {
+		t.Fatalf("clean: over-grants %d, starts %d, lag %dms, fullest window %.2f; want 0, 5, 600ms, ≤ 1",
+			r.RateOverGrants, r.RatedStarts, r.RatedStartLagMaxMS, r.RatedMaxInWindow)
+	}
+	at := func(ms int) time.Time { return h.Start.Add(time.Duration(ms) * time.Millisecond) }
+	h.RatedStarts = append(h.RatedStarts,
+		RatedStart{Client: "c1", TaskID: "k6", Admitted: at(2100), Started: at(2101)}, // 2000 and 2100: 100ms after a turn used up
+		RatedStart{Client: "c2", TaskID: "k7", Admitted: at(2100), Started: at(2101)}, // c2's second: within its burst
+		RatedStart{Client: "c2", TaskID: "k8", Started: at(3000)},                     // no admission
+	)
+	r := Check(h)
+	if r.RateOverGrants != 2 || r.Violations() != 2 {
+		t.Fatalf("over-grants %d, violations %d; want 2 (k6's window, k8 unadmitted): %+v", r.RateOverGrants, r.Violations(), r.Evidence)
+	}
+	h.RatedComplete = false
+	if r := Check(h); !slices.ContainsFunc(r.NotChecked, func(s string) bool { return strings.HasPrefix(s, "rate_over_grants") }) {
+		t.Fatalf("not checked %q: want the incomplete stream named", r.NotChecked)
 	}
 }
 

@@ -30,3 +30,14 @@ const (
 var tenantWrites = demo.TenantWrites
 
 type tenantPayload = demo.TenantPayload
+
+// The demo's rate-limited job: calls for a few clients, each client's starts
+// under its quota (demo.RatedLimit).
+const ratedType = demo.RatedType
+
+var (
+	ratedLimit  = demo.RatedLimit
+	ratedStream = demo.RatedStream
+)
+
+type ratedPayload = demo.RatedPayload

@@ -55,6 +55,11 @@ const (
 	workers     = 3
 	hotOrders   = 20
 	produceRate = 8 // jobs per second
+	// Every ratedEvery-th job (each 5 s) comes with a burst of ratedBurst
+	// rate-limited calls of one client (demo:api.call, 2 a second, 2 at
+	// once): about 2.5 s of its quota.
+	ratedEvery  = 40
+	ratedBurst  = 6
 	lockTTL     = 2 * time.Second
 	tickLockTTL = 2 * time.Second
 	prefix      = "lockstep:"
@@ -298,12 +303,23 @@ func (r *run) produce(ctx context.Context) (out []Job) {
 			typ = tenantType
 			payload, _ = json.Marshal(tenantPayload{TenantID: strings.TrimPrefix(order, "tenant "), WorkMS: work})
 		}
-		id := fmt.Sprintf("job-%d", n)
-		ectx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := client.EnqueueContext(ectx, asynq.NewTask(typ, payload), asynq.TaskID(id),
-			asynq.Queue(demoQueue), asynq.MaxRetry(25), asynq.Timeout(30*time.Second), asynq.Retention(time.Hour))
-		cancel()
-		out = append(out, Job{ID: id, OrderID: order, Acked: err == nil})
+		enqueue := func(id, order, typ string, payload []byte) {
+			ectx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := client.EnqueueContext(ectx, asynq.NewTask(typ, payload), asynq.TaskID(id),
+				asynq.Queue(demoQueue), asynq.MaxRetry(25), asynq.Timeout(30*time.Second), asynq.Retention(time.Hour))
+			cancel()
+			out = append(out, Job{ID: id, OrderID: order, Acked: err == nil})
+		}
+		enqueue(fmt.Sprintf("job-%d", n), order, typ, payload)
+		if n%ratedEvery == 0 {
+			// A burst of calls for one of two clients, over its quota: the
+			// rate delays most of them to their turns.
+			c := fmt.Sprint("c", 1+(n/ratedEvery)%2)
+			payload, _ := json.Marshal(ratedPayload{ClientID: c, WorkMS: 50})
+			for k := range ratedBurst {
+				enqueue(fmt.Sprintf("call-%d-%d", n, k), "client "+c, ratedType, payload)
+			}
+		}
 	}
 }
 
@@ -560,6 +576,19 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 			h.Writes = append(h.Writes, Write{OrderID: "tenant " + m["order_id"], Fence: atoi(m["fence"]), TaskID: m["task_id"],
 				Worker: m["worker"], Op: m["op"], At: msTime(m["at_ms"])})
 		}
+	}
+
+	calls, complete, err := readStream(ctx, r.rc, ratedStream(prefix))
+	if err != nil {
+		r.tb.Logf("chaos: read %s: %v", ratedStream(prefix), err)
+	}
+	h.RatedComplete = complete && err == nil
+	for _, m := range calls {
+		s := RatedStart{Client: m["client_id"], TaskID: m["task_id"], Worker: m["worker"], Started: time.UnixMicro(atoi(m["started_us"]))}
+		if us := atoi(m["admitted_us"]); us > 0 {
+			s.Admitted = time.UnixMicro(us)
+		}
+		h.RatedStarts = append(h.RatedStarts, s)
 	}
 
 	insp := asynq.NewInspectorFromRedisClient(r.rc)

@@ -33,6 +33,12 @@ type History struct {
 	WritesAvailable bool
 	WritesComplete  bool
 
+	// RatedStarts are the starts of the rate-limited demo job
+	// (demo:api.call), each with its admission; RatedComplete is false when
+	// its stream was trimmed or could not be read in full.
+	RatedStarts   []RatedStart
+	RatedComplete bool
+
 	// Jobs are the jobs the producer enqueued, with asynq's final state.
 	Jobs []Job
 
@@ -81,6 +87,17 @@ type Execution struct {
 	Started  time.Time
 	Finished time.Time
 	Outcome  string // ok, lock_lost, fence_rejected, canceled
+}
+
+// RatedStart is one start of a rate-limited job: its key's client, and
+// when its rate admitted it (Redis's clock; zero: no admission) and it
+// started (the worker's clock, the same machine's).
+type RatedStart struct {
+	Client   string
+	TaskID   string
+	Worker   string
+	Admitted time.Time
+	Started  time.Time
 }
 
 // Write is one accepted write of the demo's fenced store.

@@ -60,6 +60,8 @@ func Markdown(r *Report, h History, replay string) string {
 		count(r.Overlaps), r.Executions["ok"], total(r.Executions), r.OverlapsRedisUnhealthy)
 	p("| `over_limit` | G3 (permits) | %s | %d ok syncs of tenants (limit %d), at most %d of one tenant at once; two on one permit count in `overlaps` |\n",
 		count(r.OverLimit), r.TenantSyncs, tenantLimit, r.TenantMaxAtOnce)
+	p("| `rate_over_grants` | G11 | %d | %d starts of rate-limited calls (%d per %v per client, burst %d) at their admission times; the fullest window held %.2f of its bound; a start followed its admission by up to %s |\n",
+		r.RateOverGrants, r.RatedStarts, ratedLimit.N, ratedLimit.Per, ratedLimit.Burst, r.RatedMaxInWindow, ms(r.RatedStartLagMaxMS))
 	p("| `stale_writes_accepted` | G5 | %s | %d accepted fenced writes |\n", count(r.StaleWritesAccepted), r.WritesChecked)
 	p("| `jobs_lost` | G7 | %s | %d jobs enqueued, %d completed, %d archived, %d unfinished at the end |\n",
 		count(r.JobsLost), r.JobsEnqueued, r.JobsCompleted, r.JobsArchived, r.JobsUnfinished)

@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
@@ -63,6 +65,9 @@ type benchRig struct {
 	// traced has serveLocked trace every job (tracing_bench_test.go).
 	traced bool
 	spans  *sdktrace.TracerProvider // the traced rig's provider
+	// work is how long runThroughput's handler through the middleware
+	// works (BenchmarkRateCost); 0: no-op.
+	work time.Duration
 }
 
 func newBenchRig(b *testing.B) *benchRig {
@@ -255,6 +260,66 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkRateCost is what a rate limit that never binds costs a job: jobs
+// through the middleware with and without one, with a lock (each job on its
+// own resource) and without, taking turns in rounds on Redises of their own
+// as BenchmarkThroughput's modes do; no-op jobs, and jobs of 1 ms of work
+// (benchhold.Hold: the same length whatever the load). Every rated job is
+// admitted by one key ("tenant", a million a second: a tenant's limit that
+// its traffic stays under), so each pays the rate's round trip and nothing
+// else. The figure is each rated mode's median ratio to its unrated twin.
+func BenchmarkRateCost(b *testing.B) {
+	for _, work := range []time.Duration{0, time.Millisecond} {
+		name := "noop"
+		if work > 0 {
+			name = "work=" + work.String()
+		}
+		b.Run(name, func(b *testing.B) { rateCost(b, work) })
+	}
+}
+
+func rateCost(b *testing.B, work time.Duration) {
+	cfg := Config{Concurrency: 10, Backoff: backoff.Requeue, LockTTL: 30 * time.Second}
+	modes := []string{"locked", "locked-rated", "unlocked", "unlocked-rated"}
+	const rounds = 5
+	n := max(b.N/rounds, 1)
+	rigs := make([]*benchRig, len(modes))
+	for i := range modes {
+		rigs[i] = newBenchRig(b)
+		rigs[i].work = work
+	}
+	totals := make([]throughputRun, len(modes))
+	ratios := make([][]float64, len(modes))
+	b.ResetTimer()
+	for round := range rounds {
+		runs := make([]throughputRun, len(modes))
+		for k := range modes {
+			i := (k + round) % len(modes)
+			runs[i] = rigs[i].runThroughput(b, modes[i], cfg, n)
+			totals[i].add(runs[i])
+		}
+		for i := 1; i < len(modes); i += 2 {
+			ratios[i] = append(ratios[i], runs[i].rate()/runs[i-1].rate())
+		}
+	}
+	b.StopTimer()
+	for i, mode := range modes {
+		t := totals[i]
+		b.ReportMetric(t.rate(), mode+"-jobs/s")
+		if i%2 == 1 {
+			b.ReportMetric(median(ratios[i]), mode+"-x-unrated")
+			b.Logf("%s / %s per round: %.3f", mode, modes[i-1], ratios[i])
+		}
+		b.ReportMetric(float64(t.server)/float64(t.jobs), mode+"-server-cmds/job")
+		b.ReportMetric(t.redisCPU.Seconds()*1e6/float64(t.jobs), mode+"-redis-cpu-us/job")
+	}
+	for _, r := range rigs {
+		if limited := testutil.ToFloat64(r.metrics.RateLimited.WithLabelValues("bench:noop")); limited > 0 {
+			b.Fatalf("the limit bound %v times: it was meant not to", limited)
+		}
+	}
+}
+
 // throughputRun is what one run of no-op jobs took.
 type throughputRun struct {
 	jobs            int
@@ -306,12 +371,25 @@ func (r *benchRig) runThroughput(b *testing.B, mode string, cfg Config, n int) t
 			return r.client.Del(ctx, key).Err()
 		})
 	default:
-		stop = r.serveLocked(b, cfg, Spec{
+		spec := Spec{
 			Type:     "bench:noop",
 			Decode:   func(p []byte) (any, error) { return string(p), nil },
 			Resource: func(p any) string { return p.(string) },
-			Run:      func(context.Context, Job, any) error { c.add(); return nil },
-		})
+			Run: func(context.Context, Job, any) error {
+				if r.work > 0 {
+					benchhold.Hold(r.work)
+				}
+				c.add()
+				return nil
+			},
+		}
+		if strings.HasPrefix(mode, "unlocked") {
+			spec.Resource = nil
+		}
+		if strings.HasSuffix(mode, "-rated") { // BenchmarkRateCost: a limit that never binds
+			spec.Rate = func(p any) (string, lock.Rate) { return "tenant", lock.Rate{N: 1_000_000, Per: time.Second} }
+		}
+		stop = r.serveLocked(b, cfg, spec)
 	}
 	waitDone(b, c.done, 5*time.Minute)
 	elapsed := time.Since(began)

@@ -15,17 +15,20 @@ import (
 // taken (the one admission script for both is still to do, docs/design.md
 // §3a):
 //
-//  1. Locker.Allow on the queue's Redis (GCRA on the server's clock): 0 runs
-//     the task now, its admission counted.
-//  2. Over the rate, the task goes back to asynq's retry set with a
-//     *RateLimitedError: no failure, so its retry count stays and no
-//     attempt is used, delayed by the wait Allow gave (rounded up to asynq's
-//     whole second, asynqstore.RetryDelay). A timer of this server brings it
-//     back at the wait itself (asynqstore.Wake), so the key's next turn is
-//     not lost to asynq's rounding; the rounded retry time is the fallback
-//     when this server stops first.
-//  3. It asks again when it comes back: every start is an admission, so
-//     over any window the starts per key stay within N·w/Per + Burst.
+//  1. Locker.Reserve on the queue's Redis (GCRA on the server's clock): 0
+//     runs the task now, its admission counted.
+//  2. Over the rate, the task takes its turn (counted at once) and goes back
+//     to asynq's retry set with a *RateLimitedError: no failure, so its
+//     retry count stays and no attempt is used, delayed by the wait to its
+//     turn (rounded up to asynq's whole second, asynqstore.RetryDelay). A
+//     timer of this server brings it back at the turn itself
+//     (asynqstore.Wake); the rounded retry time is the fallback when this
+//     server stops first.
+//  3. Back on its turn (up to turnLate after it), it is admitted without
+//     asking again: dequeued twice, once to be given its turn and once to
+//     run. Later than that its turn is gone (counted, not used) and it asks
+//     afresh. The admissions, at their turns, keep N·w/Per + Burst over any
+//     window; a start follows its admission by the wake and the poll.
 //
 // A task that cannot go back to asynq waits its turn in the worker instead:
 // one with no retries left (asynq archives such a task on any error) and a
@@ -56,8 +59,19 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		}
 	}
 	rates := s.runLocker() // the queue's Redis, whatever the lock back end
+	// A task that can go back to asynq takes its turn when over the rate
+	// (Reserve): it is admitted when it comes back on it, so it is dequeued
+	// at most twice. One that cannot waits in the worker, asking again.
+	delays := job.Attempt <= job.MaxRetry && ctx.Value(inRunKey{}) == nil
 	for {
-		wait, at, err := rates.AllowAt(ctx, key, r)
+		var wait time.Duration
+		var at time.Time
+		var err error
+		if delays {
+			wait, at, err = rates.Reserve(ctx, key, r, job.Queue+":"+job.ID, s.turnLate())
+		} else {
+			wait, at, err = rates.AllowAt(ctx, key, r)
+		}
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err()
@@ -72,7 +86,7 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		}
 		s.metrics.RateLimited.WithLabelValues(job.Type).Inc()
 		s.metrics.RateDelay.Observe(wait.Seconds())
-		if job.Attempt <= job.MaxRetry && ctx.Value(inRunKey{}) == nil {
+		if delays {
 			s.log.Debug("over its rate limit; task delayed", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
 			s.wakeAfter(job.Queue, job.ID, wait)
 			return &RateLimitedError{Key: key, Delay: wait}
@@ -83,6 +97,12 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		}
 	}
 }
+
+// turnLate is how long after its turn a task that took one (Reserve) is
+// still admitted on it: it comes back by this worker's wake, then waits for
+// a worker's next poll; later than that (its worker stopped, and asynq's
+// whole-second retry time brought it back) it asks afresh.
+func (s *Server) turnLate() time.Duration { return s.cfg.PollInterval + 250*time.Millisecond }
 
 // wakeAfter brings task id of queue back from the retry set after d, the
 // moment its rate admits it, rather than at asynq's next whole second. A

@@ -41,6 +41,9 @@ func (k keys) limitKey() string { return k.base + ":limit" }
 // theoretical arrival time, under the resource's hash tag.
 func (k keys) rateKey() string { return k.base + ":rate" }
 
+// turnKey is the turn a rate limit on the resource gave task (lua/reserve.lua).
+func (k keys) turnKey(task string) string { return k.base + ":rate:task:" + task }
+
 // permitPrefix is what the lock keys of permits k > 0 start with
 // (prefix{R}:p): on etcd one range holds them all, and with the lock key
 // itself they are the resource's permits.
@@ -139,8 +142,11 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:p<k>           permit k > 0 of a resource with a limit (permitKeys),
 //	                         with prefix{R}:fence:<k> and prefix{R}:owners:<k>
 //	prefix{R}:limit          the resource's limit: hash n (limit), h (permits to look at)
-//	prefix{R}:rate           a rate limit on R (Allow): its GCRA theoretical arrival
-//	                         time, Unix µs; it expires once that time has passed
+//	prefix{R}:rate           a rate limit on R (Allow): "<TAT> <T> <B>", its GCRA theoretical
+//	                         arrival time (Unix µs) and the interval (µs) and burst it was
+//	                         counted under; it expires once that time has passed
+//	prefix{R}:rate:task:<t>  the turn a rate limit on R gave task t (Reserve): Unix µs; it
+//	                         expires shortly after that turn
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).
@@ -176,6 +182,18 @@ func (l *Locker) LimitPattern() string { return globEscape(l.prefix) + "{*}:limi
 
 // RateKey returns the key of the rate limit on key (Allow).
 func (l *Locker) RateKey(key string) string { return l.keysFor(key).rateKey() }
+
+// RatePattern matches the rate key of every key (SCAN MATCH).
+func (l *Locker) RatePattern() string { return globEscape(l.prefix) + "{*}:rate" }
+
+// rateOf returns the key of a rate key, prefix{K}:rate.
+func (l *Locker) rateOf(key string) (string, bool) {
+	base, ok := strings.CutSuffix(key, ":rate")
+	if !ok {
+		return "", false
+	}
+	return resourceOf(l.prefix, base)
+}
 
 func (l *Locker) grantsPattern() string { return globEscape(l.prefix) + "{*}:granted" }
 

@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Rate is a rate limit per key: at most N admissions per Per, of which
@@ -80,4 +85,145 @@ func (l *Locker) AllowAt(ctx context.Context, key string, r Rate) (wait time.Dur
 	us, _ := reply[0].(int64)
 	now, _ := reply[1].(int64)
 	return time.Duration(us) * time.Microsecond, time.UnixMicro(now), nil
+}
+
+// Reserve is AllowAt for a task that can come back later: over the rate it
+// takes the task's turn (counted now) and returns the wait until it, and
+// when the task asks again on that turn, up to late after it, it is
+// admitted without asking the limit again (lua/reserve.lua). A task
+// therefore waits once. at is the admission's time on the limit's
+// schedule: now, or the turn. task names the task among those of key (a
+// queue and its id); a turn not used expires shortly after late.
+func (l *Locker) Reserve(ctx context.Context, key string, r Rate, task string, late time.Duration) (wait time.Duration, at time.Time, err error) {
+	if err := r.Check(); err != nil {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+	}
+	b, ok := l.be.(*single)
+	if !ok {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w (this one is %s)", key, errNoRate, l.kind)
+	}
+	k := l.keysFor(key)
+	v, err := run(ctx, b.client, scriptReserve, []string{k.rateKey(), k.turnKey(task)}, r.interval(), r.burst(), max(late.Microseconds(), 0))
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+	}
+	reply, ok := v.([]any)
+	if !ok || len(reply) != 3 {
+		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: unexpected reply %v", key, v)
+	}
+	us, _ := reply[0].(int64)
+	turn, _ := reply[1].(int64)
+	return time.Duration(us) * time.Microsecond, time.UnixMicro(turn), nil
+}
+
+// RateState is a rate key's state, read from what lua/rate.lua keeps (the
+// theoretical arrival time and the limit it was counted under) against the
+// server's clock. Only a key whose state still matters exists: an idle key
+// (its burst full) has expired.
+type RateState struct {
+	Key       string        // the key given to Allow
+	Interval  time.Duration // the emission interval Per/N of its last admission's limit
+	Burst     int           // that limit's burst
+	BurstLeft int           // admissions it would allow at once now (0 to Burst)
+	Next      time.Time     // the server's time from which it allows one: Now when BurstLeft > 0
+	Now       time.Time     // the server's clock at the read
+}
+
+// state computes a key's state at now from its stored value "<TAT> <T>
+// <B>" (µs, µs, count); ok is false for another value. With tat ahead of
+// now by d, the admissions used up are ⌈d/T⌉ of B, and the next one comes
+// when the TAT is within B−1 intervals: at TAT − (B−1)·T.
+func rateState(key, val string, now time.Time) (RateState, bool) {
+	f := strings.Fields(val)
+	if len(f) != 3 {
+		return RateState{}, false
+	}
+	tat, err1 := strconv.ParseInt(f[0], 10, 64)
+	t, err2 := strconv.ParseInt(f[1], 10, 64)
+	b, err3 := strconv.Atoi(f[2])
+	if err1 != nil || err2 != nil || err3 != nil || t < 1 || b < 1 {
+		return RateState{}, false
+	}
+	s := RateState{Key: key, Interval: time.Duration(t) * time.Microsecond, Burst: b, BurstLeft: b, Next: now, Now: now}
+	if d := tat - now.UnixMicro(); d > 0 {
+		s.BurstLeft = max(b-int((d+t-1)/t), 0)
+		if s.BurstLeft == 0 {
+			s.Next = time.UnixMicro(tat - int64(b-1)*t)
+		}
+	}
+	return s, true
+}
+
+// Rates returns the state of every live rate key under the Locker's prefix
+// (Allow's), in no order; read only, each node's keys against its own clock
+// (every master of a Cluster). Only the single back end has rate limits.
+func (l *Locker) Rates(ctx context.Context) ([]RateState, error) {
+	b, ok := l.be.(*single)
+	if !ok {
+		return nil, fmt.Errorf("lock: rates: %w (this one is %s)", errNoRate, l.kind)
+	}
+	var mu sync.Mutex
+	var out []RateState
+	each := func(ctx context.Context, n redis.Cmdable) error {
+		var names []string
+		iter := n.Scan(ctx, 0, l.RatePattern(), scanBatch).Iterator()
+		for iter.Next(ctx) {
+			names = append(names, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+		for len(names) > 0 {
+			batch := names[:min(len(names), scanBatch)]
+			names = names[len(batch):]
+			hs, err := readRates(ctx, l, n, batch)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			out = append(out, hs...)
+			mu.Unlock()
+		}
+		return nil
+	}
+	var err error
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return each(ctx, n) })
+	} else {
+		err = each(ctx, b.client)
+	}
+	return out, err
+}
+
+// readRates reads the rate keys names on node in one pipeline, with the
+// node's clock (TIME) in the same round trip. A key gone since the scan, or
+// not a rate key's value, is left out.
+func readRates(ctx context.Context, l *Locker, node redis.Cmdable, names []string) ([]RateState, error) {
+	var now *redis.TimeCmd
+	vals := make([]*redis.StringCmd, len(names))
+	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		for i, k := range names {
+			vals[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	t, err := now.Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	var out []RateState
+	for i, c := range vals {
+		key, ok := l.rateOf(names[i])
+		if !ok || c.Err() != nil {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+				return nil, fmt.Errorf("redis: %w", err)
+			}
+			continue
+		}
+		if s, ok := rateState(key, c.Val(), t); ok {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }

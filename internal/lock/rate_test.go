@@ -212,3 +212,125 @@ func TestSentinelAllow(t *testing.T) {
 		t.Fatalf("the other client's Allow: wait %v, err %v; want about a minute", w, err)
 	}
 }
+
+// Rates reads each live rate key's state from what the script keeps, on the
+// server's clock: the burst left, and when a key with none left allows the
+// next one, the moment Allow's own wait names.
+func TestRatesShowBurstLeftAndNext(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	other := lock.New(c, lock.WithPrefix("other:"))
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: time.Hour, Burst: 3} // an hour apart: no turn comes back during the test
+	state := func() lock.RateState {
+		t.Helper()
+		rs, err := l.Rates(ctx)
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("Rates: %+v, err %v; want the one key", rs, err)
+		}
+		return rs[0]
+	}
+	if rs, err := l.Rates(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("Rates before any Allow: %+v, err %v", rs, err)
+	}
+	if _, err := l.Allow(ctx, "tenant:7", r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Allow(ctx, "tenant:8", r); err != nil { // another prefix: not listed
+		t.Fatal(err)
+	}
+	if s := state(); s.Key != "tenant:7" || s.Interval != time.Hour || s.Burst != 3 || s.BurstLeft != 2 || !s.Next.Equal(s.Now) {
+		t.Fatalf("after one of a burst of 3: %+v; want 2 left, allowed now", s)
+	}
+	for range 2 {
+		if w, err := l.Allow(ctx, "tenant:7", r); err != nil || w != 0 {
+			t.Fatalf("Allow within the burst: wait %v, err %v", w, err)
+		}
+	}
+	wait, at, err := l.AllowAt(ctx, "tenant:7", r)
+	if err != nil || wait <= 0 {
+		t.Fatalf("Allow past the burst: wait %v, err %v", wait, err)
+	}
+	if s := state(); s.BurstLeft != 0 || !s.Next.Equal(at.Add(wait)) || !s.Next.After(s.Now) {
+		t.Fatalf("burst used up: %+v; want 0 left, next at %v (Allow's wait from its decision)", s, at.Add(wait))
+	}
+}
+
+// On a Cluster, Rates reads every master.
+func TestClusterRates(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	l := lock.New(cl.Client())
+	ctx := context.Background()
+	r := lock.Rate{N: 2, Per: time.Hour}
+	want := map[string]bool{}
+	nodes := map[string]bool{}
+	for i := range 12 {
+		key := fmt.Sprintf("tenant:%d", i)
+		if _, err := l.Allow(ctx, key, r); err != nil {
+			t.Fatal(err)
+		}
+		want[key] = true
+		nodes[cl.NodeFor(l.RateKey(key)).Addr] = true
+	}
+	rs, err := l.Rates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rs {
+		if !want[s.Key] || s.BurstLeft != 1 || s.Burst != 2 {
+			t.Errorf("unexpected state %+v", s)
+		}
+		delete(want, s.Key)
+	}
+	if len(want) > 0 || len(nodes) < 2 {
+		t.Fatalf("keys not read: %v (keys on %d masters)", want, len(nodes))
+	}
+}
+
+// Reserve takes a task's turn when it is over the rate: it returns the wait
+// to its turn (counted at once, so the next task's turn is one interval
+// later), admits the task on that turn without counting again, answers a
+// task back early with the rest of its wait, and makes a task back later
+// than late ask afresh. A task under the rate is admitted now, as by Allow.
+func TestReserveTakesTheTasksTurn(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: 200 * time.Millisecond, Burst: 1}
+	const late = 50 * time.Millisecond
+	w, first, err := l.Reserve(ctx, "k", r, "q:a", late)
+	if err != nil || w != 0 {
+		t.Fatalf("a: wait %v, err %v; want admitted now", w, err)
+	}
+	wb, turnB, err := l.Reserve(ctx, "k", r, "q:b", late)
+	if err != nil || wb <= 0 || !turnB.Equal(first.Add(200*time.Millisecond)) {
+		t.Fatalf("b: wait %v, turn %v, err %v; want its turn one interval after a's admission %v", wb, turnB, err, first)
+	}
+	_, turnC, err := l.Reserve(ctx, "k", r, "q:c", late)
+	if err != nil || !turnC.Equal(turnB.Add(200*time.Millisecond)) {
+		t.Fatalf("c: turn %v, err %v; want one interval after b's %v", turnC, err, turnB)
+	}
+	if w, again, err := l.Reserve(ctx, "k", r, "q:b", late); err != nil || w <= 0 || !again.Equal(turnB) {
+		t.Fatalf("b back early: wait %v, turn %v, err %v; want the rest of its wait to %v", w, again, err, turnB)
+	}
+	time.Sleep(time.Until(turnB)) // the server's clock and this one's are the same machine's
+	redistest.WaitFor(t, time.Second, "b's turn on the server's clock", func() bool {
+		now, err := c.Time(ctx).Result()
+		return err == nil && !now.Before(turnB)
+	})
+	w, at, err := l.Reserve(ctx, "k", r, "q:b", late)
+	if err != nil || w != 0 || !at.Equal(turnB) {
+		t.Fatalf("b on its turn: wait %v, at %v, err %v; want admitted at its turn %v", w, at, err, turnB)
+	}
+	if n := c.Exists(ctx, l.RateKey("k")+":task:q:b").Val(); n != 0 {
+		t.Fatalf("b's turn key still there after its admission")
+	}
+	// c comes back well after its turn + late: its turn is gone, it asks
+	// afresh and gets the next one after everything counted (after c's own).
+	time.Sleep(time.Until(turnC.Add(late + 20*time.Millisecond)))
+	w, at, err = l.Reserve(ctx, "k", r, "q:c", late)
+	if err != nil || at.Before(turnC.Add(200*time.Millisecond)) {
+		t.Fatalf("c back late: wait %v, at %v, err %v; want a fresh turn, from one interval after its old one %v", w, at, err, turnC)
+	}
+}

@@ -38,6 +38,8 @@ var (
 	rateLua string
 	//go:embed lua/front.lua
 	frontLua string
+	//go:embed lua/reserve.lua
+	reserveLua string
 
 	scriptAcquire    = redis.NewScript(libLua + acquireLua)
 	scriptRelease    = redis.NewScript(libLua + releaseLua)
@@ -51,6 +53,7 @@ var (
 	scriptClaim      = redis.NewScript(claimLua)
 	scriptRate       = redis.NewScript(rateLua)
 	scriptFront      = redis.NewScript(libLua + frontLua)
+	scriptReserve    = redis.NewScript(reserveLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -51,6 +51,17 @@ function renderLocks(o) {
   if (o.locks_error) { $("locks-empty").hidden = false; $("locks-empty").textContent = o.locks_error; }
 }
 
+function renderRates(o) {
+  const rows = o.rates.map((r) =>
+    el("tr", { "data-key": r.key },
+      el("td", {}, r.key), el("td", { class: "num" }, r.interval_us < 1000 ? r.interval_us + "µs" : duration(Math.round(r.interval_us / 1000))),
+      el("td", { class: "num" }, r.burst_left + "/" + r.burst), el("td", { class: "num" }, r.wait_ms > 0 ? "in " + duration(r.wait_ms) : "now")));
+  fill($("rates").tBodies[0], rows);
+  $("rates-count").textContent = o.rates_error ? "" : "(" + o.rates.length + ")";
+  $("rates-empty").hidden = o.rates.length > 0;
+  if (o.rates_error) { $("rates-empty").hidden = false; $("rates-empty").textContent = o.rates_error; }
+}
+
 function renderWaiters(o) {
   const blocks = Object.keys(o.waiters).sort().map((res) =>
     el("div", { class: "waiters", "data-resource": res },
@@ -114,6 +125,7 @@ async function refresh() {
     if (!r.ok) throw new Error("HTTP " + r.status);
     const o = await r.json();
     renderLocks(o);
+    renderRates(o);
     renderWaiters(o);
     renderSchedules(o);
     renderTicks(o);
