@@ -50,10 +50,10 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 			}
 		}
 	})
-	if want := []string{"backend", "fence", "held_ms", "holder", "kind", "limit", "permit", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
+	if want := []string{"backend", "fence", "held_ms", "holder", "limit", "permit", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
 		t.Fatalf("lock fields %v, want exactly %v", fields, want)
 	}
-	if held["kind"] != "lock" || held["task_id"] != "hold-42" || held["type"] != "demo:order.pay" || held["backend"] != "redis" || held["limit"] != float64(1) || held["permit"] != float64(0) ||
+	if held["task_id"] != "hold-42" || held["type"] != "demo:order.pay" || held["backend"] != "redis" || held["limit"] != float64(1) || held["permit"] != float64(0) ||
 		!strings.HasPrefix(held["holder"].(string), host+":") || held["fence"].(float64) <= 0 ||
 		held["ttl_ms"].(float64) <= 0 || held["ttl_ms"].(float64) > 2000 || held["held_ms"].(float64) < 0 {
 		t.Fatalf("lock = %v", held)

@@ -9,20 +9,16 @@ import (
 const locksAbout = `Lists every held lock, longest held first: the resource, the holding process (host:pid),
 the job's task id and type when a job holds it, the fence, the TTL left, how long it
 has been held and how many tasks wait for it. A resource with a limit (Limit(n)) has
-one line per held permit, shown as RESOURCE[k/n]. Then every live rate key (Rate,
-RateBy, Allow), the soonest to allow one first: its interval (Per/N), the burst it
-allows at once now out of its burst, and when it allows the next one (on Redis's
-clock). Exit 1 when no lock is held and no rate key is live.
+one line per held permit, shown as RESOURCE[k/n]. Exit 1 when no lock is held.
 
 Reads the locks where lock.backend keeps them: Redis, every Redlock node (a lock shows
-where a majority holds one token) or etcd; rate keys from Redis.
+where a majority holds one token) or etcd.
 
-JSON: an array of objects, each with kind. A lock (kind "lock") has resource, limit
-(1 for a lock), permit (0 to limit-1; one object per held permit), holder, task_id,
-type, fence (the permit's), ttl_ms, held_ms (null when the lock's value does not
-say), waiters (the resource's), backend (redis, redlock or etcd) and, on redlock,
-nodes (those that hold it). A rate key (kind "rate") has key, interval_us, burst,
-burst_left, next_ms (Unix ms), wait_ms (0: it allows one now) and backend.`
+JSON: an array of objects with resource, limit (1 for a lock), permit (0 to
+limit-1; one object per held permit), holder, task_id, type, fence (the
+permit's), ttl_ms, held_ms (null when the lock's value does not say), waiters
+(the resource's), backend (redis, redlock or etcd) and, on redlock, nodes (those
+that hold it).`
 
 func cmdLocks(ctx context.Context, a *app, args []string) int {
 	fs := a.flags("locks", "locks [--prefix P] [--json]", locksAbout)
@@ -30,87 +26,28 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 	if _, code, done := parseN(a, fs, args, 0, ""); done {
 		return code
 	}
-	locks, rates, err := locksAndRates(ctx, a)
+	locks, err := listLocks(ctx, a)
 	if err != nil {
 		fmt.Fprintln(a.stderr, "lockstep locks:", err)
 		return exitUsage
 	}
-	if *asJSON {
-		all := locksOutput(locks, rates)
-		writeJSON(a, all)
-		return found(len(all))
-	}
-	if len(locks) == 0 && len(rates) == 0 {
-		fmt.Fprintln(a.stderr, "no lock is held and no rate key is live")
-		return exitNotFound
-	}
-	if len(locks) > 0 {
-		printList(a, false, locks, "", "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS", lockLine)
-	}
-	if len(rates) > 0 {
-		if len(locks) > 0 {
-			fmt.Fprintln(a.stdout)
-		}
-		printList(a, false, rates, "", "RATE KEY\tINTERVAL\tBURST LEFT\tNEXT", func(r rateView) string {
-			next := "now"
-			if r.WaitMs > 0 {
-				next = "in " + ms(r.WaitMs)
+	return printList(a, *asJSON, locks, "no lock is held", "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS",
+		func(l lockView) string {
+			held := "-"
+			if l.HeldMs != nil {
+				held = ms(*l.HeldMs)
 			}
-			return fmt.Sprintf("%s\t%v\t%d/%d\t%s", r.Key, time.Duration(r.IntervalUs)*time.Microsecond, r.BurstLeft, r.Burst, next)
+			ttl := "none"
+			if l.TTLMs >= 0 {
+				ttl = ms(l.TTLMs)
+			}
+			name := l.Resource
+			if l.Limit > 1 {
+				name = fmt.Sprintf("%s[%d/%d]", l.Resource, l.Permit, l.Limit)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", name, orDash(l.Holder), orDash(l.TaskID),
+				orDash(l.Type), l.Fence, ttl, held, l.Waiters)
 		})
-	}
-	return exitOK
-}
-
-// locksAndRates reads the held locks and the live rate keys.
-func locksAndRates(ctx context.Context, a *app) ([]lockView, []rateView, error) {
-	locks, err := listLocks(ctx, a)
-	if err != nil {
-		return nil, nil, err
-	}
-	rates, err := listRates(ctx, a)
-	if err != nil {
-		return nil, nil, fmt.Errorf("rate keys: %w", err)
-	}
-	return locks, rates, nil
-}
-
-// locksOutput is what `lockstep locks --json` prints: the locks, then the rate keys.
-func locksOutput(locks []lockView, rates []rateView) []any {
-	all := make([]any, 0, len(locks)+len(rates))
-	for _, l := range locks {
-		all = append(all, l)
-	}
-	for _, r := range rates {
-		all = append(all, r)
-	}
-	return all
-}
-
-// found is a list's exit code: exitNotFound when it has no rows.
-func found(n int) int {
-	if n == 0 {
-		return exitNotFound
-	}
-	return exitOK
-}
-
-// lockLine is one held lock (or permit) in the text table.
-func lockLine(l lockView) string {
-	held := "-"
-	if l.HeldMs != nil {
-		held = ms(*l.HeldMs)
-	}
-	ttl := "none"
-	if l.TTLMs >= 0 {
-		ttl = ms(l.TTLMs)
-	}
-	name := l.Resource
-	if l.Limit > 1 {
-		name = fmt.Sprintf("%s[%d/%d]", l.Resource, l.Permit, l.Limit)
-	}
-	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", name, orDash(l.Holder), orDash(l.TaskID),
-		orDash(l.Type), l.Fence, ttl, held, l.Waiters)
 }
 
 // ms shows milliseconds as a short duration: 850ms, 12.3s, 4m10s.
@@ -123,4 +60,34 @@ func ms(n int64) string {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+const ratesAbout = `Lists every live rate key (HandlerOf.Rate, RateBy, Locker.Allow), the soonest to
+allow one first: its interval (Per/N of the limit it was last counted under), the burst
+it allows at once now out of its burst, and when it allows the next one (on Redis's
+clock). Exit 1 when no rate key is live.
+
+Rate keys live in the queue's Redis whatever lock.backend says.
+
+JSON: an array of objects with key, interval_us, burst, burst_left, next_ms (Unix ms),
+wait_ms (0: it allows one now) and backend.`
+
+func cmdRates(ctx context.Context, a *app, args []string) int {
+	fs := a.flags("rates", "rates [--prefix P] [--json]", ratesAbout)
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if _, code, done := parseN(a, fs, args, 0, ""); done {
+		return code
+	}
+	rates, err := listRates(ctx, a)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "lockstep rates:", err)
+		return exitUsage
+	}
+	return printList(a, *asJSON, rates, "no rate key is live", "RATE KEY\tINTERVAL\tBURST LEFT\tNEXT", func(r rateView) string {
+		next := "now"
+		if r.WaitMs > 0 {
+			next = "in " + ms(r.WaitMs)
+		}
+		return fmt.Sprintf("%s\t%v\t%d/%d\t%s", r.Key, time.Duration(r.IntervalUs)*time.Microsecond, r.BurstLeft, r.Burst, next)
+	})
 }

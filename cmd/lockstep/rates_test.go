@@ -10,10 +10,11 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
 
-// A rate key's state in `lockstep locks` and on the page: the burst it has
+// A rate key's state in `lockstep rates` and on the page: the burst it has
 // left and, once none is left, when it allows the next one, the moment its
-// own Allow named; beside a held lock of the same name.
-func TestLocksShowRateKeys(t *testing.T) {
+// own Allow named; a held lock of the same name is apart, in `lockstep
+// locks`, whose output stays the locks alone.
+func TestRatesShowRateKeys(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	l := lockstep.NewLocker(srv.Client())
@@ -26,13 +27,13 @@ func TestLocksShowRateKeys(t *testing.T) {
 	rateOf := func(key string) map[string]any {
 		t.Helper()
 		var all []map[string]any
-		cliJSON(t, srv.Addr, 0, &all, "locks", "--json")
+		cliJSON(t, srv.Addr, 0, &all, "rates", "--json")
 		var found map[string]any
 		for _, v := range all {
-			if v["kind"] == "rate" && v["key"] == key {
+			if v["key"] == key {
 				found = v
-			} else if v["kind"] == "rate" || v["kind"] == "lock" && v["resource"] == nil {
-				t.Fatalf("locks --json: unexpected object %v", v)
+			} else {
+				t.Fatalf("rates --json: unexpected object %v", v)
 			}
 		}
 		return found
@@ -42,9 +43,12 @@ func TestLocksShowRateKeys(t *testing.T) {
 		v["wait_ms"] != float64(0) || v["backend"] != "redis" {
 		t.Fatalf("tenant:7 after one admission of a burst of 3: %v; want 2 left, allowed now", v)
 	}
-	if res := cli(t, srv.Addr, "", "locks"); res.code != 0 || !strings.Contains(res.stdout, "RATE KEY") ||
+	if res := cli(t, srv.Addr, "", "rates"); res.code != 0 || !strings.Contains(res.stdout, "RATE KEY") ||
 		!containsLine(res.stdout, "tenant:7", "1h0m0s", "2/3", "now") {
-		t.Fatalf("locks: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+		t.Fatalf("rates: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli(t, srv.Addr, "", "locks"); res.code != 1 || strings.Contains(res.stdout, "tenant:7") {
+		t.Fatalf("locks with no lock held and a live rate key: exit %d, want 1 and no rate key\n%s%s", res.code, res.stdout, res.stderr)
 	}
 
 	// The burst used up: the next admission is the one Allow's wait names.
@@ -79,15 +83,15 @@ func TestLocksShowRateKeys(t *testing.T) {
 	if v["burst_left"] != float64(0) || waitMs > float64(wait.Milliseconds()+1) || waitMs < float64((wait-elapsed).Milliseconds()) {
 		t.Fatalf("tenant:7 with its burst used up: %v; want 0 left, wait_ms within [%v, %v]", v, wait-elapsed, wait)
 	}
-	if lk := lockOf(t, srv.Addr, "tenant:7"); lk == nil || lk["kind"] != "lock" {
+	if lk := lockOf(t, srv.Addr, "tenant:7"); lk == nil || lk["resource"] != "tenant:7" {
 		t.Fatalf("the lock tenant:7 beside its rate key: %v", lk)
 	}
-	if res := cli(t, srv.Addr, "", "locks"); res.code != 0 || !containsLine(res.stdout, "tenant:7", "0/3", "in ") ||
-		!strings.Contains(res.stdout, "RESOURCE") {
-		t.Fatalf("locks: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	if res := cli(t, srv.Addr, "", "rates"); res.code != 0 || !containsLine(res.stdout, "tenant:7", "0/3", "in ") {
+		t.Fatalf("rates: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 
-	// The page's API: /api/locks prints what locks --json does, /api/overview has rates.
+	// The page's API: /api/locks prints what locks --json does, /api/rates
+	// what rates --json does, /api/overview has both.
 	base := startUI(t, srv.Addr)
 	var o struct {
 		Locks []lockView `json:"locks"`
@@ -97,10 +101,11 @@ func TestLocksShowRateKeys(t *testing.T) {
 	if len(o.Rates) != 1 || o.Rates[0].Key != "tenant:7" || o.Rates[0].BurstLeft != 0 || o.Rates[0].WaitMs <= 0 || len(o.Locks) != 1 {
 		t.Fatalf("/api/overview: locks %+v, rates %+v", o.Locks, o.Rates)
 	}
-	var all []map[string]any
-	getJSON(t, base+"/api/locks", 200, &all)
-	if len(all) != 2 || all[0]["kind"] != "lock" || all[1]["kind"] != "rate" {
-		t.Fatalf("/api/locks: %v; want the lock, then the rate key", all)
+	var locks, rates []map[string]any
+	getJSON(t, base+"/api/locks", 200, &locks)
+	getJSON(t, base+"/api/rates", 200, &rates)
+	if len(locks) != 1 || locks[0]["resource"] != "tenant:7" || len(rates) != 1 || rates[0]["key"] != "tenant:7" {
+		t.Fatalf("/api/locks: %v, /api/rates: %v; want the lock, and the rate key", locks, rates)
 	}
 }
 

@@ -22,7 +22,6 @@ import (
 
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
-	Kind     string   `json:"kind"` // "lock" (a rate key's object is a rateView, kind "rate")
 	Resource string   `json:"resource"`
 	Limit    int      `json:"limit"`   // the resource's limit: 1 for a lock
 	Permit   int      `json:"permit"`  // which permit this is: 0 for a lock
@@ -58,7 +57,7 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 	out := make([]lockView, 0, len(held))
 	for _, h := range held {
 		info := lock.ParseToken(h.Token)
-		v := lockView{Kind: "lock", Resource: h.Resource, Limit: max(h.Limit, 1), Permit: h.Permit, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
+		v := lockView{Resource: h.Resource, Limit: max(h.Limit, 1), Permit: h.Permit, Holder: info.Holder, TaskID: info.TaskID, Type: info.Type, Fence: h.Fence,
 			TTLMs: -1, Waiters: h.Queued, Backend: a.backendName(), Nodes: h.Nodes}
 		if h.TTL >= 0 {
 			v.TTLMs = h.TTL.Milliseconds() // -1: no expiry, not written by Lockstep
@@ -88,9 +87,8 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 }
 
 // rateView is a live rate key's state (a key of HandlerOf.Rate or Allow),
-// as `lockstep locks --json` prints it beside the locks.
+// as `lockstep rates --json` prints it.
 type rateView struct {
-	Kind       string `json:"kind"` // "rate"
 	Key        string `json:"key"`
 	IntervalUs int64  `json:"interval_us"` // Per/N of the limit it was last counted under
 	Burst      int    `json:"burst"`
@@ -114,7 +112,7 @@ func listRates(ctx context.Context, a *app) ([]rateView, error) {
 	}
 	out := make([]rateView, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, rateView{Kind: "rate", Key: r.Key, IntervalUs: r.Interval.Microseconds(), Burst: r.Burst, BurstLeft: r.BurstLeft,
+		out = append(out, rateView{Key: r.Key, IntervalUs: r.Interval.Microseconds(), Burst: r.Burst, BurstLeft: r.BurstLeft,
 			NextMs: r.Next.UnixMilli(), WaitMs: (r.Next.Sub(r.Now) + time.Millisecond - 1).Milliseconds(), Backend: "redis"})
 	}
 	slices.SortFunc(out, func(x, y rateView) int { return cmp.Or(cmp.Compare(x.WaitMs, y.WaitMs), strings.Compare(x.Key, y.Key)) })

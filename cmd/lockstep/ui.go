@@ -29,7 +29,7 @@ const defaultUIAddr = "127.0.0.1:8089"
 const uiAbout = `Serves one live page (refreshed every second) of the held locks, their waiters, the
 live rate keys, the schedules and their recent ticks, and the recent lock losses with their reason; each
 job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside
-network. It reads the JSON endpoints /api/overview, /api/locks, /api/waiters?resource=R,
+network. It reads the JSON endpoints /api/overview, /api/locks, /api/rates, /api/waiters?resource=R,
 /api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see docs/operations.md).`
 
 func cmdUI(ctx context.Context, a *app, args []string) int {
@@ -93,6 +93,7 @@ func newUI(a *app, asynqmon string, hidePayloads bool) http.Handler {
 	mux.Handle("GET /", http.FileServerFS(static))
 	mux.HandleFunc("GET /api/overview", u.overview)
 	mux.HandleFunc("GET /api/locks", u.locks)
+	mux.HandleFunc("GET /api/rates", u.rates)
 	mux.HandleFunc("GET /api/waiters", u.waiters)
 	mux.HandleFunc("GET /api/schedules", u.schedules)
 	mux.HandleFunc("GET /api/ticks", u.ticks)
@@ -138,8 +139,13 @@ func required(w http.ResponseWriter, r *http.Request, name string) (string, bool
 }
 
 func (u *ui) locks(w http.ResponseWriter, r *http.Request) {
-	locks, rates, err := locksAndRates(r.Context(), u.a)
-	replyOr(w, locksOutput(locks, rates), err, http.StatusBadGateway)
+	ls, err := listLocks(r.Context(), u.a)
+	replyOr(w, ls, err, http.StatusBadGateway)
+}
+
+func (u *ui) rates(w http.ResponseWriter, r *http.Request) {
+	rs, err := listRates(r.Context(), u.a)
+	replyOr(w, rs, err, http.StatusBadGateway)
 }
 
 func (u *ui) waiters(w http.ResponseWriter, r *http.Request) {
