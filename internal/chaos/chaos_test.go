@@ -3,7 +3,9 @@ package chaos
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +56,10 @@ func TestChaos(t *testing.T) {
 		rep.TicksClaimedTwice, rep.TicksEnqueuedTwice, rep.TicksMissing, rep.RecoveredFromLive)
 	t.Logf("chaos: rate_over_grants %d of %d rate-limited starts (fullest window %.2f of its bound, start lag up to %d ms)",
 		rep.RateOverGrants, rep.RatedStarts, rep.RatedMaxInWindow, rep.RatedStartLagMaxMS)
+	t.Logf("chaos: over_limit %d, recovery_over_bound %d, recovery_ms %s", rep.OverLimit, rep.RecoveryOverBound, spreads(rep.RecoveryMS))
+	for _, s := range rep.RecoveryLate {
+		t.Logf("chaos: recovery_over_bound (reported, not failing): %s", s)
+	}
 	for _, s := range rep.NotChecked {
 		t.Logf("chaos: not checked: %s", s)
 	}
@@ -67,4 +73,13 @@ func TestChaos(t *testing.T) {
 		}
 		t.Fatalf("chaos: %d violations; replay with %s; logs in %s", v, replay, out)
 	}
+}
+
+// spreads shows recovery_ms as the report has it: kind {p50, max, tasks}.
+func spreads(m map[string]*Spread) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		fmt.Fprintf(&b, "%s {p50 %d, max %d, tasks %d} ", k, m[k].P50, m[k].Max, m[k].Tasks)
+	}
+	return strings.TrimSpace(b.String())
 }

@@ -88,10 +88,8 @@ type Report struct {
 	// milliseconds and how many tasks. RecoveryOverBound counts the
 	// producer's jobs that a SIGKILL mid-work (worker_kill) cut off and that
 	// started again later than the lock TTL + 3 s (G7's bound); it is
-	// reported, not yet a violation: "begun and not ended" also takes in a
-	// run whose lock a Redis fault had ended before the kill (then asynq's
-	// retry brings it back, not G7's recovery), and a recovered task may
-	// wait for a holder granted the lock first (docs/chaos.md).
+	// reported, not yet a violation: after a Redis kill shortly before the
+	// worker kill some still come back only by asynq's lease (docs/chaos.md).
 	RecoveryMS        map[string]*Spread `json:"recovery_ms"`
 	RecoveryOverBound int                `json:"recovery_over_bound"`
 	RecoveryLate      []string           `json:"recovery_late"` // each of RecoveryOverBound, said
