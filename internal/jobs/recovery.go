@@ -248,8 +248,8 @@ func (s *Server) beat(ctx context.Context) {
 		if len(done) > 0 {
 			p.SRem(ctx, r.holds, done...)
 		}
-		if len(markers) > 0 {
-			p.Del(ctx, markers...)
+		for _, m := range markers { // one DEL each: on a Cluster they lie in their resources' slots
+			p.Del(ctx, m)
 		}
 		return nil
 	})
