@@ -3,7 +3,9 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/proctest"
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 // clusterTimeout bounds how long a new cluster may take to agree on its slots.
@@ -118,4 +121,58 @@ func (c *Cluster) NodeFor(key string) *Server {
 	}
 	c.tb.Fatalf("redistest: no cluster node serves %q", key)
 	return nil
+}
+
+// Errors returns the error replies of every running node since it started,
+// summed by their first word (INFO errorstats: "CROSSSLOT", "NOSCRIPT",
+// "ERR", ...): a Cluster test that checks "CROSSSLOT" finds a command or
+// script whose keys span slots, whoever sent it.
+func (c *Cluster) Errors() map[string]int {
+	c.tb.Helper()
+	out := map[string]int{}
+	for _, s := range c.Nodes {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
+		info, err := client.Info(context.Background(), "errorstats").Result()
+		_ = client.Close()
+		if err != nil {
+			continue // a killed node
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			name, count, ok := strings.Cut(strings.TrimPrefix(line, "errorstat_"), ":count=")
+			if n, err := strconv.Atoi(count); ok && err == nil && strings.HasPrefix(line, "errorstat_") {
+				out[name] += n
+			}
+		}
+	}
+	return out
+}
+
+// HasScript reports whether a running node has the script with SHA-1 hash
+// in its cache: whether it was run (or loaded, to be run) on the cluster.
+func (c *Cluster) HasScript(hash string) bool {
+	c.tb.Helper()
+	for _, s := range c.Nodes {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
+		ok, err := client.ScriptExists(context.Background(), hash).Result()
+		_ = client.Close()
+		if err == nil && ok[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// Scripts splits the scripts of the program (script.All: those of the
+// packages it links) into those that ran on the cluster (HasScript) and
+// those that did not, each sorted by name.
+func (c *Cluster) Scripts() (ran, not []string) {
+	c.tb.Helper()
+	for _, name := range slices.Sorted(maps.Keys(script.All())) {
+		if c.HasScript(script.All()[name].Hash()) {
+			ran = append(ran, name)
+		} else {
+			not = append(not, name)
+		}
+	}
+	return ran, not
 }
