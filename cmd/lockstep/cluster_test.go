@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,11 +17,16 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep"
+	_ "github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	_ "github.com/lockstep-dev/lockstep/internal/overlap"
 	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
+	_ "github.com/lockstep-dev/lockstep/internal/scheduler"
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 // On a Redis Cluster, locks reads every master, and unlock deletes the key
@@ -70,8 +78,21 @@ func clusterEnv(c *redistest.Cluster) []string {
 }
 
 // clusterWorkerYAML is workerYAML with a 1 s TTL, so that a killed worker's
-// lock expires soon.
-var clusterWorkerYAML = strings.Replace(workerYAML, "ttl: 2s", "ttl: 1s", 1)
+// lock expires soon, and 3 s to finish its handlers when stopped; its
+// queues follow.
+var clusterWorkerYAML = strings.NewReplacer("ttl: 2s", "ttl: 1s", "shutdown_timeout: 1s", "shutdown_timeout: 3s").Replace(workerYAML)
+
+// clusterSchedulerYAML is a scheduler replica for run-time schedules only.
+const clusterSchedulerYAML = `
+http:
+  addr: "127.0.0.1:0"
+log:
+  level: debug
+scheduler:
+  max_clock_skew: 200ms
+  tick_lock_ttl: 1s
+  task_retention: 1h
+`
 
 const clusterTTL = time.Second
 
@@ -94,15 +115,24 @@ func ordersOnEveryMaster(t *testing.T, c *redistest.Cluster, prefix string) []st
 	return orders
 }
 
-// The job path on a 3-master Redis Cluster, with the built worker binary and
-// asynq's own cluster client: three hot orders whose locks live on three
-// different masters, each held with five waiters parked behind it, are seen
-// by `lockstep locks` and the page (the waiters in arrival order, in the
-// state asynq's Inspector reports), then handed on in arrival order, each
-// task run to ok once under a rising fence, and asynq's Inspector reports
-// each completed, once, unretried, no earlier than the run ended. A worker
-// SIGKILLed in a locked job: the job runs again on the other worker within
-// the TTL + 3 s (G7), under a higher fence, without using a retry.
+// The job path on a 3-master Redis Cluster, with the built binaries and
+// asynq's own cluster client, and every script of the project on it:
+//   - three hot orders whose locks live on three different masters, each
+//     held with five waiters parked behind it, are seen by lockstep locks
+//     and the page (the waiters in arrival order, in the retry state asynq's
+//     Inspector reports), then handed on in arrival order, each task run to
+//     ok once under a rising fence, and asynq's Inspector reports each
+//     completed, once, unretried, no earlier than its run ended;
+//   - a worker SIGKILLed in a locked job: the job runs again on the other
+//     worker within the TTL + 3 s (G7), under a higher fence, unretried;
+//   - a worker stopped (SIGTERM) while it holds an order with waiters: the
+//     lock is granted to the first waiter, and they run in order elsewhere;
+//   - a run-time overlap skip schedule on a second queue (another master
+//     than asynq's default), ticking all along, then paused, backfilled,
+//     resumed (its paused ticks recorded skipped) and removed;
+//   - WithLock, a waiter that gives up, and Allow from code;
+//   - then no node has replied CROSSSLOT to anyone, and every script of the
+//     project ran on the cluster, but the three a Cluster does not use.
 func TestJobsOnCluster(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
@@ -128,8 +158,23 @@ func TestJobsOnCluster(t *testing.T) {
 		t.Helper()
 		waitFor(t, timeout, id+" "+want.String(), func() bool { info, ok := state(id); return ok && info.State == want })
 	}
-	cfg := proctest.WriteFile(t, "worker.yaml", clusterWorkerYAML)
+	// A second queue, on another master than asynq's {default}, for a
+	// run-time schedule (overlap skip) that ticks through the whole test.
+	tickQueue := ""
+	for i := 0; tickQueue == "" && i < 100; i++ {
+		if q := fmt.Sprintf("ticks%d", i); c.NodeFor("asynq:{"+q+"}") != c.NodeFor("asynq:{"+demo.Queue+"}") {
+			tickQueue = q
+		}
+	}
+	cfg := proctest.WriteFile(t, "worker.yaml", clusterWorkerYAML+"  queues: {"+demo.Queue+": 1, "+tickQueue+": 1}\n")
 	workers := []*proctest.Proc{startProc(t, "worker", env, "--config", cfg), startProc(t, "worker", env, "--config", cfg)}
+	schedCfg := proctest.WriteFile(t, "scheduler.yaml", clusterSchedulerYAML)
+	startProc(t, "scheduler", env, "--config", schedCfg)
+	if r := cliEnv(t, env, "", "schedules", "add", "every", "--cron", "* * * * * *", "--task", demo.Type,
+		"--payload", `{"order_id":"tick","work_ms":5}`, "--queue", tickQueue, "--overlap", "skip"); r.code != 0 {
+		t.Fatalf("schedules add: exit %d: %s", r.code, r.stderr)
+	}
+	added := time.Now()
 
 	// Three hot orders, on three masters: each held, five waiters parked
 	// behind it in their arrival order.
@@ -299,6 +344,146 @@ func TestJobsOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkClusterHistory(t, client, insp, execs, append(all, "long"))
+
+	// A worker stopped (SIGTERM) while it holds a hot order with two
+	// waiters parked: its handler finishes, the stopping server cannot run
+	// the waiters, so it grants the lock to the first and wakes it; the
+	// other worker takes the grant over and the waiters run in order.
+	workers = []*proctest.Proc{other, startProc(t, "worker", env, "--config", cfg)}
+	stop := ordersOnEveryMaster(t, c, "stop")[2]
+	enqueue("stop-hold", stop, 1500)
+	waitFor(t, 10*time.Second, "stop-hold holding its lock", func() bool {
+		l := lockOfEnv(t, env, demo.Resource(stop))
+		if l != nil {
+			held = *l
+		}
+		return l != nil && l.TaskID == "stop-hold"
+	})
+	stopped := slices.IndexFunc(workers, func(w *proctest.Proc) bool { return procid.Of(w.Pid()) == held.Holder })
+	if stopped < 0 {
+		t.Fatalf("stop-hold is held by %s, not one of the workers", held.Holder)
+	}
+	stopWaiters := []string{"stop-w0", "stop-w1"}
+	for _, id := range stopWaiters {
+		enqueue(id, stop, 20)
+		waitState(id, asynq.TaskStateRetry, 10*time.Second)
+	}
+	if code, exited := workers[stopped].Term(10 * time.Second); !exited || code != 0 {
+		t.Fatalf("worker stopped with SIGTERM: exit %d (exited: %v), want 0", code, exited)
+	}
+	for _, id := range stopWaiters {
+		waitState(id, asynq.TaskStateCompleted, 20*time.Second)
+	}
+	all = append(all, "long", "stop-hold")
+	all = append(all, stopWaiters...)
+	execs, err = demo.ReadExecutions(ctx, client, lock.DefaultPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byOrder = checkClusterHistory(t, client, insp, execs, all)
+	if got := taskIDsOfRuns(byOrder[stop]); !slices.Equal(got, append([]string{"stop-hold"}, stopWaiters...)) {
+		t.Errorf("order %s ran to ok in the order %v, want stop-hold, then its waiters in arrival order", stop, got)
+	}
+
+	// The run-time schedule: paused, backfilled, resumed (the ticks due
+	// while paused recorded skipped), removed.
+	if r := cliEnv(t, env, "", "schedules", "pause", "every"); r.code != 0 {
+		t.Fatalf("schedules pause: exit %d: %s", r.code, r.stderr)
+	}
+	paused := time.Now()
+	from := added.Truncate(time.Second).Add(-5 * time.Second)
+	r := cliEnv(t, env, "", "--config", schedCfg, "schedules", "backfill", "every", "--from", rfc(from), "--to", rfc(from), "--json")
+	var bf []map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &bf) != nil || len(bf) != 1 || bf[0]["result"] != "enqueued" {
+		t.Fatalf("backfill of a paused schedule: exit %d, %s%s; want its one tick enqueued", r.code, r.stdout, r.stderr)
+	}
+	waitFor(t, 20*time.Second, "the backfilled tick run", func() bool {
+		info, err := insp.GetTaskInfo(tickQueue, fmt.Sprintf("every:%d", from.Unix()))
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	// Ticks fall due while the schedule is paused (the latest one or two
+	// are still taken at the resume, late).
+	waitFor(t, 5*time.Second, "ticks due while paused", func() bool { return time.Now().After(paused.Truncate(time.Second).Add(4 * time.Second)) })
+	if r := cliEnv(t, env, "", "schedules", "resume", "every"); r.code != 0 {
+		t.Fatalf("schedules resume: exit %d: %s", r.code, r.stderr)
+	}
+	var ticks result
+	defer func() {
+		if t.Failed() {
+			t.Logf("lockstep ticks every: exit %d\n%s%s", ticks.code, ticks.stdout, ticks.stderr)
+		}
+	}()
+	redistest.WaitEvery(t, 10*time.Second, 100*time.Millisecond, "ticks skipped with reason paused, and ticks done", func() bool {
+		ticks = cliEnv(t, env, "", "ticks", "every", "--last", "50", "--json")
+		return ticks.code == 0 && strings.Contains(ticks.stdout, `"reason": "paused"`) && strings.Contains(ticks.stdout, `"state": "done"`)
+	})
+	if q, err := insp.GetQueueInfo(tickQueue); err != nil || q.Completed < 2 || q.Failed != 0 {
+		t.Errorf("asynq's Inspector: queue %s: %+v, %v; want the schedule's runs completed, none failed", tickQueue, q, err)
+	}
+	if r := cliEnv(t, env, "", "schedules", "rm", "every"); r.code != 0 {
+		t.Fatalf("schedules rm: exit %d: %s", r.code, r.stderr)
+	}
+
+	// Code of one's own locks and rates on the Cluster: WithLock, a
+	// waiter that gives up, Allow.
+	l := lockstep.NewLocker(client)
+	defer l.Close(ctx)
+	err = l.WithLock(ctx, "report:cluster", func(ctx context.Context, lease *lockstep.Lease) error {
+		return l.WithLock(ctx, "report:cluster", func(context.Context, *lockstep.Lease) error { return nil }, lockstep.Wait(100*time.Millisecond))
+	})
+	if !errors.Is(err, lockstep.ErrNotAcquired) {
+		t.Errorf("WithLock inside a WithLock of another owner, waiting 100ms: %v, want ErrNotAcquired", err)
+	}
+	if wait, err := l.Allow(ctx, "api:cluster", lockstep.RateLimit{N: 1, Per: time.Hour}); wait != 0 || err != nil {
+		t.Errorf("Allow: %v, %v; want admitted", wait, err)
+	}
+
+	// Every script of the program ran on the Cluster, none across slots,
+	// except those that a Cluster does not use.
+	if n := c.Errors()["CROSSSLOT"]; n != 0 {
+		t.Errorf("the cluster's nodes replied CROSSSLOT %d times", n)
+	}
+	ran, not := c.Scripts()
+	if !slices.Equal(not, notOnCluster) {
+		t.Errorf("scripts not run on the cluster: %v, want only %v (ran: %v)", not, notOnCluster, ran)
+	}
+	if files, known := luaFiles(t), slices.Sorted(maps.Keys(script.All())); !slices.Equal(files, known) {
+		t.Errorf("the repository's scripts %v, this test knows %v: import the package of each", files, known)
+	}
+}
+
+// luaFiles names the repository's scripts as script.New does
+// ("lock/acquire.lua"), but for the libraries they are prefixed with.
+func luaFiles(t *testing.T) []string {
+	t.Helper()
+	paths, err := filepath.Glob("../../internal/*/lua/*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range paths {
+		if filepath.Base(p) != "lib.lua" {
+			names = append(names, filepath.Base(filepath.Dir(filepath.Dir(p)))+"/"+filepath.Base(p))
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// notOnCluster are the scripts that a Cluster does not run, whose keys span
+// slots: Redlock's (on independent masters), the renewal of many leases in
+// one call (a Cluster renews each with renew.lua) and asynq's dequeue with
+// the hold record (a Cluster worker writes the record itself).
+var notOnCluster = []string{"asynqstore/dequeue.lua", "lock/fence_raise.lua", "lock/renew_batch.lua"}
+
+func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func taskIDsOfRuns(xs []demo.Execution) []string {
+	var ids []string
+	for _, x := range xs {
+		ids = append(ids, x.TaskID)
+	}
+	return ids
 }
 
 func taskIDsOf(ws []waiterView) []string {

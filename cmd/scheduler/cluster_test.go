@@ -22,7 +22,8 @@ import (
 // has each enqueued tick's task completed once, unretried, and none for a
 // skipped tick, and the runs' fences rise without overlap. Then a backfill
 // of a run-time schedule enqueues each past tick once (a second one finds
-// them all), and each runs once, with leader backfill in lockstep ticks.
+// them all), and each runs once, with leader backfill in lockstep ticks. No
+// node replied CROSSSLOT to anyone.
 func TestSchedulesOnCluster(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
@@ -110,5 +111,8 @@ func TestSchedulesOnCluster(t *testing.T) {
 	code, out := r.lockstep("ticks", "bf", "--last", "10", "--json")
 	if code != 0 || strings.Count(out, `"leader": "backfill"`) != 5 {
 		t.Errorf("lockstep ticks bf: exit %d, want 5 ticks with leader backfill:\n%s", code, out)
+	}
+	if n := c.Errors()["CROSSSLOT"]; n != 0 {
+		t.Errorf("the cluster's nodes replied CROSSSLOT %d times", n)
 	}
 }
