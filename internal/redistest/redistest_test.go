@@ -127,7 +127,7 @@ func TestClusterServesEverySlot(t *testing.T) {
 }
 
 // A killed master's replica is promoted by the cluster itself; a key
-// written before the kill (and replicated: WAIT) is read from it. It logs
+// written before the kill (and replicated: WAIT) is served by it. It logs
 // the promotion's delay and when another master first answered CLUSTERDOWN
 // (Redis's default cluster-require-full-coverage).
 func TestClusterWithReplicasPromotesOnKill(t *testing.T) {
@@ -161,8 +161,8 @@ func TestClusterWithReplicasPromotesOnKill(t *testing.T) {
 		return err == nil && strings.Contains(info, "role:master")
 	})
 	promoted := time.Since(killed)
-	if got, err := c.Client().Get(ctx, key).Result(); err != nil || got != "v" {
-		t.Fatalf("GET %s after the promotion: %q, %v", key, got, err)
+	if got, err := r.Client().Get(ctx, key).Result(); err != nil || got != "v" {
+		t.Fatalf("GET %s on the promoted replica: %q, %v", key, got, err)
 	}
 	t.Logf("replica promoted %v after its master was killed; another master answered CLUSTERDOWN from %v (0: never)",
 		promoted.Round(time.Millisecond), down.Round(time.Millisecond))
