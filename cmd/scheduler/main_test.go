@@ -32,7 +32,13 @@ func TestMain(m *testing.M) {
 // appended, and returns its path.
 func writeConfig(t *testing.T, addr, body string) string {
 	t.Helper()
-	return proctest.WriteFile(t, "scheduler.yaml", fmt.Sprintf("redis:\n  addr: %q\nlog:\n  format: json\n  level: info\n%s", addr, body))
+	return writeRedisConfig(t, fmt.Sprintf("  addr: %q\n", addr), body)
+}
+
+// writeRedisConfig is writeConfig with the redis section's lines.
+func writeRedisConfig(t *testing.T, redis, body string) string {
+	t.Helper()
+	return proctest.WriteFile(t, "scheduler.yaml", fmt.Sprintf("redis:\n%slog:\n  format: json\n  level: info\n%s", redis, body))
 }
 
 // proc is one scheduler process and its log.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/lock"
@@ -57,10 +58,12 @@ schedules:
 `, policy)
 }
 
-// overlapRig is one Redis, two scheduler replicas and three workers.
+// overlapRig is one Redis (a server, or a Cluster), two scheduler replicas
+// and three workers.
 type overlapRig struct {
 	t        *testing.T
 	srv      *redistest.Server
+	cluster  *redistest.Cluster // instead of srv
 	cfg      string
 	replicas []*proc
 	workers  []*proc
@@ -74,12 +77,36 @@ func startOverlapRig(t *testing.T, policy string, setup ...func(*redistest.Serve
 		f(srv)
 	}
 	r := &overlapRig{t: t, srv: srv, cfg: writeConfig(t, srv.Addr, overlapSchedule(policy))}
+	r.startProcs()
+	return r
+}
+
+// redisEnv points a process at the rig's Redis.
+func (r *overlapRig) redisEnv() []string {
+	if r.cluster != nil {
+		return []string{"LOCKSTEP_REDIS_MODE=cluster", "LOCKSTEP_REDIS_ADDRS=" + strings.Join(r.cluster.Addrs(), ",")}
+	}
+	return []string{"LOCKSTEP_REDIS_ADDR=" + r.srv.Addr}
+}
+
+// client is a client of the rig's Redis, closed when the test ends.
+func (r *overlapRig) client() redis.UniversalClient {
+	if r.cluster != nil {
+		return r.cluster.Client()
+	}
+	return r.srv.Client()
+}
+
+// startProcs starts the rig's workers, then its replicas on r.cfg.
+func (r *overlapRig) startProcs() {
+	t := r.t
+	t.Helper()
 	wcfg := proctest.WriteFile(t, "worker.yaml", overlapWorkerYAML)
 	for i := range 3 {
 		w := &proc{t: t}
 		w.Proc = proctest.Start(t, proctest.Spec{What: fmt.Sprintf("worker %d", i), Bin: bins["worker"],
 			Args: []string{"--config", wcfg}, Output: &w.log,
-			Env: append(os.Environ(), "LOCKSTEP_REDIS_ADDR="+srv.Addr, "GORACE=atexit_sleep_ms=0")})
+			Env: append(append(os.Environ(), r.redisEnv()...), "GORACE=atexit_sleep_ms=0")})
 		w.waitLog("metrics server listening", 10*time.Second)
 		r.workers = append(r.workers, w)
 	}
@@ -88,7 +115,6 @@ func startOverlapRig(t *testing.T, policy string, setup ...func(*redistest.Serve
 		p.waitStatus("/readyz", 200, 10*time.Second)
 		r.replicas = append(r.replicas, p)
 	}
-	return r
 }
 
 // stopReplicas ends the ticks: every replica gets SIGTERM and exits 0.
@@ -116,7 +142,7 @@ func (r *overlapRig) lockstep(args ...string) (int, string) {
 	r.t.Helper()
 	var out proctest.Log
 	p := proctest.Start(r.t, proctest.Spec{What: "lockstep " + strings.Join(args, " "), Bin: bins["lockstep"], Args: args,
-		Output: &out, Env: append(os.Environ(), "LOCKSTEP_REDIS_ADDR="+r.srv.Addr)})
+		Output: &out, Env: append(os.Environ(), r.redisEnv()...)})
 	code, exited := p.Wait(20 * time.Second)
 	if !exited {
 		r.t.Fatalf("lockstep %v: still running after 20s", args)
@@ -143,7 +169,7 @@ func (r *overlapRig) ticks() []cliTick {
 // executions returns the demo's records of the runs, by task id.
 func (r *overlapRig) executions() map[string]demo.Execution {
 	r.t.Helper()
-	execs, err := demo.ReadExecutions(context.Background(), r.srv.Client(), "lockstep:")
+	execs, err := demo.ReadExecutions(context.Background(), r.client(), "lockstep:")
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -169,7 +195,7 @@ func (r *overlapRig) waitIdle(timeout time.Duration, except ...string) []cliTick
 		if len(missing) == 0 { // done, or failed for another reason
 			return
 		}
-		insp := asynq.NewInspectorFromRedisClient(r.srv.Client())
+		insp := asynq.NewInspectorFromRedisClient(r.client())
 		for _, id := range missing {
 			info, err := insp.GetTaskInfo("default", id)
 			if err == nil {

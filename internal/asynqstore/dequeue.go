@@ -13,7 +13,7 @@ import (
 //go:embed lua/dequeue.lua
 var dequeueLua string
 
-var scriptDequeue = redis.NewScript(dequeueLua)
+var scriptDequeue = script.New("asynqstore/dequeue.lua", dequeueLua)
 
 // RecordDequeues returns client for an asynq server of its own whose every
 // dequeue also adds the task's record to the set holds, in the same script

@@ -88,9 +88,9 @@ var (
 	//go:embed lua/recover.lua
 	recoverLua string
 
-	scriptClaim   = redis.NewScript(claimLua)
-	scriptWake    = redis.NewScript(wakeLua)
-	scriptRecover = redis.NewScript(recoverLua)
+	scriptClaim   = script.New("asynqstore/claim.lua", claimLua)
+	scriptWake    = script.New("asynqstore/wake.lua", wakeLua)
+	scriptRecover = script.New("asynqstore/recover.lua", recoverLua)
 )
 
 // Store reads and writes asynq's tasks in its Redis.

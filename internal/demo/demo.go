@@ -88,8 +88,8 @@ var (
 	//go:embed lua/commit.lua
 	commitLua string
 
-	scriptBegin  = redis.NewScript(beginLua)
-	scriptCommit = redis.NewScript(commitLua)
+	scriptBegin  = script.New("demo/begin.lua", beginLua)
+	scriptCommit = script.New("demo/commit.lua", commitLua)
 )
 
 // Option configures the demo jobs.

@@ -264,8 +264,8 @@ func (s *Server) beat(ctx context.Context) {
 		if len(done) > 0 {
 			p.SRem(ctx, r.holds, done...)
 		}
-		if len(drop) > 0 {
-			p.Del(ctx, drop...)
+		for _, m := range drop { // one DEL each: on a Cluster they lie in their resources' slots
+			p.Del(ctx, m)
 		}
 		return nil
 	})

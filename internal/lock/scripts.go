@@ -41,19 +41,19 @@ var (
 	//go:embed lua/reserve.lua
 	reserveLua string
 
-	scriptAcquire    = redis.NewScript(libLua + acquireLua)
-	scriptRelease    = redis.NewScript(libLua + releaseLua)
-	scriptRenew      = redis.NewScript(renewLua)
-	scriptRenewBatch = redis.NewScript(renewBatchLua)
-	scriptFenceRaise = redis.NewScript(fenceRaiseLua)
-	scriptLeave      = redis.NewScript(leaveLua)
-	scriptTake       = redis.NewScript(libLua + takeLua)
-	scriptHandOn     = redis.NewScript(libLua + handOnLua)
-	scriptGrant      = redis.NewScript(grantLua)
-	scriptClaim      = redis.NewScript(claimLua)
-	scriptRate       = redis.NewScript(rateLua)
-	scriptFront      = redis.NewScript(libLua + frontLua)
-	scriptReserve    = redis.NewScript(reserveLua)
+	scriptAcquire    = script.New("lock/acquire.lua", libLua+acquireLua)
+	scriptRelease    = script.New("lock/release.lua", libLua+releaseLua)
+	scriptRenew      = script.New("lock/renew.lua", renewLua)
+	scriptRenewBatch = script.New("lock/renew_batch.lua", renewBatchLua)
+	scriptFenceRaise = script.New("lock/fence_raise.lua", fenceRaiseLua)
+	scriptLeave      = script.New("lock/leave.lua", leaveLua)
+	scriptTake       = script.New("lock/take.lua", libLua+takeLua)
+	scriptHandOn     = script.New("lock/handon.lua", libLua+handOnLua)
+	scriptGrant      = script.New("lock/grant.lua", grantLua)
+	scriptClaim      = script.New("lock/claim.lua", claimLua)
+	scriptRate       = script.New("lock/rate.lua", rateLua)
+	scriptFront      = script.New("lock/front.lua", libLua+frontLua)
+	scriptReserve    = script.New("lock/reserve.lua", reserveLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -33,9 +33,9 @@ var (
 	//go:embed lua/finish.lua
 	finishLua string
 
-	scriptTick   = redis.NewScript(tickLua)
-	scriptStart  = redis.NewScript(startLua)
-	scriptFinish = redis.NewScript(finishLua)
+	scriptTick   = script.New("overlap/tick.lua", tickLua)
+	scriptStart  = script.New("overlap/start.lua", startLua)
+	scriptFinish = script.New("overlap/finish.lua", finishLua)
 )
 
 // Keys are a schedule's keys for its runs.

@@ -3,7 +3,9 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,15 +14,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/proctest"
+	"github.com/lockstep-dev/lockstep/internal/script"
 )
 
 // clusterTimeout bounds how long a new cluster may take to agree on its slots.
 const clusterTimeout = 20 * time.Second
 
-// Cluster is a Redis Cluster of masters without replicas, owned by a test.
+// Cluster is a Redis Cluster of masters, with or without replicas, owned
+// by a test.
 type Cluster struct {
-	tb    testing.TB
-	Nodes []*Server // the masters, in the order of redis-cli --cluster create
+	tb       testing.TB
+	Nodes    []*Server // the masters, in the order of redis-cli --cluster create
+	Replicas []*Server // Replicas[i] replicates Nodes[i] (StartClusterWithReplicas)
 }
 
 // StartCluster starts masters cluster-enabled servers, joins them with
@@ -33,43 +38,88 @@ type Cluster struct {
 // failed quickly.
 func StartCluster(tb testing.TB, masters int, directives ...string) *Cluster {
 	tb.Helper()
+	return startCluster(tb, masters, false, directives)
+}
+
+// StartClusterWithReplicas is StartCluster with one replica per master,
+// returned once each replica has synced: a killed master's replica is
+// promoted by the cluster itself within a few node timeouts.
+func StartClusterWithReplicas(tb testing.TB, masters int, directives ...string) *Cluster {
+	tb.Helper()
+	return startCluster(tb, masters, true, directives)
+}
+
+func startCluster(tb testing.TB, masters int, replicas bool, directives []string) *Cluster {
+	tb.Helper()
 	if masters < 3 {
 		tb.Fatalf("redistest: a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
 	cli := proctest.Binary(tb, "redis-cli", "redis-server") // redis-cli comes with it
 	c := &Cluster{tb: tb}
-	args := []string{"--cluster", "create"}
-	for range masters {
-		s := Start(tb, append([]string{
+	start := func() *Server {
+		return Start(tb, append([]string{
 			"cluster-enabled", "yes",
 			"cluster-node-timeout", "1000",
 		}, directives...)...)
+	}
+	args := []string{"--cluster", "create"}
+	for range masters {
+		s := start()
 		c.Nodes = append(c.Nodes, s)
 		args = append(args, s.Addr)
 	}
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out[max(len(out)-2000, 0):])
+	create := func(args ...string) {
+		if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+			tb.Fatalf("redistest: redis-cli %v: %v\n%s", args[:2], err, out[max(len(out)-2000, 0):])
+		}
+	}
+	create(append(args, "--cluster-replicas", "0", "--cluster-yes")...)
+	if replicas {
+		for _, m := range c.Nodes {
+			r := start()
+			c.Replicas = append(c.Replicas, r)
+			create("--cluster", "add-node", r.Addr, m.Addr, "--cluster-slave", "--cluster-master-id", nodeID(tb, ctx, m))
+		}
 	}
 	c.waitHealthy(ctx)
 	return c
 }
 
+// nodeID is the cluster node id of s.
+func nodeID(tb testing.TB, ctx context.Context, s *Server) string {
+	tb.Helper()
+	client := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer client.Close()
+	id, err := client.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		tb.Fatalf("redistest: CLUSTER MYID of %s: %v", s.Addr, err)
+	}
+	return id
+}
+
 // waitHealthy waits until every running node says cluster_state:ok and
-// knows all nodes.
+// knows all nodes, and every replica's link to its master is up.
 func (c *Cluster) waitHealthy(ctx context.Context) {
 	c.tb.Helper()
-	for _, s := range c.Nodes {
+	all := append(slices.Clone(c.Nodes), c.Replicas...)
+	for _, s := range all {
 		client := redis.NewClient(&redis.Options{Addr: s.Addr})
 		var last string
 		for {
 			info, err := client.ClusterInfo(ctx).Result()
 			last = fmt.Sprint(info, err)
 			if err == nil && strings.Contains(info, "cluster_state:ok") &&
-				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(c.Nodes))+"\r") {
-				break
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(all))+"\r") {
+				if !slices.Contains(c.Replicas, s) {
+					break
+				}
+				repl, err := client.Info(ctx, "replication").Result()
+				last = fmt.Sprint(repl, err)
+				if err == nil && strings.Contains(repl, "master_link_status:up") {
+					break
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -118,4 +168,59 @@ func (c *Cluster) NodeFor(key string) *Server {
 	}
 	c.tb.Fatalf("redistest: no cluster node serves %q", key)
 	return nil
+}
+
+// Errors returns the error replies of every running node (replicas too)
+// since it started, summed by their first word (INFO errorstats:
+// "CROSSSLOT", "NOSCRIPT", "ERR", ...): a Cluster test that checks
+// "CROSSSLOT" finds a command or script whose keys span slots, whoever sent
+// it.
+func (c *Cluster) Errors() map[string]int {
+	c.tb.Helper()
+	out := map[string]int{}
+	for _, s := range append(slices.Clone(c.Nodes), c.Replicas...) {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
+		info, err := client.Info(context.Background(), "errorstats").Result()
+		_ = client.Close()
+		if err != nil {
+			continue // a killed node
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			name, count, ok := strings.Cut(strings.TrimPrefix(line, "errorstat_"), ":count=")
+			if n, err := strconv.Atoi(count); ok && err == nil && strings.HasPrefix(line, "errorstat_") {
+				out[name] += n
+			}
+		}
+	}
+	return out
+}
+
+// HasScript reports whether a running node has the script with SHA-1 hash
+// in its cache: whether it was run (or loaded, to be run) on the cluster.
+func (c *Cluster) HasScript(hash string) bool {
+	c.tb.Helper()
+	for _, s := range append(slices.Clone(c.Nodes), c.Replicas...) {
+		client := redis.NewClient(&redis.Options{Addr: s.Addr})
+		ok, err := client.ScriptExists(context.Background(), hash).Result()
+		_ = client.Close()
+		if err == nil && ok[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// Scripts splits the scripts of the program (script.All: those of the
+// packages it links) into those that ran on the cluster (HasScript) and
+// those that did not, each sorted by name.
+func (c *Cluster) Scripts() (ran, not []string) {
+	c.tb.Helper()
+	for _, name := range slices.Sorted(maps.Keys(script.All())) {
+		if c.HasScript(script.All()[name].Hash()) {
+			ran = append(ran, name)
+		} else {
+			not = append(not, name)
+		}
+	}
+	return ran, not
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,6 +124,48 @@ func TestClusterServesEverySlot(t *testing.T) {
 	if got, err := direct.Get(ctx, "{k7}").Int(); err != nil || got != 7 {
 		t.Fatalf("GET on NodeFor's master: %v, %v", got, err)
 	}
+}
+
+// A killed master's replica is promoted by the cluster itself; a key
+// written before the kill (and replicated: WAIT) is served by it. It logs
+// the promotion's delay and when another master first answered CLUSTERDOWN
+// (Redis's default cluster-require-full-coverage).
+func TestClusterWithReplicasPromotesOnKill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := StartClusterWithReplicas(t, 3)
+	m, r := c.Nodes[0], c.Replicas[0]
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("{k%d}", i); c.NodeFor(k) == m {
+			key = k
+		}
+	}
+	if err := m.Client().Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Client().Wait(ctx, 1, 2*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	other := c.Nodes[1].Client()
+	m.Kill()
+	killed := time.Now()
+	var down time.Duration
+	WaitFor(t, 20*time.Second, "the replica promoted", func() bool {
+		if err := other.Ping(ctx).Err(); err == nil {
+			if err := other.Get(ctx, "{any}").Err(); down == 0 && err != nil && strings.HasPrefix(err.Error(), "CLUSTERDOWN") {
+				down = time.Since(killed)
+			}
+		}
+		info, err := r.Client().Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:master")
+	})
+	promoted := time.Since(killed)
+	if got, err := r.Client().Get(ctx, key).Result(); err != nil || got != "v" {
+		t.Fatalf("GET %s on the promoted replica: %q, %v", key, got, err)
+	}
+	t.Logf("replica promoted %v after its master was killed; another master answered CLUSTERDOWN from %v (0: never)",
+		promoted.Round(time.Millisecond), down.Round(time.Millisecond))
 }
 
 func TestSentinelFailover(t *testing.T) {

@@ -38,17 +38,17 @@ var (
 	//go:embed lua/backfilled.lua
 	backfilledLua string
 
-	scriptClaim    = redis.NewScript(claimLua)
-	scriptDone     = redis.NewScript(doneLua)
-	scriptSkip     = redis.NewScript(skipLua)
-	scriptReplicas = redis.NewScript(libLua + replicasLua)
-	scriptRegister = redis.NewScript(libLua + registerLua)
-	scriptPut      = redis.NewScript(putLua)
-	scriptRemove   = redis.NewScript(removeLua)
-	scriptPause    = redis.NewScript(pauseLua)
+	scriptClaim    = script.New("scheduler/claim.lua", claimLua)
+	scriptDone     = script.New("scheduler/done.lua", doneLua)
+	scriptSkip     = script.New("scheduler/skip.lua", skipLua)
+	scriptReplicas = script.New("scheduler/replicas.lua", libLua+replicasLua)
+	scriptRegister = script.New("scheduler/register.lua", libLua+registerLua)
+	scriptPut      = script.New("scheduler/put.lua", putLua)
+	scriptRemove   = script.New("scheduler/remove.lua", removeLua)
+	scriptPause    = script.New("scheduler/pause.lua", pauseLua)
 	// scriptBackfilled is the Store's, not the replicas': a backfill's
 	// record and count of a tick it enqueued.
-	scriptBackfilled = redis.NewScript(backfilledLua)
+	scriptBackfilled = script.New("scheduler/backfilled.lua", backfilledLua)
 )
 
 // maxBatch bounds the script calls sent in one pipeline (and the ticks one

@@ -1,17 +1,45 @@
 // Package script is the one way Lockstep runs its Lua scripts.
 //
 // Scripts are embedded .lua files, each with a header listing KEYS, ARGV and
-// return values, wrapped once in redis.NewScript. Run sends EVALSHA and falls
-// back to EVAL when the server does not have the script (a restart, a
-// failover), and names the operation in its errors.
+// return values, wrapped once by New, which registers it (All). Run sends
+// EVALSHA and falls back to EVAL when the server does not have the script (a
+// restart, a failover), and names the operation in its errors.
 package script
 
 import (
 	"context"
 	"fmt"
+	"maps"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
+
+var (
+	mu  sync.Mutex
+	all = map[string]*redis.Script{}
+)
+
+// New wraps src, an embedded script, once, named by its package and file
+// ("lock/acquire.lua"), and registers it, so that a test can reach every
+// script of the program (All): the Cluster test runs each one.
+func New(name, src string) *redis.Script {
+	s := redis.NewScript(src)
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := all[name]; dup {
+		panic("script: two scripts named " + name)
+	}
+	all[name] = s
+	return s
+}
+
+// All returns every script made with New in this program, by name.
+func All() map[string]*redis.Script {
+	mu.Lock()
+	defer mu.Unlock()
+	return maps.Clone(all)
+}
 
 // Run runs s on c and returns its reply. Errors name op, e.g. "demo begin"
 // (op "" leaves the naming to a caller that wraps every error itself).
