@@ -50,7 +50,7 @@ func TestCLIAgainstWorkerAndScheduler(t *testing.T) {
 			}
 		}
 	})
-	if want := []string{"backend", "fence", "held_ms", "holder", "limit", "permit", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
+	if want := []string{"backend", "fence", "held_ms", "holder", "limit", "permit", "progress_ms", "resource", "task_id", "ttl_ms", "type", "waiters"}; !reflect.DeepEqual(fields, want) {
 		t.Fatalf("lock fields %v, want exactly %v", fields, want)
 	}
 	if held["task_id"] != "hold-42" || held["type"] != "demo:order.pay" || held["backend"] != "redis" || held["limit"] != float64(1) || held["permit"] != float64(0) ||

@@ -8,7 +8,8 @@ import (
 
 const locksAbout = `Lists every held lock, longest held first: the resource, the holding process (host:pid),
 the job's task id and type when a job holds it, the fence, the TTL left, how long it
-has been held and how many tasks wait for it. A resource with a limit (Limit(n)) has
+has been held, how many tasks wait for it and, for a hold with StallAfter, how long ago
+its holder last reported progress. A resource with a limit (Limit(n)) has
 one line per held permit, shown as RESOURCE[k/n]. Exit 1 when no lock is held.
 
 Reads the locks where lock.backend keeps them: Redis, every Redlock node (a lock shows
@@ -16,7 +17,8 @@ where a majority holds one token) or etcd.
 
 JSON: an array of objects with resource, limit (1 for a lock), permit (0 to
 limit-1; one object per held permit), holder, task_id, type, fence (the
-permit's), ttl_ms, held_ms (null when the lock's value does not say), waiters
+permit's), ttl_ms, held_ms (null when the lock's value does not say), progress_ms
+(since the holder's last progress as of its last renewal; null without StallAfter), waiters
 (the resource's), backend (redis, redlock or etcd) and, on redlock, nodes (those
 that hold it).`
 
@@ -31,11 +33,14 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 		fmt.Fprintln(a.stderr, "lockstep locks:", err)
 		return exitUsage
 	}
-	return printList(a, *asJSON, locks, "no lock is held", "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS",
+	return printList(a, *asJSON, locks, "no lock is held", "RESOURCE\tHOLDER\tTASK\tTYPE\tFENCE\tTTL\tHELD\tWAITERS\tPROGRESS",
 		func(l lockView) string {
-			held := "-"
+			held, progress := "-", "-"
 			if l.HeldMs != nil {
 				held = ms(*l.HeldMs)
+			}
+			if l.ProgressMs != nil {
+				progress = ms(*l.ProgressMs) + " ago"
 			}
 			ttl := "none"
 			if l.TTLMs >= 0 {
@@ -45,8 +50,8 @@ func cmdLocks(ctx context.Context, a *app, args []string) int {
 			if l.Limit > 1 {
 				name = fmt.Sprintf("%s[%d/%d]", l.Resource, l.Permit, l.Limit)
 			}
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d", name, orDash(l.Holder), orDash(l.TaskID),
-				orDash(l.Type), l.Fence, ttl, held, l.Waiters)
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s", name, orDash(l.Holder), orDash(l.TaskID),
+				orDash(l.Type), l.Fence, ttl, held, l.Waiters, progress)
 		})
 }
 

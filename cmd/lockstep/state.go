@@ -31,6 +31,9 @@ type lockView struct {
 	Fence    int64    `json:"fence"`
 	TTLMs    int64    `json:"ttl_ms"`  // time left until it expires unless renewed
 	HeldMs   *int64   `json:"held_ms"` // since the acquire; null when the value does not say
+	// ProgressMs: since the holder's last progress (as of its last
+	// renewal), for a hold with StallAfter on Redis; null otherwise.
+	ProgressMs *int64 `json:"progress_ms"`
 	Waiters  int64    `json:"waiters"`
 	Backend  string   `json:"backend"`         // lock.backend: redis, redlock or etcd
 	Nodes    []string `json:"nodes,omitempty"` // redlock: the nodes that hold it, a majority
@@ -65,6 +68,10 @@ func listLocks(ctx context.Context, a *app) ([]lockView, error) {
 		if !info.Acquired.IsZero() {
 			held := max(now.Sub(info.Acquired).Milliseconds(), 0)
 			v.HeldMs = &held
+		}
+		if !h.Progress.IsZero() {
+			since := max(now.Sub(h.Progress).Milliseconds(), 0)
+			v.ProgressMs = &since
 		}
 		if v.TaskID != "" && v.Type == "" { // granted, or run by a chain: asynq knows its type
 			if t, err := findTask(a, v.TaskID); err == nil {

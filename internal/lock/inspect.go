@@ -23,6 +23,10 @@ type Held struct {
 	Fence    int64         // the holder's fence
 	TTL      time.Duration // left until it expires unless renewed; -1: no expiry (not written by Lockstep)
 	Queued   int64         // Acquire callers waiting in the lock's queue (single and etcd)
+	// Progress is the holder's last progress as of its last renewal, by
+	// the server's clock, for a holder that reports it (StallAfter; Redis
+	// and Cluster); zero otherwise.
+	Progress time.Time
 	// Nodes are the Redlock nodes (addresses) that hold this token, a
 	// majority; nil on the other back ends.
 	Nodes []string
@@ -127,12 +131,13 @@ func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []s
 	type cmds struct {
 		r, k       int
 		val, fence *redis.StringCmd
+		progress   *redis.StringCmd
 		ttl        *redis.DurationCmd
 		queued     *redis.IntCmd
 		limit      *redis.SliceCmd
 	}
 	read := func(p redis.Pipeliner, k keys, c *cmds) {
-		c.val, c.ttl, c.fence = p.Get(ctx, k.lock), p.PTTL(ctx, k.lock), p.Get(ctx, k.fence)
+		c.val, c.ttl, c.fence, c.progress = p.Get(ctx, k.lock), p.PTTL(ctx, k.lock), p.Get(ctx, k.fence), p.Get(ctx, k.progressKey())
 	}
 	cs := make([]cmds, len(resources))
 	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -179,6 +184,11 @@ func readRedis(ctx context.Context, l *Locker, node redis.Cmdable, resources []s
 		}
 		h := Held{Resource: resources[c.r], Permit: c.k, Limit: limits[c.r], Token: c.val.Val(), TTL: -1, Queued: c.queued.Val()}
 		h.Fence, _ = c.fence.Int64()
+		if at, token, ok := strings.Cut(c.progress.Val(), " "); ok && token == h.Token && h.Token != "" {
+			if ms, err := strconv.ParseInt(at, 10, 64); err == nil {
+				h.Progress = time.UnixMilli(ms)
+			}
+		}
 		if d := c.ttl.Val(); d > 0 {
 			h.TTL = d
 		}

@@ -37,6 +37,11 @@ func (k keys) permitKeys(p int) keys {
 // holding the limit alone.
 func (k keys) limitKey() string { return k.base + ":limit" }
 
+// progressKey is where the renewals of a holder that reports progress
+// (StallAfter) leave its last progress: "<Unix ms> <token>", with the lock's
+// TTL (lua/renew_batch.lua).
+func (k keys) progressKey() string { return k.lock + ":progress" }
+
 // rateKey is the key of a rate limit on the resource (lua/rate.lua): its
 // theoretical arrival time, under the resource's hash tag.
 func (k keys) rateKey() string { return k.base + ":rate" }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,6 +209,24 @@ type Lease struct {
 	state leaseState
 
 	ext any // the back end's own state of this lease, e.g. etcd's lease id
+
+	progress atomic.Pointer[func() time.Time] // the holder's last progress (ReportProgress)
+}
+
+// ReportProgress has the lease's renewals on Redis leave the holder's last
+// progress, as last says it, beside the lock (until its TTL passes), for
+// operators to read (Locks: Held.Progress). The watchdog sets it for a hold
+// with StallAfter.
+func (s *Lease) ReportProgress(last func() time.Time) { s.progress.Store(&last) }
+
+// progressFlag is the renewal's flag of a lease that reports progress:
+// "g:<ms since the last progress>", or "".
+func (s *Lease) progressFlag() string {
+	last := s.progress.Load()
+	if last == nil {
+		return ""
+	}
+	return "g:" + strconv.FormatInt(max(time.Since((*last)()).Milliseconds(), 0), 10)
 }
 
 // Key returns the resource name the lease was taken on, e.g. "lock:order:42".

@@ -159,7 +159,11 @@ func renewBatchOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTT
 			if s.keys.permit > 0 {
 				keys = append(keys, s.keys.limitKey())
 			}
-			args = append(args, s.token, s.ttl.Milliseconds(), s.renewFlags(), counterTTL(s.ttl, fenceTTL))
+			flags := s.renewFlags()
+			if g := s.progressFlag(); g != "" {
+				keys, flags = append(keys, s.keys.progressKey()), flags+g
+			}
+			args = append(args, s.token, s.ttl.Milliseconds(), flags, counterTTL(s.ttl, fenceTTL))
 		}
 		calls = append(calls, scriptCall{keys, args})
 	}
@@ -196,7 +200,11 @@ func renewEachOn(ctx context.Context, c redis.Cmdable, leases []*Lease, fenceTTL
 		if s.keys.permit > 0 {
 			keys = append(keys, s.keys.limitKey())
 		}
-		calls[i] = scriptCall{keys, []any{s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL)}}
+		g := s.progressFlag()
+		if g != "" {
+			keys = append(keys, s.keys.progressKey())
+		}
+		calls[i] = scriptCall{keys, []any{s.token, s.ttl.Milliseconds(), s.reentrantFlag(), counterTTL(s.ttl, fenceTTL), g}}
 	}
 	cmds, err := runPipelined(ctx, c, scriptRenew, calls, nil)
 	for i := range leases {

@@ -265,6 +265,8 @@ func (w *Watchdog) Hold(ctx context.Context, lease *lock.Lease, opts ...HoldOpti
 	if c.stallAfter > 0 {
 		h.progressNs.Store(int64(time.Since(epoch)))
 		h.stallTimer = time.AfterFunc(c.stallAfter, h.onStallCheck)
+		// Its renewals leave its last progress for `lockstep locks`.
+		lease.ReportProgress(func() time.Time { return epoch.Add(time.Duration(h.progressNs.Load())) })
 	}
 	// Poke the loop only when this hold needs it sooner than it wakes: a
 	// burst of short holds then costs the loop nothing.

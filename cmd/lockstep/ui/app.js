@@ -44,7 +44,8 @@ function renderLocks(o) {
     el("tr", { "data-resource": l.resource },
       el("td", {}, l.limit > 1 ? l.resource + " [" + l.permit + "/" + l.limit + "]" : l.resource), el("td", {}, l.holder || "-"), el("td", {}, taskLink(l.task_id)),
       el("td", {}, l.type || "-"), el("td", { class: "num" }, l.fence), el("td", { class: "num" }, duration(l.ttl_ms)),
-      el("td", { class: "num" }, duration(l.held_ms)), el("td", { class: "num" }, l.waiters)));
+      el("td", { class: "num" }, duration(l.held_ms)), el("td", { class: "num" }, l.waiters),
+      el("td", { class: "num" }, l.progress_ms == null ? "-" : duration(l.progress_ms) + " ago")));
   fill($("locks").tBodies[0], rows);
   $("locks-count").textContent = o.locks_error ? "" : "(" + o.locks.length + ")";
   $("locks-empty").hidden = o.locks.length > 0;

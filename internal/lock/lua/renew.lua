@@ -9,6 +9,9 @@
 -- ARGV[4]  the fencing counter's new ttl in milliseconds (ttl + fence ttl)
 -- KEYS[4]  (a permit k > 0 only) the resource's limit hash lockstep:{R}:limit,
 --          which lives at least as long as the counter (lib.lua)
+-- ARGV[5]  "g:<ms since the holder's last progress>" for a holder that
+--          reports progress, else "": then the last key is the lock's
+--          progress key, which gets "<Unix ms of it> <token>" with the ttl
 --
 -- Returns
 --   1   renewed
@@ -23,7 +26,15 @@ if cur ~= ARGV[1] then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
-if KEYS[4] and redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then
+local age = ARGV[5] and string.match(ARGV[5], '^g:(%d+)$')
+local limits = #KEYS
+if age then
+  limits = limits - 1
+  local t = redis.call('TIME')
+  local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', KEYS[#KEYS], string.format('%.0f', nowms - tonumber(age)) .. ' ' .. ARGV[1], 'PX', ARGV[2])
+end
+if limits >= 4 and redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
 end
 if ARGV[3] ~= '' then
