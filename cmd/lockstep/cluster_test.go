@@ -424,6 +424,23 @@ func TestJobsOnCluster(t *testing.T) {
 		t.Fatalf("schedules rm: exit %d: %s", r.code, r.stderr)
 	}
 
+	// A rate-limited demo job over its burst is delayed to its turn
+	// (reserve.lua), on the rate key's master, and completes unretried.
+	calls := []string{"call-0", "call-1", "call-2"} // the third is over the burst of 2
+	for _, id := range calls {
+		payload := `{"client_id":"cluster","work_ms":1}`
+		if _, err := enq.Enqueue(asynq.NewTask(demo.RatedType, []byte(payload)), asynq.TaskID(id),
+			asynq.Retention(time.Hour), asynq.Queue(demo.Queue)); err != nil {
+			t.Fatalf("enqueue %s: %v", id, err)
+		}
+	}
+	for _, id := range calls {
+		waitState(id, asynq.TaskStateCompleted, 20*time.Second)
+		if info, _ := state(id); info.Retried != 0 {
+			t.Errorf("%s used %d retries; a rate delay is no failure", id, info.Retried)
+		}
+	}
+
 	// Code of one's own locks and rates on the Cluster: WithLock, a
 	// waiter that gives up, Allow.
 	l := lockstep.NewLocker(client)
