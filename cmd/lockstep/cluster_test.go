@@ -470,7 +470,8 @@ func TestJobsOnCluster(t *testing.T) {
 }
 
 // luaFiles names the repository's scripts as script.New does
-// ("lock/acquire.lua"), but for the libraries they are prefixed with.
+// (internal/lock/lua/acquire.lua: "lock"+"/acquire.lua"), but for the
+// libraries they are prefixed with.
 func luaFiles(t *testing.T) []string {
 	t.Helper()
 	paths, err := filepath.Glob("../../internal/*/lua/*.lua")

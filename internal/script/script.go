@@ -20,9 +20,10 @@ var (
 	all = map[string]*redis.Script{}
 )
 
-// New wraps src, an embedded script, once, named by its package and file
-// ("lock/acquire.lua"), and registers it, so that a test can reach every
-// script of the program (All): the Cluster test runs each one.
+// New wraps src, an embedded script, once, named by its package and its
+// file with a slash between (internal/lock/lua/acquire.lua: "lock"+"/acquire.lua"),
+// and registers it, so that a test can reach every script of the program
+// (All): the Cluster test runs each one.
 func New(name, src string) *redis.Script {
 	s := redis.NewScript(src)
 	mu.Lock()
