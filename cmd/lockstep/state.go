@@ -22,21 +22,21 @@ import (
 
 // lockView is one held lock, as `lockstep locks --json` prints it.
 type lockView struct {
-	Resource string   `json:"resource"`
-	Limit    int      `json:"limit"`   // the resource's limit: 1 for a lock
-	Permit   int      `json:"permit"`  // which permit this is: 0 for a lock
-	Holder   string   `json:"holder"`  // host:pid of the holding process
-	TaskID   string   `json:"task_id"` // "" unless a job holds it
-	Type     string   `json:"type"`    // "" unless a job holds it
-	Fence    int64    `json:"fence"`
-	TTLMs    int64    `json:"ttl_ms"`  // time left until it expires unless renewed
-	HeldMs   *int64   `json:"held_ms"` // since the acquire; null when the value does not say
+	Resource string `json:"resource"`
+	Limit    int    `json:"limit"`   // the resource's limit: 1 for a lock
+	Permit   int    `json:"permit"`  // which permit this is: 0 for a lock
+	Holder   string `json:"holder"`  // host:pid of the holding process
+	TaskID   string `json:"task_id"` // "" unless a job holds it
+	Type     string `json:"type"`    // "" unless a job holds it
+	Fence    int64  `json:"fence"`
+	TTLMs    int64  `json:"ttl_ms"`  // time left until it expires unless renewed
+	HeldMs   *int64 `json:"held_ms"` // since the acquire; null when the value does not say
 	// ProgressMs: since the holder's last progress (as of its last
 	// renewal), for a hold with StallAfter on Redis; null otherwise.
-	ProgressMs *int64 `json:"progress_ms"`
-	Waiters  int64    `json:"waiters"`
-	Backend  string   `json:"backend"`         // lock.backend: redis, redlock or etcd
-	Nodes    []string `json:"nodes,omitempty"` // redlock: the nodes that hold it, a majority
+	ProgressMs *int64   `json:"progress_ms"`
+	Waiters    int64    `json:"waiters"`
+	Backend    string   `json:"backend"`         // lock.backend: redis, redlock or etcd
+	Nodes      []string `json:"nodes,omitempty"` // redlock: the nodes that hold it, a majority
 }
 
 // backendName is lock.backend as the config says it (redis, redlock, etcd).
