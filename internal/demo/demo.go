@@ -124,15 +124,24 @@ func Decode(b []byte) (any, error) {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return nil, err
 	}
-	switch {
-	case p.OrderID == "":
-		return nil, errors.New("order_id is required")
-	case strings.ContainsAny(p.OrderID, "{}"):
-		return nil, fmt.Errorf("order_id %q must not contain '{' or '}'", p.OrderID)
-	case p.WorkMS < 0 || time.Duration(p.WorkMS)*time.Millisecond > maxWork:
-		return nil, fmt.Errorf("work_ms %d is outside [0, %d]", p.WorkMS, maxWork.Milliseconds())
+	if err := checkPayload("order_id", p.OrderID, "{}", p.WorkMS); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// checkPayload checks a demo payload's id (field, required, none of the
+// characters of forbidden: they would break its key) and its work_ms.
+func checkPayload(field, id, forbidden string, workMS int64) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%s is required", field)
+	case strings.ContainsAny(id, forbidden):
+		return fmt.Errorf("%s %q must not contain any of %s", field, id, strings.Join(strings.Split(forbidden, ""), " "))
+	case workMS < 0 || time.Duration(workMS)*time.Millisecond > maxWork:
+		return fmt.Errorf("work_ms %d is outside [0, %d]", workMS, maxWork.Milliseconds())
+	}
+	return nil
 }
 
 type job struct {

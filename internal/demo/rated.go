@@ -3,10 +3,8 @@ package demo
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -74,13 +72,8 @@ func DecodeRated(b []byte) (any, error) {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return nil, err
 	}
-	switch {
-	case p.ClientID == "":
-		return nil, errors.New("client_id is required")
-	case strings.ContainsAny(p.ClientID, "{}"):
-		return nil, fmt.Errorf("client_id %q must not contain '{' or '}'", p.ClientID)
-	case p.WorkMS < 0 || time.Duration(p.WorkMS)*time.Millisecond > maxWork:
-		return nil, fmt.Errorf("work_ms %d is outside [0, %d]", p.WorkMS, maxWork.Milliseconds())
+	if err := checkPayload("client_id", p.ClientID, "{}", p.WorkMS); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

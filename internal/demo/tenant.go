@@ -3,12 +3,8 @@ package demo
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -70,13 +66,8 @@ func DecodeTenant(b []byte) (any, error) {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return nil, err
 	}
-	switch {
-	case p.TenantID == "":
-		return nil, errors.New("tenant_id is required")
-	case strings.ContainsAny(p.TenantID, "{}/"):
-		return nil, fmt.Errorf("tenant_id %q must not contain '{', '}' or '/'", p.TenantID)
-	case p.WorkMS < 0 || time.Duration(p.WorkMS)*time.Millisecond > maxWork:
-		return nil, fmt.Errorf("work_ms %d is outside [0, %d]", p.WorkMS, maxWork.Milliseconds())
+	if err := checkPayload("tenant_id", p.TenantID, "{}/", p.WorkMS); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
