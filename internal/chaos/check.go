@@ -643,8 +643,12 @@ func checkRecoveryTimes(h History, r *Report) {
 			times[f.Kind] = append(times[f.Kind], d.Milliseconds())
 			if h.LockTTL > 0 && d > bound && f.Kind == FaultWorkerKill && jobs[id] {
 				r.RecoveryOverBound++
-				r.RecoveryLate = append(r.RecoveryLate, fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v",
-					id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound))
+				held := "not read"
+				if f.Holds != nil {
+					held = fmt.Sprint(slices.Contains(f.Holds, id))
+				}
+				r.RecoveryLate = append(r.RecoveryLate, fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v (in its hold records at the kill: %s)",
+					id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound, held))
 			}
 		}
 	}

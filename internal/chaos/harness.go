@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
@@ -450,8 +451,14 @@ func (r *run) draw(kind string) plan {
 	pauseDetail := func(d time.Duration) string { return fmt.Sprintf("SIGSTOP for %v (lock TTL %v)", d, lockTTL) }
 	switch kind {
 	case FaultWorkerKill:
-		return restarted(down+restartBudget, onWorker("SIGKILL mid-work, restarted after "+down.String()),
-			w.kill, func() { w.start(r.tb) })
+		return plan{down + restartBudget, func() Fault {
+			f := r.begin(kind, w, "SIGKILL mid-work, restarted after "+down.String())
+			w.kill()
+			f.Holds = r.holdsOf(f.Worker)
+			time.Sleep(down)
+			w.start(r.tb)
+			return r.end(f)
+		}}
 	case FaultWorkerKillDrain:
 		return plan{drain + down + restartBudget, func() Fault {
 			f := r.begin(kind, w, fmt.Sprintf("SIGTERM, SIGKILL %v into the drain, restarted after %v", drain, down))
@@ -501,6 +508,24 @@ func (r *run) draw(kind string) plan {
 		}}
 	}
 	panic("chaos: unknown fault " + kind)
+}
+
+// holdsOf returns the task ids of worker's hold records (recovery's view of
+// what it has in its hands), nil when they cannot be read.
+func (r *run) holdsOf(worker string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	recs, err := r.rc.SMembers(ctx, lock.New(r.rc).HoldsKey(worker)).Result()
+	if err != nil {
+		return nil
+	}
+	ids := []string{}
+	for _, rec := range recs {
+		if _, _, id, ok := lock.ParseHoldRecord(rec); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 func (r *run) begin(kind string, p *role, detail string) Fault {

@@ -148,6 +148,9 @@ type Fault struct {
 	Start  time.Time // when the fault began
 	End    time.Time // when it was healed (process restarted, resumed, link restored)
 	Detail string    // e.g. "paused 3.2s", "killed 140ms into a tick"
+	// Holds: a worker_kill's killed worker's hold records right after the
+	// kill, the tasks its recovery knows of (task ids; "" when not read).
+	Holds []string
 }
 
 // Fault kinds.
