@@ -182,7 +182,7 @@ func TestJobsOnCluster(t *testing.T) {
 	const waiting = 5
 	parked := map[string][]string{} // order -> its waiters, in arrival order
 	for _, o := range orders {
-		enqueue("hold-"+o, o, 3000)
+		enqueue("hold-"+o, o, 6000) // long enough to park 15 waiters in make test (3 s was not once)
 	}
 	for _, o := range orders {
 		waitState("hold-"+o, asynq.TaskStateActive, 20*time.Second)
@@ -199,7 +199,7 @@ func TestJobsOnCluster(t *testing.T) {
 			defer wg.Done()
 			for _, id := range parked[o] {
 				enqueue(id, o, 20)
-				waitFor(t, 10*time.Second, id+" parked", func() bool { info, ok := state(id); return ok && info.State == asynq.TaskStateRetry })
+				waitFor(t, 20*time.Second, id+" parked", func() bool { info, ok := state(id); return ok && info.State == asynq.TaskStateRetry })
 			}
 		}()
 	}

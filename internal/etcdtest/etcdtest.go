@@ -179,7 +179,7 @@ func (c *Cluster) Client(opts ...func(*clientv3.Config)) *clientv3.Client {
 // member; it fails the test when none answers within a few seconds.
 func (c *Cluster) Leader() *Member {
 	c.tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, m := range c.Members {
 			if m.isLeader() {
