@@ -425,7 +425,7 @@ func TestJobsOnCluster(t *testing.T) {
 	}
 
 	// A rate-limited demo job over its burst is delayed to its turn
-	// (reserve.lua), on the rate key's master, and completes unretried.
+	// (rate.lua with its turn key), on the rate key's master, and completes unretried.
 	calls := []string{"call-0", "call-1", "call-2"} // the third is over the burst of 2
 	for _, id := range calls {
 		payload := `{"client_id":"cluster","work_ms":1}`

@@ -46,7 +46,7 @@ func (k keys) progressKey() string { return k.lock + ":progress" }
 // theoretical arrival time, under the resource's hash tag.
 func (k keys) rateKey() string { return k.base + ":rate" }
 
-// turnKey is the turn a rate limit on the resource gave task (lua/reserve.lua).
+// turnKey is the turn a rate limit on the resource gave task (lua/rate.lua, Reserve).
 func (k keys) turnKey(task string) string { return k.base + ":rate:task:" + task }
 
 // permitPrefix is what the lock keys of permits k > 0 start with

@@ -67,53 +67,45 @@ func (l *Locker) Allow(ctx context.Context, key string, r Rate) (time.Duration, 
 // AllowAt is Allow, with the server's time of the decision: with wait 0,
 // the admission's time on the clock the limit is kept by.
 func (l *Locker) AllowAt(ctx context.Context, key string, r Rate) (wait time.Duration, at time.Time, err error) {
-	if err := r.Check(); err != nil {
-		return 0, time.Time{}, fmt.Errorf("lock: allow %q: %w", key, err)
-	}
-	b, ok := l.be.(*single)
-	if !ok {
-		return 0, time.Time{}, fmt.Errorf("lock: allow %q: %w (this one is %s)", key, errNoRate, l.kind)
-	}
-	v, err := run(ctx, b.client, scriptRate, []string{l.keysFor(key).rateKey()}, r.interval(), r.burst())
-	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("lock: allow %q: %w", key, err)
-	}
-	reply, ok := v.([]any)
-	if !ok || len(reply) != 2 {
-		return 0, time.Time{}, fmt.Errorf("lock: allow %q: unexpected reply %v", key, v)
-	}
-	us, _ := reply[0].(int64)
-	now, _ := reply[1].(int64)
-	return time.Duration(us) * time.Microsecond, time.UnixMicro(now), nil
+	return l.rate(ctx, "allow", key, r, "", 0)
 }
 
 // Reserve is AllowAt for a task that can come back later: over the rate it
 // takes the task's turn (counted now) and returns the wait until it, and
 // when the task asks again on that turn, up to late after it, it is
-// admitted without asking the limit again (lua/reserve.lua). A task
-// therefore waits once. at is the admission's time on the limit's
-// schedule: now, or the turn. task names the task among those of key (a
-// queue and its id); a turn not used expires shortly after late.
+// admitted without asking the limit again (lua/rate.lua with the turn's
+// key). A task therefore waits once. at is the admission's time on the
+// limit's schedule: now, or the turn. task names the task among those of
+// key (a queue and its id); a turn not used expires shortly after late.
 func (l *Locker) Reserve(ctx context.Context, key string, r Rate, task string, late time.Duration) (wait time.Duration, at time.Time, err error) {
+	return l.rate(ctx, "reserve", key, r, task, late)
+}
+
+// rate runs lua/rate.lua for key under r: with task, as Reserve.
+func (l *Locker) rate(ctx context.Context, op, key string, r Rate, task string, late time.Duration) (time.Duration, time.Time, error) {
 	if err := r.Check(); err != nil {
-		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w", op, key, err)
 	}
 	b, ok := l.be.(*single)
 	if !ok {
-		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w (this one is %s)", key, errNoRate, l.kind)
+		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w (this one is %s)", op, key, errNoRate, l.kind)
 	}
 	k := l.keysFor(key)
-	v, err := run(ctx, b.client, scriptReserve, []string{k.rateKey(), k.turnKey(task)}, r.interval(), r.burst(), max(late.Microseconds(), 0))
+	keys, args := []string{k.rateKey()}, []any{r.interval(), r.burst()}
+	if task != "" {
+		keys, args = append(keys, k.turnKey(task)), append(args, max(late.Microseconds(), 0))
+	}
+	v, err := run(ctx, b.client, scriptRate, keys, args...)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: %w", key, err)
+		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w", op, key, err)
 	}
 	reply, ok := v.([]any)
 	if !ok || len(reply) != 3 {
-		return 0, time.Time{}, fmt.Errorf("lock: reserve %q: unexpected reply %v", key, v)
+		return 0, time.Time{}, fmt.Errorf("lock: %s %q: unexpected reply %v", op, key, v)
 	}
 	us, _ := reply[0].(int64)
-	turn, _ := reply[1].(int64)
-	return time.Duration(us) * time.Microsecond, time.UnixMicro(turn), nil
+	at, _ := reply[1].(int64)
+	return time.Duration(us) * time.Microsecond, time.UnixMicro(at), nil
 }
 
 // RateState is a rate key's state, read from what lua/rate.lua keeps (the

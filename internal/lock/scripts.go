@@ -38,8 +38,6 @@ var (
 	rateLua string
 	//go:embed lua/front.lua
 	frontLua string
-	//go:embed lua/reserve.lua
-	reserveLua string
 
 	scriptAcquire    = script.New("lock/acquire.lua", libLua+acquireLua)
 	scriptRelease    = script.New("lock/release.lua", libLua+releaseLua)
@@ -53,7 +51,6 @@ var (
 	scriptClaim      = script.New("lock/claim.lua", claimLua)
 	scriptRate       = script.New("lock/rate.lua", rateLua)
 	scriptFront      = script.New("lock/front.lua", libLua+frontLua)
-	scriptReserve    = script.New("lock/reserve.lua", reserveLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -6,28 +6,61 @@
 -- it is allowed when that, less the burst's B emission intervals, is not
 -- after now. So over any window w at most w/T + B are admitted.
 --
+-- With KEYS[2] (Reserve: a task that can come back later), an admission
+-- over the rate takes the task's turn instead of asking it to come back and
+-- try: counted now, kept in KEYS[2]; the task asking again on its turn, up
+-- to late after it, is admitted without asking the limit again, so it is
+-- dequeued at most twice.
+--
 -- KEYS[1]  the rate key, prefix{K}:rate: "<TAT> <T> <B>", the TAT in Unix
 --          microseconds and the limit it was counted under (T and B, as in
 --          ARGV), so that a reader (rate.go's Rates) can tell the burst left
+-- KEYS[2]  (Reserve only) the task's turn, prefix{K}:rate:task:<task>: Unix µs
 -- ARGV[1]  the emission interval T = Per/N, microseconds (>= 1)
 -- ARGV[2]  the burst B (>= 1)
+-- ARGV[3]  (Reserve only) late: how long after its turn a task coming back
+--          is still admitted on it, µs; later, its turn is gone (it was
+--          counted and not used) and it asks afresh
 --
--- Returns {wait, now}, both in microseconds:
---   wait 0  admitted now and counted (the TAT moved; the key expires when
---           its TAT passes, since from then on it says what no key says)
---   wait>0  the time until an admission would be allowed; nothing written
+-- Returns {wait, at, now}, in microseconds:
+--   wait 0  admitted and counted (the TAT moved; the key expires when its
+--           TAT passes, since from then on it says what no key says); at is
+--           the admission's time on the limit's schedule: now, or the turn
+--           the task came back on
+--   wait>0  not admitted: without KEYS[2] nothing is written and an
+--           admission that much later would be allowed; with it, the task's
+--           turn is at (now + wait), counted now
 --   now     the server's time of the decision (TIME)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local reserve = KEYS[2] ~= nil
+if reserve then
+  local turn = redis.call('GET', KEYS[2])
+  if turn then
+    turn = tonumber(turn)
+    if now < turn then
+      return {turn - now, turn, now}
+    end
+    redis.call('DEL', KEYS[2])
+    if now - turn <= tonumber(ARGV[3]) then
+      return {0, turn, now}
+    end
+  end
+end
 local tat = tonumber(string.match(redis.call('GET', KEYS[1]) or '0', '^%d+')) or 0
 if tat < now then
   tat = now
 end
 local nextTat = tat + interval
-local at = nextTat - tonumber(ARGV[2]) * interval
-if at > now then
-  return {at - now, now}
+local at = nextTat - burst * interval
+if at > now and not reserve then
+  return {at - now, now, now}
 end
-redis.call('SET', KEYS[1], string.format('%.0f %.0f %d', nextTat, interval, tonumber(ARGV[2])), 'PX', math.ceil((nextTat - now) / 1000))
-return {0, now}
+redis.call('SET', KEYS[1], string.format('%.0f %.0f %d', nextTat, interval, burst), 'PX', math.ceil((nextTat - now) / 1000))
+if at <= now then
+  return {0, now, now}
+end
+redis.call('SET', KEYS[2], string.format('%.0f', at), 'PX', math.ceil((at - now + tonumber(ARGV[3])) / 1000) + 1000)
+return {at - now, at, now}
