@@ -110,8 +110,8 @@ func (r *recovery) back(resource, queue, id string) {
 }
 
 // forget queues the done marker of the task id of queue for deletion at
-// the next beat: its task left this process's hands, and asynq has
-// recorded it by then (see settled).
+// the next beat at which asynq can no longer deliver the task (settled):
+// its task left this process's hands.
 func (r *recovery) forget(marker, queue, id string) {
 	if r == nil {
 		return
