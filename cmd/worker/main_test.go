@@ -220,15 +220,10 @@ func TestKilledWorkersJobsStillComplete(t *testing.T) {
 	// make test one run in several still had a task come back only by that
 	// lease (not yet explained): say which, then wait for asynq's lease and
 	// recoverer as before.
-	waitForOrNot := func(within time.Duration) bool {
-		for end := time.Now().Add(within); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-			if q, err := r.insp.GetQueueInfo(demo.Queue); err == nil && q.Completed == total {
-				return true
-			}
-		}
-		return false
-	}
-	if !waitForOrNot(30 * time.Second) {
+	if !redistest.Within(30*time.Second, 100*time.Millisecond, func() bool {
+		q, err := r.insp.GetQueueInfo(demo.Queue)
+		return err == nil && q.Completed == total
+	}) {
 		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){r.insp.ListActiveTasks, r.insp.ListRetryTasks, r.insp.ListPendingTasks} {
 			infos, _ := list(demo.Queue)
 			for _, info := range infos {

@@ -17,13 +17,23 @@ func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 // to run, a query API to ask): it polls cond every interval instead.
 func WaitEvery(tb testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	if !Within(timeout, interval, cond) {
+		tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Within polls cond every interval until it holds, and reports whether it
+// did before timeout passed: for a test that says what it saw when a bound
+// is missed, then goes on.
+func Within(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(interval)
 	}
+	return true
 }
 
 // Receive returns the next value from ch, and fails the test when none comes
