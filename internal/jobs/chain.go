@@ -66,7 +66,7 @@ func (s *Server) release(lease *lock.Lease, job Job, h *handoff) func(context.Co
 	return func(ctx context.Context) error {
 		r, err := s.locker.HandOn(ctx, lease, lock.HandOff{Chain: true, Queue: job.Queue, ID: job.ID,
 			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: s.markerTTL(), Drop: h.drop, Keep: h.keep,
-			RecoveryTTL: s.recoveryTTL(), Holds: s.recovery.holds})
+			RecoveryTTL: s.recoveryTTL(), Holds: s.recovery.reg.Holds()})
 		h.next, h.marked, h.dropped = r.Next, r.Marked, r.Dropped
 		return err
 	}
@@ -150,7 +150,7 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanCo
 	if drop != "" {
 		// Its task is complete in asynq (the claim deleted it): no delivery
 		// of it is left to read the marker.
-		_ = s.client.Del(wctx, drop).Err()
+		_ = s.recovery.reg.DropMarker(wctx, drop)
 	}
 }
 
@@ -240,7 +240,7 @@ func (s *Server) keepClaim(queue, id, keep string) (stop func()) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				err := s.store.ExtendClaim(ctx, queue, id, s.leaseUntil(now))
 				if keep != "" && err == nil {
-					err = s.client.PExpire(ctx, keep, s.markerTTL()).Err()
+					err = s.recovery.reg.KeepMarker(ctx, keep, s.markerTTL())
 				}
 				cancel()
 				if err != nil {
@@ -256,7 +256,7 @@ func (s *Server) keepClaim(queue, id, keep string) (stop func()) {
 // run (gone, or still active elsewhere).
 func (s *Server) pass(ctx context.Context, g *lock.TaskGrant, drop *string) *lock.TaskGrant {
 	s.recovery.left(g.Resource, g.Queue, g.ID) // not run here
-	r, err := s.locker.HandOn(context.WithoutCancel(ctx), s.locker.Adopt(g, g.TTL), lock.HandOff{Chain: true, Drop: *drop, Holds: s.recovery.holds})
+	r, err := s.locker.HandOn(context.WithoutCancel(ctx), s.locker.Adopt(g, g.TTL), lock.HandOff{Chain: true, Drop: *drop, Holds: s.recovery.reg.Holds()})
 	if err != nil {
 		s.log.Warn("handing the lock past a waiter failed; it expires within its TTL", "resource", g.Resource, "err", err)
 		return nil

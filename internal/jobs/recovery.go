@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -55,8 +54,7 @@ func (s *Server) recoveryTTL() time.Duration {
 
 // recovery is a job server's part in recovery.
 type recovery struct {
-	process string // this process, host:pid
-	holds   string // its holds set
+	reg *lock.Registry // this process's (host:pid) records, beats and markers
 
 	mu sync.Mutex
 	// Records of the tasks that left, to remove: those queued before the
@@ -76,9 +74,9 @@ type recovery struct {
 	dequeues bool
 }
 
-func newRecovery(l *lock.Locker) *recovery {
+func newRecovery(l *lock.Locker, client redis.UniversalClient) *recovery {
 	p := procid.Self() // the holder in this process's lock tokens
-	return &recovery{process: p, holds: l.HoldsKey(p), done: map[string]struct{}{}, aged: map[string]struct{}{},
+	return &recovery{reg: l.Registry(client, p), done: map[string]struct{}{}, aged: map[string]struct{}{},
 		kept: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
 
@@ -130,7 +128,7 @@ func (s *Server) holdsFor(ctx context.Context) string {
 	if s.recovery == nil || ctx.Value(inRunKey{}) != nil {
 		return ""
 	}
-	return s.recovery.holds
+	return s.recovery.reg.Holds()
 }
 
 // holdBare records, for a recoverer, a task this process holds without a
@@ -146,7 +144,7 @@ func (s *Server) holdBare(ctx context.Context, job Job) bool {
 	if holds == "" || s.recovery.dequeues && asynqstore.Recorded(job.ID) {
 		return false
 	}
-	if err := s.client.SAdd(ctx, holds, lock.HoldRecord("", job.Queue, job.ID)).Err(); err != nil {
+	if err := s.recovery.reg.Record(ctx, lock.HoldRecord("", job.Queue, job.ID)); err != nil {
 		s.log.Warn("recording a task failed; a crash of this worker leaves it to asynq's lease recovery", "id", job.ID, "err", err)
 		return false
 	}
@@ -157,16 +155,10 @@ func (s *Server) holdBare(ctx context.Context, job Job) bool {
 // resource, in one step (a recoverer sees one or the other), once it holds
 // the lock. (take.lua does the same for a lock it takes.)
 func (s *Server) swapBare(ctx context.Context, job Job, resource string) {
-	holds := s.holdsFor(ctx)
-	if holds == "" {
+	if s.holdsFor(ctx) == "" {
 		return
 	}
-	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, holds, lock.HoldRecord(resource, job.Queue, job.ID))
-		p.SRem(ctx, holds, lock.HoldRecord("", job.Queue, job.ID))
-		return nil
-	})
-	if err != nil {
+	if err := s.recovery.reg.Swap(ctx, lock.HoldRecord("", job.Queue, job.ID), lock.HoldRecord(resource, job.Queue, job.ID)); err != nil {
 		s.log.Warn("recording a hold failed; a crash of this worker leaves the task to asynq's lease recovery", "id", job.ID, "err", err)
 	}
 }
@@ -175,7 +167,7 @@ func (s *Server) swapBare(ctx context.Context, job Job, resource string) {
 // that is not recovered: a schedule's run under an overlap policy
 // (holdsFor).
 func (s *Server) dropBare(ctx context.Context, job Job) {
-	s.client.SRem(context.WithoutCancel(ctx), s.recovery.holds, lock.HoldRecord("", job.Queue, job.ID))
+	_ = s.recovery.reg.Drop(context.WithoutCancel(ctx), lock.HoldRecord("", job.Queue, job.ID))
 }
 
 // Recovery on the back ends without the hand-off (Redlock, etcd,
@@ -189,7 +181,7 @@ func (s *Server) ranBefore(ctx context.Context, job Job) (string, bool) {
 	if s.holdsFor(ctx) == "" {
 		return "", false
 	}
-	v, err := s.client.Get(ctx, s.locker.DoneKey(job.Resource, job.Queue, job.ID)).Result()
+	v, err := s.recovery.reg.Outcome(ctx, job.Resource, job.Queue, job.ID)
 	return v, err == nil && v == outcomeOK
 }
 
@@ -204,7 +196,7 @@ func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payloa
 	marker := s.locker.DoneKey(job.Resource, job.Queue, job.ID)
 	h := &handoff{release: func(ctx context.Context, outcome string) error {
 		if outcome == outcomeOK {
-			if err := s.client.Set(ctx, marker, outcomeOK, s.recoveryTTL()).Err(); err != nil {
+			if err := s.recovery.reg.MarkDone(ctx, job.Resource, job.Queue, job.ID, outcomeOK, s.recoveryTTL()); err != nil {
 				s.log.Debug("done marker for recovery not written", "id", job.ID, "err", err)
 			}
 			s.recovery.forget(marker, job.Queue, job.ID)
@@ -245,7 +237,7 @@ func (s *Server) beat(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
 	defer cancel()
 	keep := s.settled(ctx, aged, markers)
-	done := make([]any, 0, len(aged))
+	done := make([]string, 0, len(aged))
 	for rec := range aged {
 		if !keep[rec] {
 			done = append(done, rec)
@@ -258,17 +250,7 @@ func (s *Server) beat(ctx context.Context) {
 		}
 	}
 	sent := time.Now()
-	until := sent.Add(3 * s.beatInterval()).UnixMilli()
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, s.locker.ProcessesKey(), redis.Z{Score: float64(until), Member: r.process})
-		if len(done) > 0 {
-			p.SRem(ctx, r.holds, done...)
-		}
-		for _, m := range drop { // one DEL each: on a Cluster they lie in their resources' slots
-			p.Del(ctx, m)
-		}
-		return nil
-	})
+	err := r.reg.Beat(ctx, sent.Add(3*s.beatInterval()), done, drop)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k := range keep {
@@ -368,14 +350,13 @@ func (s *Server) recoverDead(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	now := time.Now().UnixMilli()
-	dead, err := s.client.ZRangeByScore(ctx, s.locker.ProcessesKey(), &redis.ZRangeBy{Min: "-inf", Max: itoa(now), Count: 16}).Result()
+	dead, err := s.recovery.reg.Overdue(ctx, time.Now(), 16)
 	if err != nil {
 		s.log.Debug("recovery: reading the processes failed", "err", err)
 		return
 	}
 	for _, p := range dead {
-		if p != s.recovery.process {
+		if p != s.recovery.reg.Process() {
 			s.recoverProcess(ctx, p)
 		}
 	}
@@ -384,8 +365,8 @@ func (s *Server) recoverDead(ctx context.Context) {
 // recoverProcess recovers dead process p's tasks whose locks it no longer
 // holds, and forgets p once it has no hold record left.
 func (s *Server) recoverProcess(ctx context.Context, p string) {
-	holds := s.locker.HoldsKey(p)
-	records, err := s.client.SMembers(ctx, holds).Result()
+	reg := s.recovery.reg
+	records, err := reg.Records(ctx, p)
 	if err != nil {
 		return
 	}
@@ -399,7 +380,7 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 	for _, rec := range records {
 		resource, queue, id, ok := lock.ParseHoldRecord(rec)
 		if !ok || resource == "" && locked[lock.TaskWaiter(queue, id)] {
-			s.client.SRem(ctx, holds, rec)
+			_, _ = reg.Claim(ctx, p, rec)
 			continue
 		}
 		if resource == "" {
@@ -409,7 +390,7 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 			if !s.stillDead(ctx, p) {
 				return
 			}
-			if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
+			if won, err := reg.Claim(ctx, p, rec); err != nil || !won {
 				continue
 			}
 			if live, err := s.heldByLive(ctx, queue, id); err != nil || live {
@@ -426,7 +407,7 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		if !s.stillDead(ctx, p) {
 			return // it beat again meanwhile, or this process lost Redis for a moment
 		}
-		if n, err := s.client.SRem(ctx, holds, rec).Result(); err != nil || n == 0 {
+		if won, err := reg.Claim(ctx, p, rec); err != nil || !won {
 			continue // another recoverer has it
 		}
 		// First in its resource's queue: it came before every waiter
@@ -443,21 +424,19 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 	if waiting == 0 {
 		// Forget p (p alone: other dead processes may still have records),
 		// unless it beat again meanwhile (a paused process resumed).
-		if score, err := s.client.ZScore(ctx, s.locker.ProcessesKey(), p).Result(); err == nil && score <= float64(time.Now().UnixMilli()) {
-			s.client.ZRem(ctx, s.locker.ProcessesKey(), p)
-		}
+		_ = reg.Forget(ctx, p, time.Now())
 	}
 }
 
 // heldByLive reports whether a live process (its beat not overdue) has a
 // record of the task id of queue: it runs or waits there.
 func (s *Server) heldByLive(ctx context.Context, queue, id string) (bool, error) {
-	live, err := s.client.ZRangeByScore(ctx, s.locker.ProcessesKey(), &redis.ZRangeBy{Min: "(" + itoa(time.Now().UnixMilli()), Max: "+inf"}).Result()
+	live, err := s.recovery.reg.Live(ctx, time.Now())
 	if err != nil {
 		return false, err
 	}
 	for _, p := range live {
-		records, err := s.client.SMembers(ctx, s.locker.HoldsKey(p)).Result()
+		records, err := s.recovery.reg.Records(ctx, p)
 		if err != nil {
 			return false, err
 		}
@@ -490,11 +469,9 @@ func (s *Server) recovered(m *asynqstore.TaskMsg, err error, id, resource, p str
 // stillDead reports, just before a record of p is taken, that p's beat is
 // still overdue and that this process may still judge.
 func (s *Server) stillDead(ctx context.Context, p string) bool {
-	score, err := s.client.ZScore(ctx, s.locker.ProcessesKey(), p).Result()
-	return err == nil && score <= float64(time.Now().UnixMilli()) && s.judging()
+	overdue, err := s.recovery.reg.IsOverdue(ctx, p, time.Now())
+	return err == nil && overdue && s.judging()
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // leaveRecovery ends this process's part at a graceful stop: every lock it
 // held is released and every task given back to asynq, so it has nothing
@@ -505,9 +482,5 @@ func (s *Server) leaveRecovery() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, s.recovery.holds)
-		p.ZRem(ctx, s.locker.ProcessesKey(), s.recovery.process)
-		return nil
-	})
+	_ = s.recovery.reg.Leave(ctx)
 }

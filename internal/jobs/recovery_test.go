@@ -25,7 +25,7 @@ func TestRecordStaysWhileAsynqHasTheTaskActive(t *testing.T) {
 	}))
 	ctx := context.Background()
 	e.enqueueID("t:slow", "kept")
-	holds := e.srv.recovery.holds
+	holds := e.srv.recovery.reg.Holds()
 	rec := lock.HoldRecord("slow", "default", "kept")
 	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
 		return e.admin.SIsMember(ctx, holds, rec).Val()
@@ -35,9 +35,9 @@ func TestRecordStaysWhileAsynqHasTheTaskActive(t *testing.T) {
 	e.srv.recovery.left("slow", "default", "kept")
 	beats := func(n int) {
 		t.Helper()
-		seen, last := 0, e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.process).Val()
+		seen, last := 0, e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.reg.Process()).Val()
 		waitFor(t, 10*time.Second, "beats", func() bool {
-			if s := e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.process).Val(); s != last {
+			if s := e.admin.ZScore(ctx, e.locker.ProcessesKey(), e.srv.recovery.reg.Process()).Val(); s != last {
 				seen, last = seen+1, s
 			}
 			return seen >= n

@@ -134,7 +134,7 @@ func NewServer(p Params) *Server {
 		holds:    map[*watchdog.Hold]struct{}{},
 		store:    asynqstore.New(p.Client),
 		grants:   func() {},
-		recovery: newRecovery(p.Locker),
+		recovery: newRecovery(p.Locker, p.Client),
 	}
 	linked, known := linkedAsynq()
 	s.handsOff, s.recovers = s.locker.HasQueue() && known, known
@@ -158,7 +158,7 @@ func NewServer(p Params) *Server {
 	if _, cluster := p.Client.(*redis.ClusterClient); s.recovery != nil && !cluster {
 		// Every task is recorded for a recoverer as asynq hands it over
 		// (recovery.go); on a Cluster the holds set lies in another slot.
-		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.holds, func(queue, id string) string { return lock.HoldRecord("", queue, id) })
+		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.reg.Holds(), func(queue, id string) string { return lock.HoldRecord("", queue, id) })
 		s.recovery.dequeues = true
 	}
 	s.srv = asynq.NewServerFromRedisClient(asynqClient, asynq.Config{
