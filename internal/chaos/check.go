@@ -135,7 +135,7 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RateOverGrants} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RateOverGrants, r.RecoveryOverBound} {
 		if v > 0 {
 			n += v
 		}
@@ -195,7 +195,7 @@ func Check(h History) *Report {
 	checkRate(h, r, add)
 	checkJobs(h, r, add)
 	r.RecoveredFromLive = checkRecoveries(h, add)
-	checkRecoveryTimes(h, r)
+	checkRecoveryTimes(h, r, add)
 	checkTicks(h, r, add)
 	perFault(h, r, found)
 
@@ -306,7 +306,8 @@ func checkJobs(h History, r *Report, add func(Violation)) {
 		unexplained := 0
 		for i := 1; i < len(runs); i++ {
 			if !killedBetween(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started) &&
-				!loggedBetween(h.CompletionsNotRecorded[id], runs[i-1].Finished, runs[i].Started) {
+				!loggedBetween(h.CompletionsNotRecorded[id], runs[i-1].Finished, runs[i].Started) &&
+				!frozenUnrecorded(h.Faults, runs[i-1].Worker, runs[i-1].Finished, runs[i].Started, h.CompletionsNotRecorded[id]) {
 				unexplained++
 				add(Violation{Check: "jobs_completed_twice_unexplained", At: runs[i].Started, Detail: fmt.Sprintf(
 					"task %s ran ok on %s (fence %d, finished %s) and again on %s (fence %d); no kill of %s in between, and no worker logged that asynq could not record the first completion",
@@ -351,6 +352,23 @@ func checkRecoveries(h History, add func(Violation)) int {
 func loggedBetween(times []time.Time, from, to time.Time) bool {
 	for _, t := range times {
 		if !t.Before(from.Add(-time.Second)) && !t.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// frozenUnrecorded reports whether worker was frozen past the lock TTL
+// (worker_pause_long) from before to (the second run's start) until after
+// from (the first run's end), and logged, once it resumed, that asynq could
+// not record the first run's completion: its handler had returned, but it
+// froze before it or asynq recorded anything, and it was judged dead as a
+// killed worker is (G7). That is asynq's at-least-once window, which DESIGN
+// §1 leaves to handlers idempotent under their fence, as for a kill.
+func frozenUnrecorded(faults []Fault, worker string, from, to time.Time, logged []time.Time) bool {
+	for _, f := range faults {
+		if f.Kind == FaultWorkerPauseLong && f.Worker == worker && !f.End.Before(from) && !f.Start.After(to) &&
+			loggedBetween(logged, from, f.End.Add(5*time.Second)) {
 			return true
 		}
 	}
@@ -598,12 +616,14 @@ const recoveryBound = 3 * time.Second
 // checkRecoveryTimes measures, for every worker kill, how long each task
 // the killed worker was running took to start again (RecoveryMS), and
 // counts the producer's jobs of a worker_kill later than the lock TTL +
-// recoveryBound. A task was running
-// on the worker when it had begun its fenced write there before the kill
-// and that worker recorded no end of it by then; such a task holds its lock
-// (the demo writes under it). A task with no later start is jobs_lost's to
+// recoveryBound (G7: a violation). A task was running on the worker when
+// its latest fenced begin before the kill was there, that worker recorded
+// no end of it by then, and asynq still had it active right after the kill
+// (when that was read); such a task holds its lock (the demo writes under
+// it). A run that ended with its end unrecorded (Redis away) is asynq's
+// retry's, not the kill's. A task with no later start is jobs_lost's to
 // judge, not timed here.
-func checkRecoveryTimes(h History, r *Report) {
+func checkRecoveryTimes(h History, r *Report, add func(Violation)) {
 	if !h.WritesAvailable {
 		r.NotChecked = append(r.NotChecked, "recovery_ms: the demo store keeps no log of its writes")
 		return
@@ -618,18 +638,35 @@ func checkRecoveryTimes(h History, r *Report) {
 		if f.Worker == "" || (f.Kind != FaultWorkerKill && f.Kind != FaultWorkerKillDrain) {
 			continue
 		}
-		running := map[string]bool{}
+		// Each task's latest begin before the kill: the killed worker's,
+		// and no end of it there by the kill.
+		latest := map[string]Write{}
 		for _, w := range h.Writes {
-			if w.Worker == f.Worker && w.Op == "begin" && !w.At.After(f.Start) {
-				running[w.TaskID] = true
+			if w.Op == "begin" && !w.At.After(f.Start) && !w.At.Before(latest[w.TaskID].At) {
+				latest[w.TaskID] = w
 			}
+		}
+		running := map[string]bool{}
+		for id, w := range latest {
+			running[id] = w.Worker == f.Worker
 		}
 		for _, e := range h.Executions {
-			if e.Worker == f.Worker && !e.Finished.After(f.Start) {
-				delete(running, e.TaskID)
+			if e.Worker == f.Worker && !e.Finished.After(f.Start) && !e.Finished.Before(latest[e.TaskID].At) {
+				running[e.TaskID] = false
 			}
 		}
-		for id := range running {
+		if f.Active != nil {
+			// A run that ended without its end recorded (Redis was away
+			// when it wrote it) left asynq with the task: retried, not in
+			// the killed worker's hands.
+			for id := range running {
+				running[id] = running[id] && slices.Contains(f.Active, id)
+			}
+		}
+		for id, ran := range running {
+			if !ran {
+				continue
+			}
 			var next time.Time
 			for _, e := range h.Executions {
 				if e.TaskID == id && e.Started.After(f.Start) && (next.IsZero() || e.Started.Before(next)) {
@@ -647,8 +684,10 @@ func checkRecoveryTimes(h History, r *Report) {
 				if f.Holds != nil {
 					held = fmt.Sprint(slices.Contains(f.Holds, id))
 				}
-				r.RecoveryLate = append(r.RecoveryLate, fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v (in its hold records at the kill: %s)",
-					id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound, held))
+				late := fmt.Sprintf("task %s of %s (killed at %s) started again %v after the kill, over the lock TTL %v + %v (in its hold records at the kill: %s)",
+					id, f.Worker, f.Start.Format("15:04:05.000"), d.Round(time.Millisecond), h.LockTTL, recoveryBound, held)
+				r.RecoveryLate = append(r.RecoveryLate, late)
+				add(Violation{Check: "recovery_over_bound", At: next, Detail: late})
 			}
 		}
 	}

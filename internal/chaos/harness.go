@@ -454,7 +454,7 @@ func (r *run) draw(kind string) plan {
 		return plan{down + restartBudget, func() Fault {
 			f := r.begin(kind, w, "SIGKILL mid-work, restarted after "+down.String())
 			w.kill()
-			f.Holds = r.holdsOf(f.Worker)
+			f.Holds, f.Active = r.holdsOf(f.Worker), r.activeTasks()
 			time.Sleep(down)
 			w.start(r.tb)
 			return r.end(f)
@@ -523,6 +523,28 @@ func (r *run) holdsOf(worker string) []string {
 	for _, rec := range recs {
 		if _, _, id, ok := lock.ParseHoldRecord(rec); ok {
 			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// activeTasks returns the ids of the tasks asynq has active in the demo's
+// queue (its own Inspector), nil when they cannot be read: right after a
+// worker's SIGKILL, the tasks it had in its hands among them.
+func (r *run) activeTasks() []string {
+	insp := asynq.NewInspectorFromRedisClient(r.rc)
+	defer insp.Close()
+	ids := []string{}
+	for page := 1; page <= 10; page++ {
+		tasks, err := insp.ListActiveTasks(demoQueue, asynq.Page(page), asynq.PageSize(100))
+		if err != nil {
+			return nil
+		}
+		for _, t := range tasks {
+			ids = append(ids, t.ID)
+		}
+		if len(tasks) < 100 {
+			return ids
 		}
 	}
 	return ids

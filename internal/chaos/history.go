@@ -151,6 +151,10 @@ type Fault struct {
 	// Holds: a worker_kill's killed worker's hold records right after the
 	// kill, the tasks its recovery knows of (task ids; "" when not read).
 	Holds []string
+	// Active: a worker_kill's tasks active in asynq right after the kill
+	// (its Inspector; nil when not read): a task the killed worker had
+	// begun and not ended is in its hands only if asynq still has it active.
+	Active []string
 }
 
 // Fault kinds.

@@ -69,7 +69,7 @@ func Markdown(r *Report, h History, replay string) string {
 		count(r.JobsCompletedTwiceUnexplained), r.JobsCompletedTwiceExplained)
 	p("| `recovered_from_live_workers` | G7, G8 | %d | %d tasks brought back from a worker judged dead; each must follow a kill, a pause or a cut-off of that worker |\n",
 		r.RecoveredFromLive, len(h.Recoveries))
-	p("| `recovery_over_bound` | G7 (measured, not yet failing) | %d | jobs a worker killed mid-work had begun that started again later than the lock TTL + 3 s after the kill (`recovery_ms` below) |\n",
+	p("| `recovery_over_bound` | G7 | %d | jobs a worker killed mid-work had begun that started again later than the lock TTL + 3 s after the kill (`recovery_ms` below) |\n",
 		r.RecoveryOverBound)
 	p("| `ticks_claimed_twice` | G1 | %s | %d claims, %d enqueues logged by the replicas; %d takeovers of unfinished ticks |\n",
 		count(r.TicksClaimedTwice), len(h.Claims), len(h.Enqueues), r.TicksTakenOver)
