@@ -49,6 +49,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep"
 	"github.com/lockstep-dev/lockstep/internal/benchhold"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
@@ -171,9 +172,25 @@ func peers(addr string) []peer {
 			return func() error { _, err := m.UnlockContext(ctx); return err }, nil
 		}})
 
+	// The textbook fenced lock in Lua, a server's floor for one: SET NX PX
+	// and an INCR of a fencing counter in one script, a compare-and-delete
+	// in another (no queue, no reentrancy, no fence floor or clock).
+	lf, lfCnt := client()
+	fenceLock := redis.NewScript(`if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0`)
+	fenceUnlock := redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+	out = append(out, peer{name: "Lua SET NX PX + INCR / compare-and-delete", cnt: lfCnt,
+		cycle: func(ctx context.Context, key string) error {
+			keys := []string{"{" + key + "}", "{" + key + "}:fence"}
+			fence, err := fenceLock.Run(ctx, lf, keys, "token", ttl.Milliseconds()).Int64()
+			if err != nil || fence == 0 {
+				return fmt.Errorf("fenced SET NX: %v %v", fence, err)
+			}
+			return fenceUnlock.Run(ctx, lf, keys[:1], "token").Err()
+		}})
+
 	ls, lsCnt := client()
 	locker := lock.New(ls)
-	out = append(out, peer{name: "Lockstep (fenced)", cnt: lsCnt,
+	out = append(out, peer{name: "Lockstep TryAcquire + Release", cnt: lsCnt,
 		cycle: func(ctx context.Context, key string) error {
 			lease, err := locker.TryAcquire(ctx, key, ttl)
 			if err != nil {
@@ -187,6 +204,16 @@ func peers(addr string) []peer {
 				return nil, err
 			}
 			return func() error { return lease.Release(ctx) }, nil
+		}})
+
+	// lockstep.WithLock as a user calls it: the watchdog and loss notices
+	// on, tracing off.
+	lw, lwCnt := client()
+	withLock := lockstep.NewLocker(lw)
+	noop := func(context.Context, *lockstep.Lease) error { return nil }
+	out = append(out, peer{name: "Lockstep WithLock", cnt: lwCnt,
+		cycle: func(ctx context.Context, key string) error {
+			return withLock.WithLock(ctx, key, noop, lockstep.TTL(ttl))
 		}})
 	return out
 }

@@ -231,3 +231,72 @@ func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error
 	}
 	return out, nil
 }
+
+// BenchmarkRenewAtScale renews every lease one process holds, as the
+// watchdog does each round (RenewAll: Lua batches of lock.BatchSize in one
+// pipeline), at 10,000 and 100,000 leases, so that the growth of the cost
+// shows: the server's CPU per round (INFO cpu) and its longest single call
+// in the round (SLOWLOG, every call logged while the rounds run).
+//
+//	go test -run '^$' -bench RenewAtScale -benchtime 5x ./internal/lock
+func BenchmarkRenewAtScale(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			srv := redistest.Start(b)
+			c := srv.Client(func(o *redis.Options) { o.PoolSize = 64 })
+			l := lock.New(c)
+			ctx := context.Background()
+			leases := make([]*lock.Lease, n)
+			var wg sync.WaitGroup
+			for g := range 32 { // concurrent acquires share script calls
+				wg.Go(func() {
+					for i := g; i < n; i += 32 {
+						var err error
+						if leases[i], err = l.TryAcquire(ctx, fmt.Sprintf("renew-%d", i), time.Minute); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if b.Failed() {
+				b.FailNow()
+			}
+			renew := func() {
+				for i, err := range l.RenewAll(ctx, leases) {
+					if err != nil {
+						b.Fatalf("lease %d: %v", i, err)
+					}
+				}
+			}
+			renew() // warm up: scripts loaded, connections open
+			if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
+				b.Fatal(err)
+			}
+			c.ConfigSet(ctx, "slowlog-max-len", "100000")
+			c.SlowLogReset(ctx)
+			cpu0 := redistest.CPU(b, c)
+			b.ResetTimer()
+			for range b.N {
+				renew()
+			}
+			b.StopTimer()
+			cpu := redistest.CPU(b, c) - cpu0
+			log, err := c.SlowLogGet(ctx, -1).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var longest time.Duration
+			calls := 0
+			for _, e := range log {
+				if len(e.Args) > 0 && strings.EqualFold(e.Args[0], "evalsha") {
+					longest, calls = max(longest, e.Duration), calls+1
+				}
+			}
+			b.ReportMetric(cpu.Seconds()*1000/float64(b.N), "redis-cpu-ms/round")
+			b.ReportMetric(float64(longest.Microseconds()), "longest-call-us")
+			b.ReportMetric(float64(calls)/float64(b.N), "calls/round")
+		})
+	}
+}
