@@ -92,9 +92,11 @@ func (r *tripCounter) snapshot() (map[string]int, int) {
 func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	t.Parallel()
 	const n = 150
-	// interval 1s: acquires within 250ms share rounds; a 3s TTL leaves a
-	// renewal 2s of a CPU-starved machine before its lease's deadline
-	const ttl = 3 * time.Second
+	// interval 5s/3: acquires within 400ms share rounds; a 5s TTL leaves a
+	// renewal 3s of a CPU-starved machine before its lease's deadline (at
+	// 3s, a make test beside a Cluster chaos run lost 33 leases at a load
+	// of 6)
+	const ttl = 5 * time.Second
 	cl := redistest.StartCluster(t, 3)
 	rec := &tripCounter{trips: map[string]int{}}
 	cc := cl.Client(func(o *redis.ClusterOptions) { o.PoolSize = 16; o.ContextTimeoutEnabled = true })

@@ -22,9 +22,12 @@ local nowms
 for i = 1, #ARGV, 4 do
   local key = KEYS[k]
   local flags = ARGV[i + 2]
-  local reentrant = string.sub(flags, 1, 1) == '1'
-  local limited = string.find(flags, 'p', 1, true) ~= nil
-  local age = string.match(flags, 'g:(%d+)$')
+  local reentrant, limited, age = false, false, nil
+  if flags ~= '' then -- a plain lock, the common case, has no flag to read
+    reentrant = string.sub(flags, 1, 1) == '1'
+    limited = string.find(flags, 'p', 1, true) ~= nil
+    age = string.match(flags, 'g:(%d+)$')
+  end
   local cur = redis.call('GET', key)
   local status
   if not cur then
