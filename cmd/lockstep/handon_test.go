@@ -187,9 +187,15 @@ func TestLocksNameTheTaskRunningAfterHandOffs(t *testing.T) {
 	resource := demo.Resource("chain")
 	c.enqueueDemo(t, "head", "chain", 500)
 	waitFor(t, 10*time.Second, "head holding "+resource, func() bool { return lockOf(t, srv.Addr, resource) != nil })
+	// Each hold lasts a few of the loop's looks below (a lockstep locks and
+	// a read of the executions), as long as one takes on this machine now.
+	look := time.Now()
+	lockOf(t, srv.Addr, resource)
+	_, _ = demo.ReadExecutions(context.Background(), srv.Client(), lock.DefaultPrefix)
+	work := max(500*time.Millisecond, 4*time.Since(look))
 	ids := []string{"next 1", "next|2", "next/3", "next%4", "next:5"} // ids a token must escape
 	for _, id := range ids {
-		c.enqueueDemo(t, id, "chain", 500) // long enough for a few lockstep locks each, under load
+		c.enqueueDemo(t, id, "chain", int(work.Milliseconds()))
 		waitFor(t, 10*time.Second, id+" parked", func() bool {
 			for _, w := range waitersOf(t, srv.Addr, resource) {
 				if w["task_id"] == id {
@@ -201,7 +207,7 @@ func TestLocksNameTheTaskRunningAfterHandOffs(t *testing.T) {
 	}
 	seen := map[int64]map[string]any{} // by fence
 	all := append([]string{"head"}, ids...)
-	waitFor(t, 20*time.Second, "the chain to run", func() bool {
+	waitFor(t, 20*time.Second+time.Duration(len(all))*work, "the chain to run", func() bool {
 		if v := lockOf(t, srv.Addr, resource); v != nil {
 			seen[int64(v["fence"].(float64))] = v
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -102,7 +103,7 @@ func TestKeyChangedCancelsWithItsReason(t *testing.T) {
 		t.Run(string(tc.reason), func(t *testing.T) {
 			t.Parallel()
 			r := startRig(t, watchdog.Options{})
-			late := measureLateness(t)
+			late := proctest.MeasureLateness(t)
 			ctx, hold := r.hold(t, "r")
 			defer hold.Stop()
 			key := r.locker.Key("r")
@@ -184,7 +185,7 @@ func TestUnreachableRedisCancelsBeforeTheLeaseExpires(t *testing.T) {
 				addr = proxy.Addr
 			}
 			r := newRig(t, addr, srv, watchdog.Options{})
-			late := measureLateness(t)
+			late := proctest.MeasureLateness(t)
 			// A healthy lease first, renewed 3 times. A machine that starves
 			// Redis past the short ttl loses it before any fault (rightly):
 			// that is not the fault under test, so a fresh lease is taken,
