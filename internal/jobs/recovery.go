@@ -250,7 +250,10 @@ func (s *Server) beat(ctx context.Context) {
 		}
 	}
 	sent := time.Now()
-	err := r.reg.Beat(ctx, sent.Add(3*s.beatInterval()), done, drop)
+	err := r.reg.Beat(ctx, sent.Add(3*s.beatInterval()))
+	if err == nil {
+		err = r.reg.Remove(ctx, done, drop)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k := range keep {

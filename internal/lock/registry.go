@@ -56,12 +56,21 @@ func (r *Registry) Drop(ctx context.Context, rec string) error {
 	return r.c.SRem(ctx, r.holds, rec).Err()
 }
 
-// Beat says this process is alive until until, and in the same round trip
-// removes the records done from its holds and deletes the done markers
-// drop (one DEL each: on a Cluster they lie in their resources' slots).
-func (r *Registry) Beat(ctx context.Context, until time.Time, done []string, drop []string) error {
+// Beat says this process is alive until until: a command of its own, which
+// nothing else delays or fails (what a beat settles lies, on a Cluster, on
+// other masters).
+func (r *Registry) Beat(ctx context.Context, until time.Time) error {
+	return r.c.ZAdd(ctx, r.l.ProcessesKey(), redis.Z{Score: float64(until.UnixMilli()), Member: r.process}).Err()
+}
+
+// Remove removes the records done from this process's holds and deletes
+// the done markers drop, in one round trip (one DEL each: on a Cluster they
+// lie in their resources' slots).
+func (r *Registry) Remove(ctx context.Context, done []string, drop []string) error {
+	if len(done)+len(drop) == 0 {
+		return nil
+	}
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, r.l.ProcessesKey(), redis.Z{Score: float64(until.UnixMilli()), Member: r.process})
 		if len(done) > 0 {
 			recs := make([]any, len(done))
 			for i, d := range done {

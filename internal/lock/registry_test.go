@@ -11,9 +11,8 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
-// A registry's records, beats and markers as recovery uses them: a beat
-// removes the records and markers it is given in the round trip that says
-// the process is alive; a dead process's record is claimed by exactly one
+// A registry's records, beats and markers as recovery uses them: Remove
+// takes out the records and markers it is given; a dead process's record is claimed by exactly one
 // of several recoverers; a process that beat again is not forgotten.
 func TestRegistryRecordsBeatsAndClaims(t *testing.T) {
 	t.Parallel()
@@ -36,10 +35,13 @@ func TestRegistryRecordsBeatsAndClaims(t *testing.T) {
 		t.Fatalf("outcome of a task without a marker %q %v, want none", got, err)
 	}
 	now := time.Now()
-	if err := dead.Beat(ctx, now.Add(-time.Second), []string{recB}, []string{l.DoneKey("orders:1", "default", "a")}); err != nil {
+	if err := dead.Beat(ctx, now.Add(-time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := judge.Beat(ctx, now.Add(time.Minute), nil, nil); err != nil {
+	if err := dead.Remove(ctx, []string{recB}, []string{l.DoneKey("orders:1", "default", "a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := judge.Beat(ctx, now.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if recs, _ := judge.Records(ctx, "host:1"); !slices.Equal(recs, []string{recA}) {
@@ -68,7 +70,7 @@ func TestRegistryRecordsBeatsAndClaims(t *testing.T) {
 		t.Fatalf("%d recoverers claimed the record, want exactly 1", wins.Load())
 	}
 	// host:1 beats again before it is forgotten: it stays.
-	if err := dead.Beat(ctx, time.Now().Add(time.Minute), nil, nil); err != nil {
+	if err := dead.Beat(ctx, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if err := judge.Forget(ctx, "host:1", time.Now()); err != nil {
