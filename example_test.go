@@ -53,6 +53,22 @@ func ExampleLocker_Allow() {
 	}
 }
 
+func ExampleLocker_WaitAllow() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locker := lockstep.NewLocker(client)
+	defer locker.Close(context.Background())
+	ctx := context.Background()
+
+	for _, event := range events {
+		// Over the rate, this waits for its turn, taken in arrival order.
+		if err := locker.WaitAllow(ctx, "api:partner-42", lockstep.RateLimit{N: 100, Per: time.Second}); err != nil {
+			log.Fatal(err)
+		}
+		send(event)
+	}
+}
+
 var events []string
 
 func send(string) {}

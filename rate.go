@@ -27,3 +27,14 @@ type RateLimit struct {
 func (l *Locker) Allow(ctx context.Context, key string, r RateLimit) (time.Duration, error) {
 	return l.locker.Allow(ctx, key, lock.Rate(r))
 }
+
+// WaitAllow is Allow that waits: over the rate it takes the next turn at
+// once (counted) and returns when that turn comes, so callers of every
+// process are admitted in the order their calls reached Redis, with one
+// round trip each and no polling. It returns nil once admitted, or ctx's
+// error if ctx ends first; a turn given up so stays counted and unused (the
+// limit is never exceeded, one admission of it is lost).
+func (l *Locker) WaitAllow(ctx context.Context, key string, r RateLimit) error {
+	_, err := l.locker.WaitAllow(ctx, key, lock.Rate(r))
+	return err
+}

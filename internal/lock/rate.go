@@ -81,7 +81,31 @@ func (l *Locker) Reserve(ctx context.Context, key string, r Rate, task string, l
 	return l.rate(ctx, "reserve", key, r, task, late)
 }
 
-// rate runs lua/rate.lua for key under r: with task, as Reserve.
+// WaitAllow admits one event under r on key, waiting for it where Allow
+// would say how long: over the rate the call takes the next turn at once
+// (counted, lua/rate.lua) and returns at it, so that callers of every
+// process are admitted in the order their calls reached the server, one
+// script call each, none polling. at is the admission's time on the
+// server's clock (its turn). A caller whose ctx ends before its turn
+// returns ctx's error and leaves the turn counted and unused: the limit is
+// never exceeded, one admission of it is lost.
+func (l *Locker) WaitAllow(ctx context.Context, key string, r Rate) (at time.Time, err error) {
+	wait, at, err := l.rate(ctx, "wait", key, r, "", 0)
+	if err != nil || wait == 0 {
+		return at, err
+	}
+	t := time.NewTimer(wait) // from the reply, which came after the server's decision: not before the turn
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return at, nil
+	case <-ctx.Done():
+		return time.Time{}, fmt.Errorf("lock: wait %q: its turn at %v was not waited for: %w", key, at.Format(time.RFC3339Nano), context.Cause(ctx))
+	}
+}
+
+// rate runs lua/rate.lua for key under r: with task, as Reserve; op "wait"
+// as WaitAllow.
 func (l *Locker) rate(ctx context.Context, op, key string, r Rate, task string, late time.Duration) (time.Duration, time.Time, error) {
 	if err := r.Check(); err != nil {
 		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w", op, key, err)
@@ -92,8 +116,11 @@ func (l *Locker) rate(ctx context.Context, op, key string, r Rate, task string, 
 	}
 	k := l.keysFor(key)
 	keys, args := []string{k.rateKey()}, []any{r.interval(), r.burst()}
-	if task != "" {
+	switch {
+	case task != "":
 		keys, args = append(keys, k.turnKey(task)), append(args, max(late.Microseconds(), 0))
+	case op == "wait":
+		args = append(args, "wait")
 	}
 	v, err := run(ctx, b.client, scriptRate, keys, args...)
 	if err != nil {

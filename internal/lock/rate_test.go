@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -333,4 +334,90 @@ func TestReserveTakesTheTasksTurn(t *testing.T) {
 	if err != nil || at.Before(turnC.Add(200*time.Millisecond)) {
 		t.Fatalf("c back late: wait %v, at %v, err %v; want a fresh turn, from one interval after its old one %v", w, at, err, turnC)
 	}
+}
+
+// WaitAllow: callers over the rate, of two Lockers (two processes' worth),
+// each arriving after the one before it had taken its turn, are admitted
+// in that order, one emission interval apart, each with one script call and
+// none before its turn on the server's clock; over any window the
+// admissions keep the bound (G11).
+func TestWaitAllowAdmitsInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	lockers := []*lock.Locker{lock.New(srv.Client()), lock.New(srv.Client())}
+	r := lock.Rate{N: 20, Per: time.Second, Burst: 1} // one each 50ms
+	ctx := context.Background()
+	tat := func() string { return admin.Get(ctx, lockers[0].KeyPrefix()+"waited}:rate").Val() }
+	calls0 := commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+
+	const n = 8
+	type admitted struct {
+		at, returned time.Time
+		err          error
+	}
+	out := make([]admitted, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		before := tat()
+		wg.Go(func() {
+			at, err := lockers[i%2].WaitAllow(ctx, "waited", r)
+			out[i] = admitted{at, time.Now(), err}
+		})
+		// The next caller comes once this one's call has taken its turn.
+		redistest.WaitFor(t, 5*time.Second, fmt.Sprintf("caller %d's turn taken", i), func() bool { return tat() != before })
+	}
+	wg.Wait()
+	for i, a := range out {
+		if a.err != nil {
+			t.Fatalf("caller %d: %v", i, a.err)
+		}
+		if a.returned.Before(a.at.Add(-time.Millisecond)) {
+			t.Errorf("caller %d returned at %v, before its turn %v", i, a.returned.Format("15:04:05.000"), a.at.Format("15:04:05.000"))
+		}
+		if i > 0 {
+			if gap := a.at.Sub(out[i-1].at); gap < 50*time.Millisecond {
+				t.Errorf("caller %d admitted %v after caller %d, want one interval (50ms) at least, in arrival order", i, gap, i-1)
+			}
+			if a.returned.Before(out[i-1].returned) {
+				t.Errorf("caller %d returned before caller %d, which came first", i, i-1)
+			}
+		}
+	}
+	if calls := commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval") - calls0; calls > n+2 { // +2: a script load's first EVAL per client
+		t.Errorf("%d script calls for %d callers, want one each: a waiter polled", calls, n)
+	}
+	ats := make([]time.Time, n)
+	for i, a := range out {
+		ats[i] = a.at
+	}
+	if over, worst := overGrants(ats, r); over > 0 {
+		t.Errorf("%d windows over the bound, the worst %s", over, worst)
+	}
+
+	// A caller that gives up before its turn leaves it counted: the next
+	// one's turn comes after it.
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, err := lockers[0].WaitAllow(short, "waited", r); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a caller whose context ended first: %v, want its deadline", err)
+	}
+	next, err := lockers[1].WaitAllow(ctx, "waited", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gap := next.Sub(out[n-1].at); gap < 2*50*time.Millisecond {
+		t.Errorf("the turn after one given up came %v after the last admission, want two intervals: the given-up turn stays counted", gap)
+	}
+}
+
+// commandCalls is how many times the server behind c has run command
+// (INFO commandstats).
+func commandCalls(t *testing.T, c *redis.Client, command string) int64 {
+	t.Helper()
+	stats, err := commandStats(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stats[command]
 }

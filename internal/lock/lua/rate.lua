@@ -12,6 +12,12 @@
 -- to late after it, is admitted without asking the limit again, so it is
 -- dequeued at most twice.
 --
+-- With ARGV[3] "wait" and no KEYS[2] (WaitAllow: a caller that waits for
+-- its turn where it is), an admission over the rate takes the next turn the
+-- same way, counted now, and returns the wait until it, which the caller
+-- waits out: callers are admitted in the order their calls ran here, with
+-- one call each.
+--
 -- KEYS[1]  the rate key, prefix{K}:rate: "<TAT> <T> <B>", the TAT in Unix
 --          microseconds and the limit it was counted under (T and B, as in
 --          ARGV), so that a reader (rate.go's Rates) can tell the burst left
@@ -20,7 +26,7 @@
 -- ARGV[2]  the burst B (>= 1)
 -- ARGV[3]  (Reserve only) late: how long after its turn a task coming back
 --          is still admitted on it, µs; later, its turn is gone (it was
---          counted and not used) and it asks afresh
+--          counted and not used) and it asks afresh; (WaitAllow) "wait"
 --
 -- Returns {wait, at, now}, in microseconds:
 --   wait 0  admitted and counted (the TAT moved; the key expires when its
@@ -29,14 +35,14 @@
 --           the task came back on
 --   wait>0  not admitted: without KEYS[2] nothing is written and an
 --           admission that much later would be allowed; with it, the task's
---           turn is at (now + wait), counted now
+--           turn is at (now + wait), counted now; with "wait", the caller's
 --   now     the server's time of the decision (TIME)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
-local reserve = KEYS[2] ~= nil
-if reserve then
+local reserve = KEYS[2] ~= nil or ARGV[3] == 'wait'
+if KEYS[2] then
   local turn = redis.call('GET', KEYS[2])
   if turn then
     turn = tonumber(turn)
@@ -61,6 +67,9 @@ end
 redis.call('SET', KEYS[1], string.format('%.0f %.0f %d', nextTat, interval, burst), 'PX', math.ceil((nextTat - now) / 1000))
 if at <= now then
   return {0, now, now}
+end
+if not KEYS[2] then
+  return {at - now, at, now}
 end
 redis.call('SET', KEYS[2], string.format('%.0f', at), 'PX', math.ceil((at - now + tonumber(ARGV[3])) / 1000) + 1000)
 return {at - now, at, now}
