@@ -46,12 +46,15 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'Cycle' -benchtime 3s -count 3 ./internal/lock
 	$(GO) test -run '^$$' -bench 'PermitsContended' -benchtime 5000x -count 3 ./internal/lock
 	$(GO) test -run '^$$' -bench 'Renew10k' -benchtime 20x ./internal/lock
+	$(GO) test -run '^$$' -bench 'RenewAtScale' -benchtime 5x ./internal/lock
+	$(GO) test -run '^$$' -bench 'OneCaller' -benchmem -count 5 .
 	$(GO) test -run '^$$' -bench 'MemoryReleased' -benchtime 1000000x ./internal/lock
 	$(GO) test -run '^$$' -bench 'MemoryHandOff' -benchtime 200000x -timeout 30m ./internal/jobs
 	$(GO) test -run '^$$' -bench 'MemoryParked' -benchtime 100000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
 	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
 	$(GO) test -run '^$$' -bench 'FencedWrite' -benchtime 2s ./fence
+	$(GO) test -run '^$$' -bench 'QueuedWrite' -benchtime 2s ./fence/pgxfence
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'RateCost' -benchtime 20000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'Contention|HotResources' -benchtime 3x ./internal/jobs

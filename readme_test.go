@@ -41,7 +41,7 @@ func snippets(t *testing.T, file string) map[string]int {
 	t.Helper()
 	blocks := regexp.MustCompile("(?s)```(go|yaml|sh)\n(.*?)```").FindAllStringSubmatch(read(t, file), -1)
 	sources := map[string][]string{
-		"go":   glob(t, "example_test.go", "*/example_test.go", "examples/*/*.go", "examples/*/cmd/*/*.go"),
+		"go":   glob(t, "example_test.go", "*/example_test.go", "*/*/example_test.go", "examples/*/*.go", "examples/*/cmd/*/*.go"),
 		"yaml": glob(t, "configs/*.yaml", "examples/*/configs/*.yaml"),
 	}
 	counted := map[string]int{}

@@ -131,6 +131,12 @@ func (t *Table) check(ctx context.Context, r runner, resource string, permit int
 	if err != nil {
 		return fmt.Errorf("fence: check %q permit %d in %s: %w", resource, permit, t.name, err)
 	}
+	return t.verdict(resource, permit, token, current, lock)
+}
+
+// verdict judges token by what the fence row of (resource, permit) holds
+// after the accepting statement: its fence current and its lock name.
+func (t *Table) verdict(resource string, permit int, token, current int64, lock string) error {
 	switch {
 	case lock != t.lock:
 		return &OtherLockError{Resource: resource, Permit: permit, Lock: t.lock, Recorded: lock}
@@ -187,6 +193,22 @@ func init() {
 		return t.(*Table).check(ctx, r, resource, permit, token)
 	}
 	bridge.Postgres = func(t any) bool { _, ok := t.(*Table).d.(postgres); return ok }
+	bridge.Statements = func(t any, resource string, permit int, token int64) (bridge.Stmt, bridge.Stmt, error) {
+		tb := t.(*Table)
+		if err := tb.validate(resource, permit, token); err != nil {
+			return bridge.Stmt{}, bridge.Stmt{}, err
+		}
+		return bridge.Stmt{SQL: tb.stmts.accept, Args: []any{resource, permit, tb.lock, token}},
+			bridge.Stmt{SQL: tb.stmts.read, Args: []any{resource, permit}}, nil
+	}
+	bridge.Verdict = func(t any, resource string, permit int, token, current int64, lock string, err error) error {
+		tb := t.(*Table)
+		if err != nil {
+			return fmt.Errorf("fence: check %q permit %d in %s: %w", resource, permit, tb.name, err)
+		}
+		return tb.verdict(resource, permit, token, current, lock)
+	}
+	bridge.Lock = func(t any) string { return t.(*Table).lock }
 }
 
 // dialect is what differs between servers.

@@ -21,4 +21,19 @@ var (
 	Check  func(ctx context.Context, table any, r Runner, resource string, permit int, token int64) error
 	// Postgres reports whether table is a PostgreSQL table.
 	Postgres func(table any) bool
+	// Statements validates a check of token and returns its accepting
+	// statement (a row back: accepted, with the fence it holds) and the
+	// read of the row that a refusal needs (its fence and lock name).
+	Statements func(table any, resource string, permit int, token int64) (accept, read Stmt, err error)
+	// Verdict is Check's result from what the row holds after the
+	// accepting statement (current, lock), or from err.
+	Verdict func(table any, resource string, permit int, token, current int64, lock string, err error) error
+	// Lock is the table's lock name.
+	Lock func(table any) string
 )
+
+// Stmt is a statement and its arguments.
+type Stmt struct {
+	SQL  string
+	Args []any
+}
