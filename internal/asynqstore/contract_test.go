@@ -460,6 +460,16 @@ func TestContractHolds(t *testing.T) {
 	if !got[0].Active || !got[1].Deliverable || got[2].Deliverable || got[3].Deliverable {
 		t.Errorf("running, parked, done, kept: %+v, want active, deliverable, neither, neither", got[:4])
 	}
+	// The running task's lease is asynq's: Lease ahead of its delivery, and
+	// of its server's last heartbeat (every 5 s) since; the others have none.
+	if ahead := time.Until(got[0].Lease); ahead <= Lease-7*time.Second || ahead > Lease+time.Second {
+		t.Errorf("the running task's lease ends %v from now, want about %v (asynq's, pushed on every 5 s)", ahead, Lease)
+	}
+	for i := 1; i < len(ids); i++ {
+		if !got[i].Lease.IsZero() {
+			t.Errorf("%s has a lease (%v); only an active task has one", ids[i], got[i].Lease)
+		}
+	}
 }
 
 // world is an asynq server whose handler does what a task's id says:

@@ -232,15 +232,23 @@ type Held struct {
 	// Deliverable: asynq may still deliver it (pending, active, scheduled,
 	// retry or aggregating); not when it is completed, archived or gone.
 	Deliverable bool
+	// Lease: an active task's lease deadline (whole seconds; zero when it
+	// has none). A delivery sets it Lease (the duration) ahead and its
+	// server's heartbeat pushes it on while the handler runs: one further
+	// ahead than that from when the task left a worker's hands is another
+	// delivery's.
+	Lease time.Time
 }
 
 // Holds reports, for each task, what asynq still does with it (its task
-// hash's state). One round trip.
+// hash's state and its lease). One round trip.
 func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
 	cmds := make([]*redis.StringCmd, len(tasks))
+	leases := make([]*redis.FloatCmd, len(tasks))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tasks {
 			cmds[i] = p.HGet(ctx, queuePrefix(t.Queue)+"t:"+t.ID, "state")
+			leases[i] = p.ZScore(ctx, queuePrefix(t.Queue)+"lease", t.ID)
 		}
 		return nil
 	})
@@ -252,6 +260,9 @@ func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
 		switch c.Val() {
 		case "active":
 			out[i] = Held{Active: true, Deliverable: true}
+			if sec, err := leases[i].Result(); err == nil {
+				out[i].Lease = time.Unix(int64(sec), 0)
+			}
 		case "pending", "scheduled", "retry", "aggregating":
 			out[i] = Held{Deliverable: true}
 		}

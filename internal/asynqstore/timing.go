@@ -13,6 +13,11 @@ import (
 // leaves after a lease has passed (30 s).
 const Redelivery = 2 * time.Minute
 
+// Lease is how far ahead asynq sets an active task's lease when it
+// delivers the task, and again at each heartbeat of the server running it
+// (base.LeaseDuration).
+const Lease = 30 * time.Second
+
 // RetryDelay returns the delay to give asynq's RetryDelayFunc for a task
 // that must not come back before now+d: a delay d' such that the task asynq
 // schedules at now+d' becomes ready no earlier than now+d.

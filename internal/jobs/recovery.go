@@ -65,6 +65,9 @@ type recovery struct {
 	// kept: records and markers of tasks that left but that asynq still
 	// holds, since when; see settled.
 	kept map[string]time.Time
+	// leftAt: when each record's task left this process's hands (left), to
+	// tell asynq's later deliveries of it from this one (settled).
+	leftAt map[string]time.Time
 	// markers: done markers to delete at the next beat, with their tasks
 	markers map[string]asynqstore.Task
 	landed  time.Time // when the first of the beats that have all landed since was sent; zero after a failed one
@@ -77,7 +80,7 @@ type recovery struct {
 func newRecovery(l *lock.Locker, client redis.UniversalClient) *recovery {
 	p := procid.Self() // the holder in this process's lock tokens
 	return &recovery{reg: l.Registry(client, p), done: map[string]struct{}{}, aged: map[string]struct{}{},
-		kept: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
+		kept: map[string]time.Time{}, leftAt: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
 
 // left queues the hold record of a task that left this process's hands (it
@@ -88,7 +91,9 @@ func (r *recovery) left(resource, queue, id string) {
 		return
 	}
 	r.mu.Lock()
-	r.done[lock.HoldRecord(resource, queue, id)] = struct{}{}
+	rec := lock.HoldRecord(resource, queue, id)
+	r.done[rec] = struct{}{}
+	r.leftAt[rec] = time.Now()
 	r.mu.Unlock()
 }
 
@@ -104,6 +109,7 @@ func (r *recovery) back(resource, queue, id string) {
 	delete(r.done, rec)
 	delete(r.aged, rec)
 	delete(r.kept, rec)
+	delete(r.leftAt, rec)
 	r.mu.Unlock()
 }
 
@@ -312,8 +318,16 @@ func (s *Server) settled(ctx context.Context, aged map[string]struct{}, markers 
 	keep := map[string]bool{}
 	now := time.Now()
 	for i, k := range keys {
-		if err == nil && (i < records && !held[i].Active || i >= records && !held[i].Deliverable) {
+		// A record's task that asynq delivered again since it left here
+		// (its lease set further ahead than this delivery's could be) is
+		// another process's now: kept here, it would keep a recoverer from
+		// bringing it back from that process, should it die.
+		left, known := r.leftAt[k]
+		redelivered := i < records && known && held != nil && held[i].Active && !held[i].Lease.IsZero() &&
+			held[i].Lease.After(left.Add(asynqstore.Lease+2*time.Second))
+		if err == nil && (i < records && !held[i].Active || i >= records && !held[i].Deliverable) || redelivered {
 			delete(r.kept, k)
+			delete(r.leftAt, k)
 			continue
 		}
 		since, ok := r.kept[k]
@@ -323,6 +337,7 @@ func (s *Server) settled(ctx context.Context, aged map[string]struct{}, markers 
 		}
 		if now.Sub(since) > asynqstore.Redelivery {
 			delete(r.kept, k)
+			delete(r.leftAt, k)
 			continue
 		}
 		keep[k] = true
