@@ -236,14 +236,32 @@ func (s *Server) runRecovery(ctx context.Context) {
 
 // beat says this process is alive for three more beats, and removes the
 // hold records of the tasks that left before the last beat.
+//
+// The beat itself is a command of its own, sent first: what follows it
+// (asynq's states of the tasks that left, the records and done markers to
+// remove) lies on a Cluster in other slots than the processes zset, on
+// masters that may be paused or failing over, and a live process must not
+// look dead to the others, who would bring back a task whose handler had
+// returned, for them.
 func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
+	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
+	defer cancel()
+	sent := time.Now()
+	until := sent.Add(3 * s.beatInterval()).UnixMilli()
+	beatErr := s.client.ZAdd(ctx, s.locker.ProcessesKey(), redis.Z{Score: float64(until), Member: r.process}).Err()
 	r.mu.Lock()
 	aged, markers := r.aged, r.markers
 	r.aged, r.done, r.markers = r.done, map[string]struct{}{}, map[string]asynqstore.Task{}
+	if beatErr != nil {
+		r.landed = time.Time{}
+	} else if r.landed.IsZero() {
+		r.landed = sent
+	}
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
-	defer cancel()
+	if beatErr != nil {
+		s.log.Debug("recovery beat failed", "err", beatErr)
+	}
 	keep := s.settled(ctx, aged, markers)
 	done := make([]any, 0, len(aged))
 	for rec := range aged {
@@ -257,18 +275,18 @@ func (s *Server) beat(ctx context.Context) {
 			drop = append(drop, m)
 		}
 	}
-	sent := time.Now()
-	until := sent.Add(3 * s.beatInterval()).UnixMilli()
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, s.locker.ProcessesKey(), redis.Z{Score: float64(until), Member: r.process})
-		if len(done) > 0 {
-			p.SRem(ctx, r.holds, done...)
-		}
-		for _, m := range drop { // one DEL each: on a Cluster they lie in their resources' slots
-			p.Del(ctx, m)
-		}
-		return nil
-	})
+	var err error
+	if len(done)+len(drop) > 0 {
+		_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if len(done) > 0 {
+				p.SRem(ctx, r.holds, done...)
+			}
+			for _, m := range drop { // one DEL each: on a Cluster they lie in their resources' slots
+				p.Del(ctx, m)
+			}
+			return nil
+		})
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k := range keep {
@@ -279,18 +297,13 @@ func (s *Server) beat(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		s.log.Debug("recovery beat failed", "err", err)
+		s.log.Debug("recovery: removing the records of tasks that left failed", "err", err)
 		for rec := range aged {
 			r.aged[rec] = struct{}{}
 		}
 		for m, t := range markers {
 			r.markers[m] = t
 		}
-		r.landed = time.Time{}
-		return
-	}
-	if r.landed.IsZero() {
-		r.landed = sent
 	}
 }
 

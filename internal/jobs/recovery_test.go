@@ -3,12 +3,16 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
 // A hold record of a task that left this process's hands stays while asynq
@@ -55,5 +59,76 @@ func TestRecordStaysWhileAsynqHasTheTaskActive(t *testing.T) {
 	beats(3)
 	if e.admin.SIsMember(ctx, holds, rec).Val() {
 		t.Fatal("the record stayed after asynq recorded the task's result")
+	}
+}
+
+// On a Redis Cluster a worker's beat lands while another master is paused:
+// the asynq queue's master here, which holds the states of the tasks that
+// left the worker's hands (settled reads them in every beat). A beat that
+// waited for them would leave the worker looking dead to the others, who
+// would bring back its task although its handler had returned (a chaos run
+// on a Cluster saw a task run twice so).
+func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, "cluster-require-full-coverage", "no")
+	client := cl.Client(func(o *redis.ClusterOptions) {
+		o.ContextTimeoutEnabled = true
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+	})
+	l := lock.New(client)
+	beats := cl.NodeFor(l.ProcessesKey())
+	queue := ""
+	for i := 0; queue == "" && i < 100; i++ {
+		if q := fmt.Sprint("q", i); cl.NodeFor("asynq:{"+q+"}") != beats {
+			queue = q
+		}
+	}
+	release := make(chan struct{})
+	defer close(release)
+	reg, err := NewRegistry([]Spec{lockedSpec("t:slow", "slow", func(context.Context, Job) error { <-release; return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd := watchdog.New(watchdog.Options{})
+	cfg := testConfig()
+	cfg.LockTTL, cfg.Queues = 1500*time.Millisecond, map[string]int{queue: 1}
+	srv := NewServer(Params{Client: client, Locker: l, Watchdog: wd, Registry: reg, Config: cfg})
+	if err := wd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_ = srv.Stop(sctx)
+		_ = wd.Stop(sctx)
+	}()
+	enq := asynq.NewClientFromRedisClient(client)
+	defer enq.Close()
+	if _, err := enq.Enqueue(asynq.NewTask("t:slow", nil), asynq.TaskID("kept"), asynq.Queue(queue)); err != nil {
+		t.Fatal(err)
+	}
+	rec := lock.HoldRecord("slow", queue, "kept")
+	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
+		return client.SIsMember(ctx, srv.recovery.holds, rec).Val()
+	})
+	// As if the handler had returned: every beat now asks asynq, on the
+	// queue's master, whether it still has the task.
+	srv.recovery.left("slow", queue, "kept")
+	paused := cl.NodeFor("asynq:{" + queue + "}")
+	paused.Pause()
+	defer paused.Resume()
+	admin := beats.Client()
+	seen, last := 0, admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.process).Val()
+	if !redistest.Within(5*time.Second, 20*time.Millisecond, func() bool {
+		if s := admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.process).Val(); s != last {
+			seen, last = seen+1, s
+		}
+		return seen >= 3
+	}) {
+		t.Fatalf("%d beats landed in 5s while the queue's master was paused, want 3 (one each %v)", seen, srv.beatInterval())
 	}
 }
