@@ -151,6 +151,11 @@ type FailoverCost struct {
 	// began again.
 	ResumedMS  Spread `json:"jobs_resumed_ms"`
 	NotResumed int    `json:"not_resumed"`
+	// LocksBackMS is, for each fault that promoted the replica, the time
+	// from the fault to the first fenced begin of a run of the master's
+	// resources after the promotion: how long the jobs of its locks were
+	// held up.
+	LocksBackMS Spread `json:"locks_back_ms"`
 }
 
 // Spread summarizes durations in milliseconds: the median, the maximum
@@ -385,6 +390,7 @@ func failoverCosts(h History, r *Report) {
 	const underWay = 5 * time.Second
 	resumed := map[string][]int64{}
 	promoted := map[string][]int64{}
+	back := map[string][]int64{}
 	type run struct {
 		task  string
 		fence int64
@@ -408,6 +414,16 @@ func failoverCosts(h History, r *Report) {
 		if !f.Promoted.IsZero() {
 			c.Promoted++
 			promoted[f.Kind] = append(promoted[f.Kind], f.Promoted.Sub(f.Start).Milliseconds())
+			var first time.Time
+			for _, w := range h.Writes {
+				if w.Op == "begin" && w.At.After(f.Promoted) && slices.Contains(f.Resources, recordRunKey(w.OrderID)) &&
+					(first.IsZero() || w.At.Before(first)) {
+					first = w.At
+				}
+			}
+			if !first.IsZero() {
+				back[f.Kind] = append(back[f.Kind], first.Sub(f.Start).Milliseconds())
+			}
 		}
 		for _, w := range h.Writes {
 			if w.Op != "begin" || !w.At.Before(f.Start) || w.At.Before(f.Start.Add(-underWay)) || committed[run{w.TaskID, w.Fence}] {
@@ -437,6 +453,7 @@ func failoverCosts(h History, r *Report) {
 	for kind, c := range r.Failovers {
 		c.ResumedMS = spread(resumed[kind])
 		c.PromotedMS = spread(promoted[kind])
+		c.LocksBackMS = spread(back[kind])
 	}
 }
 

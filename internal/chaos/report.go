@@ -92,14 +92,15 @@ func Markdown(r *Report, h History, replay string) string {
 	}
 	p("\nTimes are from the fault healing (process restarted, resumed, link restored) to the next ok execution and the next tick enqueued.\n\n")
 	if len(r.Failovers) > 0 {
-		p("## Cluster master faults\n\n| fault | count | replica promoted (p50 / max after the fault) | holders cancelled: of its resources / elsewhere | their jobs resumed after (p50 / max) | not resumed |\n|---|---:|---|---|---|---:|\n")
+		p("## Cluster master faults\n\n| fault | count | replica promoted (p50 / max after the fault) | its locks' jobs began again (p50 / max after the fault) | holders cancelled: of its resources / elsewhere | their jobs resumed after (p50 / max) | not resumed |\n|---|---:|---|---|---|---|---:|\n")
 		for _, kind := range ClusterFaults {
 			if c := r.Failovers[kind]; c != nil {
-				p("| `%s` | %d | %d (%s / %s) | %d / %d | %s / %s | %d |\n", kind, c.Count, c.Promoted, ms(c.PromotedMS.P50), ms(c.PromotedMS.Max),
+				p("| `%s` | %d | %d (%s / %s) | %s / %s | %d / %d | %s / %s | %d |\n", kind, c.Count, c.Promoted, ms(c.PromotedMS.P50), ms(c.PromotedMS.Max),
+					ms(c.LocksBackMS.P50), ms(c.LocksBackMS.Max),
 					c.HoldersCancelled, c.HoldersCancelledElsewhere, ms(c.ResumedMS.P50), ms(c.ResumedMS.Max), c.NotResumed)
 			}
 		}
-		p("\nHolders cancelled: runs under way when the fault began (their fenced begin accepted, not yet their commit) that never committed, of the master's resources and of the others (every master answers `CLUSTERDOWN` until the promotion); resumed: from the fault to the task's next accepted begin.\n\n")
+		p("\nHolders cancelled: runs under way when the fault began (their fenced begin accepted, not yet their commit) that never committed, of the master's resources and of the others (every master answers `CLUSTERDOWN` until the promotion); resumed: from the fault to the task's next accepted begin. Its locks' jobs began again: from the fault to the first fenced begin of a run of the master's resources after the promotion.\n\n")
 	}
 	if len(r.RecoveryMS) > 0 {
 		p("## Recovery of a killed worker's tasks\n\n| fault | tasks | p50 | max |\n|---|---:|---|---|\n")
