@@ -214,19 +214,30 @@ func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payloa
 	return s.run(ctx, spec, job, payload, lease, h)
 }
 
-// runRecovery beats and recovers until ctx ends.
+// runRecovery beats and recovers until ctx ends. The beats have a goroutine
+// of their own: a look at a dead process can wait on a master that is
+// paused or failing over (its records, its locks) for seconds, and a live
+// process must not miss its beats meanwhile.
 func (s *Server) runRecovery(ctx context.Context) {
-	beat := time.NewTicker(s.beatInterval())
-	defer beat.Stop()
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	beats.Go(func() {
+		beat := time.NewTicker(s.beatInterval())
+		defer beat.Stop()
+		for s.beat(ctx); ; s.beat(ctx) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-beat.C:
+			}
+		}
+	})
 	look := time.NewTimer(recoverPoll)
 	defer look.Stop()
-	s.beat(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-beat.C:
-			s.beat(ctx)
 		case <-look.C:
 			s.recoverDead(ctx)
 			look.Reset(recoverPoll/2 + rand.N(recoverPoll)) // the processes' looks spread out

@@ -64,10 +64,11 @@ func TestRecordStaysWhileAsynqHasTheTaskActive(t *testing.T) {
 
 // On a Redis Cluster a worker's beat lands while another master is paused:
 // the asynq queue's master here, which holds the states of the tasks that
-// left the worker's hands (settled reads them in every beat). A beat that
-// waited for them would leave the worker looking dead to the others, who
-// would bring back its task although its handler had returned (a chaos run
-// on a Cluster saw a task run twice so).
+// left the worker's hands (settled reads them in every beat), and the hold
+// records of processes that fall overdue meanwhile (each look at them waits
+// on it). A beat that waited for either would leave the worker looking dead
+// to the others, who would bring back its task although its handler had
+// returned (chaos runs on a Cluster saw a task run twice so).
 func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -119,16 +120,32 @@ func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
 	// queue's master, whether it still has the task.
 	srv.recovery.left("slow", queue, "kept")
 	paused := cl.NodeFor("asynq:{" + queue + "}")
+	waitFor(t, 10*time.Second, "this process judging others", srv.judging)
+	// Processes overdue in 300 ms, whose hold records lie on that master.
+	overdue := float64(time.Now().Add(300 * time.Millisecond).UnixMilli())
+	for i, n := 0, 0; n < 6 && i < 1000; i++ {
+		if p := fmt.Sprint("gone:", i); cl.NodeFor(l.HoldsKey(p)) == paused {
+			n++
+			client.SAdd(ctx, l.HoldsKey(p), lock.HoldRecord("gone", queue, fmt.Sprint("g", i)))
+			client.ZAdd(ctx, l.ProcessesKey(), redis.Z{Score: overdue, Member: p})
+		}
+	}
 	paused.Pause()
 	defer paused.Resume()
+	// For 5 s, the process must never look dead to the others: its beat's
+	// deadline in the processes zset always ahead of the clock.
 	admin := beats.Client()
 	seen, last := 0, admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.process).Val()
-	if !redistest.Within(5*time.Second, 20*time.Millisecond, func() bool {
-		if s := admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.process).Val(); s != last {
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		s := admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.process).Val()
+		if now := float64(time.Now().UnixMilli()); s < now {
+			t.Fatalf("the process looked dead while a master was paused: its beat overdue by %v", time.Duration(now-s)*time.Millisecond)
+		}
+		if s != last {
 			seen, last = seen+1, s
 		}
-		return seen >= 3
-	}) {
+	}
+	if seen < 3 {
 		t.Fatalf("%d beats landed in 5s while the queue's master was paused, want 3 (one each %v)", seen, srv.beatInterval())
 	}
 }
