@@ -96,7 +96,9 @@ run:
 # under a fault schedule drawn from SEED (empty: a new one, printed) for
 # DURATION (FAULTS: a comma-separated subset of the fault kinds; empty: all;
 # LOCK=etcd: the locks on a 3-member etcd cluster, with its faults added;
-# STORE=postgres: the demo's fenced store in a private PostgreSQL),
+# STORE=postgres: the demo's fenced store in a private PostgreSQL;
+# REDIS=cluster: the queue and the locks on a private Redis Cluster of 3
+# masters with a replica each, with its faults added),
 # prints a live line, checks the recorded history and writes
 # OUT/chaos-report.md and OUT/chaos-report.json (and OUT/logs). It exits 1
 # when the checker finds a violation. The run bounds each of its own phases,
@@ -108,7 +110,8 @@ OUT      ?= chaos-out
 FAULTS   ?=
 LOCK     ?= redis
 STORE    ?= redis
+REDIS    ?= single
 chaos: deps
 	$(GO) test -c -o bin/chaos.test ./internal/chaos
 	bin/chaos.test -test.run '^TestChaos$$' -test.v -test.timeout 0 \
-		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)' -chaos.lock $(LOCK) -chaos.store $(STORE)
+		-chaos.duration $(DURATION) -chaos.seed $(or $(SEED),0) -chaos.out $(OUT) -chaos.faults '$(FAULTS)' -chaos.lock $(LOCK) -chaos.store $(STORE) -chaos.redis $(REDIS)

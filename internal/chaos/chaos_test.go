@@ -20,6 +20,7 @@ var (
 	flagFaults   = flag.String("chaos.faults", "", "comma-separated fault kinds to draw from (empty: all)")
 	flagLock     = flag.String("chaos.lock", "redis", "the workers' lock back end: redis, or etcd (a 3-member etcd cluster; adds the etcd faults)")
 	flagStore    = flag.String("chaos.store", "redis", "the demo's fenced store: redis, or postgres (a private PostgreSQL; the checker reads its log table)")
+	flagRedis    = flag.String("chaos.redis", "single", "where the queue and the locks live: single (one AOF server), or cluster (3 masters with a replica each; adds the Cluster's faults)")
 )
 
 // TestChaos runs the binaries under a seeded fault schedule and fails on any
@@ -44,8 +45,11 @@ func TestChaos(t *testing.T) {
 	if *flagStore != "redis" {
 		replay += " STORE=" + *flagStore
 	}
+	if *flagRedis != "single" {
+		replay += " REDIS=" + *flagRedis
+	}
 	t.Logf("chaos: %s (report in %s)", replay, out)
-	rep, h := Run(t, Config{Duration: *flagDuration, Seed: seed, Out: out, Faults: faults, Progress: os.Stderr, Lock: *flagLock, Store: *flagStore})
+	rep, h := Run(t, Config{Duration: *flagDuration, Seed: seed, Out: out, Faults: faults, Progress: os.Stderr, Lock: *flagLock, Store: *flagStore, Redis: *flagRedis})
 	if err := WriteReport(out, rep, h, replay); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -61,8 +62,21 @@ type Report struct {
 	RatedMaxInWindow   float64 `json:"rated_max_window_fill"`
 	RatedStartLagMaxMS int64   `json:"rated_start_lag_max_ms"`
 
+	// LostHoldersLate counts, on a Redis Cluster, runs whose lock a
+	// failover may have lost (their resource on the master that failed,
+	// running when it failed) that were still running when the store
+	// accepted the next holder's fenced begin: a lock lost in a failover
+	// (DESIGN §1) must have cost its holder its context before the next
+	// holder began its work.
+	LostHoldersLate int `json:"lost_holders_not_cancelled"`
+
 	// Counts docs/chaos.md explains, and the sizes of what was checked.
-	OverlapsRedisUnhealthy      int `json:"overlaps_redis_unhealthy"`
+	OverlapsRedisUnhealthy int `json:"overlaps_redis_unhealthy"`
+	// OverlapsFailover counts overlaps of ok runs of a resource of a
+	// Cluster master that failed over, each of whose first run's commit
+	// the store accepted before the second's begin: the lock was lost in
+	// the failover, and the fences kept the store's order.
+	OverlapsFailover            int `json:"overlaps_failover"`
 	JobsCompletedTwiceExplained int `json:"jobs_completed_twice_explained"`
 	// ExecutionRecordsDuplicated counts ok records repeating a task's fence:
 	// one run recorded twice, not a second run.
@@ -82,6 +96,9 @@ type Report struct {
 
 	// PerFault is, for each fault kind, what followed it.
 	PerFault map[string]*FaultStats `json:"per_fault"`
+	// Failovers is, for each kind of fault of a Cluster master, what it
+	// cost the runs.
+	Failovers map[string]*FailoverCost `json:"failovers"`
 	// RecoveryMS is, for each kind of worker kill, the time from the kill
 	// to each task the killed worker was running (it had begun its fenced
 	// write and not finished) starting again on some worker: {p50, max} in
@@ -116,6 +133,31 @@ type FaultStats struct {
 	Unrecovered int `json:"unrecovered"`
 }
 
+// FailoverCost is what the faults of one kind of a Cluster master cost.
+type FailoverCost struct {
+	Count int `json:"count"`
+	// Promoted is how many of them had the master's replica take over, and
+	// PromotedMS the time from the fault to the promotion.
+	Promoted   int    `json:"promoted"`
+	PromotedMS Spread `json:"promoted_ms"`
+	// HoldersCancelled counts the runs under way when the fault began (their
+	// fenced begin accepted, their commit not yet) that never committed: of
+	// the master's resources, and of the others (every master answers
+	// CLUSTERDOWN until the promotion).
+	HoldersCancelled          int `json:"holders_cancelled"`
+	HoldersCancelledElsewhere int `json:"holders_cancelled_elsewhere"`
+	// ResumedMS is, for each such run, the time from the fault to its
+	// task's next accepted begin; NotResumed counts those whose task never
+	// began again.
+	ResumedMS  Spread `json:"jobs_resumed_ms"`
+	NotResumed int    `json:"not_resumed"`
+	// LocksBackMS is, for each fault that promoted the replica, the time
+	// from the fault to the first fenced begin of a run of the master's
+	// resources after the promotion: how long the jobs of its locks were
+	// held up.
+	LocksBackMS Spread `json:"locks_back_ms"`
+}
+
 // Spread summarizes durations in milliseconds: the median, the maximum
 // and how many.
 type Spread struct {
@@ -135,7 +177,8 @@ type Violation struct {
 func (r *Report) Violations() int {
 	n := 0
 	for _, v := range []int{r.Overlaps, r.StaleWritesAccepted, r.JobsLost, r.JobsCompletedTwiceUnexplained,
-		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RateOverGrants, r.RecoveryOverBound} {
+		r.TicksClaimedTwice, r.TicksMissing, r.TicksEnqueuedTwice, r.OverLimit, r.RecoveredFromLive, r.RateOverGrants,
+		r.RecoveryOverBound, r.LostHoldersLate} {
 		if v > 0 {
 			n += v
 		}
@@ -152,6 +195,7 @@ func Check(h History) *Report {
 		Faults:          map[string]int{},
 		Executions:      map[string]int{},
 		PerFault:        map[string]*FaultStats{},
+		Failovers:       map[string]*FailoverCost{},
 		RecoveryMS:      map[string]*Spread{},
 		RecoveryLate:    []string{},
 		DurationSeconds: h.End.Sub(h.Start).Seconds(),
@@ -189,7 +233,9 @@ func Check(h History) *Report {
 	if !h.ExecutionsComplete {
 		r.NotChecked = append(r.NotChecked, "overlaps, jobs_completed_twice: the executions stream is incomplete (trimmed or unreadable)")
 	}
-	r.Overlaps, r.OverlapsRedisUnhealthy = checkOverlaps(h, add)
+	r.Overlaps, r.OverlapsRedisUnhealthy, r.OverlapsFailover = checkOverlaps(h, add)
+	r.LostHoldersLate = checkLostHolders(h, r, add)
+	failoverCosts(h, r)
 	r.OverLimit, r.TenantSyncs, r.TenantMaxAtOnce = checkLimit(h, add)
 	r.StaleWritesAccepted = checkWrites(h, r, add)
 	checkRate(h, r, add)
@@ -206,10 +252,15 @@ func Check(h History) *Report {
 
 // checkOverlaps counts ok executions of one order that started before an
 // earlier ok execution of that order had finished (G3), apart from those
-// that touch a time when Redis was paused or down.
+// that touch a time when Redis was paused or down, and those of a resource
+// of a Cluster master that failed over, during the failover, whose first
+// run's commit the store accepted before the second's begin (DESIGN §1: a
+// failover may lose a lock; the fences kept the store right).
 // A tenant's syncs are checked per permit: "tenant <id> permit <k>".
-func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
+func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy, failedOver int) {
 	touches := sickness(h)
+	lost := failedOverAt(h)
+	store := storeOrder(h)
 	byOrder := okRunsBy(h, runKey)
 	for _, order := range slices.Sorted(maps.Keys(byOrder)) {
 		runs := byOrder[order]
@@ -218,6 +269,8 @@ func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
 			if i > 0 && e.Started.Before(last.Finished) {
 				if touches(e.Started, last.Finished) {
 					unhealthy++
+				} else if lost(order, e.Started, last.Finished) && store.before(last, "commit", e, "begin") {
+					failedOver++
 				} else {
 					overlaps++
 					add(Violation{Check: "overlaps", At: e.Started, Detail: fmt.Sprintf(
@@ -231,7 +284,194 @@ func checkOverlaps(h History, add func(Violation)) (overlaps, unhealthy int) {
 			}
 		}
 	}
-	return overlaps, unhealthy
+	return overlaps, unhealthy, failedOver
+}
+
+// failedOverAt returns whether a span of time touches a failover of the
+// Cluster master that served resource's lock (a fault that promoted its
+// replica, from its start to redisGrace after it healed).
+func failedOverAt(h History) func(resource string, a, b time.Time) bool {
+	return func(resource string, a, b time.Time) bool {
+		for _, f := range h.Faults {
+			if failover(f.Kind) && !f.Promoted.IsZero() && slices.Contains(f.Resources, resource) &&
+				a.Before(f.End.Add(redisGrace)) && b.After(f.Start) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// writeName is the name the accepted-writes log gives e's record: the
+// order, or "tenant <tenant>/<permit>".
+func writeName(e Execution) string {
+	if e.TenantID != "" {
+		return fmt.Sprintf("tenant %s/%d", e.TenantID, e.Permit)
+	}
+	return e.OrderID
+}
+
+// writeLog is the accepted-writes log by record, each in the store's order.
+type writeLog map[string][]Write
+
+func storeOrder(h History) writeLog {
+	by := writeLog{}
+	for _, w := range h.Writes {
+		by[w.OrderID] = append(by[w.OrderID], w)
+	}
+	return by
+}
+
+// find returns the index of e's write op in its record's log, or -1.
+func (l writeLog) find(e Execution, op string) int {
+	return slices.IndexFunc(l[writeName(e)], func(w Write) bool { return w.TaskID == e.TaskID && w.Fence == e.Fence && w.Op == op })
+}
+
+// before reports whether the store accepted a's write opA before b's opB.
+func (l writeLog) before(a Execution, opA string, b Execution, opB string) bool {
+	i, j := l.find(a, opA), l.find(b, opB)
+	return i >= 0 && j >= 0 && i < j
+}
+
+// checkLostHolders counts the runs a failover may have taken the lock of
+// (their resource on the Cluster master that failed over, running when the
+// fault began) that were still running when the store accepted the next
+// holder's begin (a higher fence) of their record: such a holder did not
+// learn of its loss before the next began its work (LostHoldersLate).
+func checkLostHolders(h History, r *Report, add func(Violation)) int {
+	if !slices.ContainsFunc(h.Faults, func(f Fault) bool { return failover(f.Kind) && !f.Promoted.IsZero() }) {
+		return 0
+	}
+	if !h.WritesAvailable {
+		r.NotChecked = append(r.NotChecked, "lost_holders_not_cancelled: the demo store keeps no log of its writes")
+		return NotAvailable
+	}
+	store := storeOrder(h)
+	late := 0
+	for _, e := range h.Executions {
+		var f *Fault
+		for i := range h.Faults {
+			g := &h.Faults[i]
+			if failover(g.Kind) && !g.Promoted.IsZero() && slices.Contains(g.Resources, runKey(e)) &&
+				e.Started.Before(g.Start) && e.Finished.After(g.Start) {
+				f = g
+				break
+			}
+		}
+		if f == nil {
+			continue
+		}
+		for _, w := range store[writeName(e)] {
+			if w.Op != "begin" || w.Fence <= e.Fence {
+				continue
+			}
+			// The log's times are Redis's, in whole milliseconds.
+			if e.Finished.After(w.At.Add(time.Millisecond)) {
+				late++
+				add(Violation{Check: "lost_holders_not_cancelled", At: w.At, Detail: fmt.Sprintf(
+					"%s: task %s (fence %d, %s), running when %s %s began, ran on %v after task %s (fence %d, %s) began its work; it ended %s",
+					runKey(e), e.TaskID, e.Fence, e.Worker, f.Kind, f.Target, e.Finished.Sub(w.At).Round(time.Millisecond),
+					w.TaskID, w.Fence, w.Worker, e.Outcome)})
+			}
+			break
+		}
+	}
+	return late
+}
+
+// failoverCosts measures what each kind of fault of a Cluster master cost
+// the runs (Report.Failovers), from the store's log of accepted writes:
+// a run under way is one whose fenced begin was accepted in the 5 s before
+// the fault (the longest work and a lock TTL) and its commit not before it;
+// it was cut off when its commit never came (the executions stream has no
+// record of a run whose store could not be reached). Its task resumed at
+// its next accepted begin.
+func failoverCosts(h History, r *Report) {
+	const underWay = 5 * time.Second
+	resumed := map[string][]int64{}
+	promoted := map[string][]int64{}
+	back := map[string][]int64{}
+	type run struct {
+		task  string
+		fence int64
+	}
+	committed := map[run]bool{}
+	for _, w := range h.Writes {
+		if w.Op == "commit" {
+			committed[run{w.TaskID, w.Fence}] = true
+		}
+	}
+	for _, f := range h.Faults {
+		if !slices.Contains(ClusterFaults, f.Kind) || f.Kind == FaultClusterReplicaKill {
+			continue
+		}
+		c := r.Failovers[f.Kind]
+		if c == nil {
+			c = &FailoverCost{}
+			r.Failovers[f.Kind] = c
+		}
+		c.Count++
+		if !f.Promoted.IsZero() {
+			c.Promoted++
+			promoted[f.Kind] = append(promoted[f.Kind], f.Promoted.Sub(f.Start).Milliseconds())
+			var first time.Time
+			for _, w := range h.Writes {
+				if w.Op == "begin" && w.At.After(f.Promoted) && slices.Contains(f.Resources, recordRunKey(w.OrderID)) &&
+					(first.IsZero() || w.At.Before(first)) {
+					first = w.At
+				}
+			}
+			if !first.IsZero() {
+				back[f.Kind] = append(back[f.Kind], first.Sub(f.Start).Milliseconds())
+			}
+		}
+		for _, w := range h.Writes {
+			if w.Op != "begin" || !w.At.Before(f.Start) || w.At.Before(f.Start.Add(-underWay)) || committed[run{w.TaskID, w.Fence}] {
+				continue
+			}
+			if slices.Contains(f.Resources, recordRunKey(w.OrderID)) {
+				c.HoldersCancelled++
+			} else {
+				c.HoldersCancelledElsewhere++
+			}
+			var next time.Time
+			for _, x := range h.Writes {
+				if x.TaskID == w.TaskID && x.Op == "begin" && x.At.After(f.Start) && (next.IsZero() || x.At.Before(next)) {
+					next = x.At
+				}
+			}
+			if next.IsZero() {
+				c.NotResumed++
+				continue
+			}
+			resumed[f.Kind] = append(resumed[f.Kind], next.Sub(f.Start).Milliseconds())
+		}
+	}
+	if len(r.Failovers) > 0 && !h.WritesAvailable {
+		r.NotChecked = append(r.NotChecked, "failovers: holders cancelled and jobs resumed: the demo store keeps no log of its writes")
+	}
+	for kind, c := range r.Failovers {
+		c.ResumedMS = spread(resumed[kind])
+		c.PromotedMS = spread(promoted[kind])
+		c.LocksBackMS = spread(back[kind])
+	}
+}
+
+// recordRunKey is the runKey of the record the accepted-writes log names
+// name (writeName's inverse).
+func recordRunKey(name string) string {
+	if rest, ok := strings.CutPrefix(name, "tenant "); ok {
+		if tenant, permit, ok := strings.Cut(rest, "/"); ok {
+			return fmt.Sprintf("tenant %s permit %s", tenant, permit)
+		}
+	}
+	return name
+}
+
+// spread summarizes v (milliseconds); -1s when v is empty.
+func spread(v []int64) Spread {
+	m, p50 := maxAndMedian(v)
+	return Spread{P50: p50, Max: m, Tasks: len(v)}
 }
 
 // checkWrites counts writes the fenced store accepted with a fence below one

@@ -483,3 +483,92 @@ func TestCheckRecoveryTimesCountsOnlyTheKilledWorkersTasks(t *testing.T) {
 		}
 	}
 }
+
+// A Cluster master fails over at 40s (its replica promoted at 42.5s) while
+// order 3's lock lives on it and order 4's elsewhere. On order 3, f1 held
+// the lock at the failover and f2 took it after the promotion: an overlap
+// of the two is put down to the failover only when the store accepted f1's
+// commit before f2's begin, and f1 running on after f2's begin counts in
+// lost_holders_not_cancelled. The report says what the failover cost: f1,
+// a tenant's sync and order 4's f3 cut off, f1 and f3 resumed 3 s and 4 s
+// after it; the master's locks served a job again 3 s after it (f1).
+func TestCheckClusterFailover(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	failover := Fault{Kind: FaultClusterMasterKill, Target: "master a", Start: at(40000), Promoted: at(42500), End: at(44000),
+		Resources: []string{"3", "tenant t1 permit 0"}}
+	history := func(execs []Execution, writes []Write) History {
+		h := clean()
+		h.Redis = "cluster"
+		h.Faults = append(h.Faults, failover)
+		h.Executions = append(h.Executions, execs...)
+		h.Writes = append(h.Writes, writes...)
+		return h
+	}
+	x := func(order, task string, fence int64, from, to int, outcome string) Execution {
+		return Execution{OrderID: order, TaskID: task, Fence: fence, Worker: "h:1", Started: at(from), Finished: at(to), Outcome: outcome}
+	}
+	w := func(order, task string, fence int64, op string, ms int) Write {
+		return Write{OrderID: order, TaskID: task, Fence: fence, Op: op, At: at(ms)}
+	}
+
+	// f1 committed at 42.94s, just before f2 began at 43s: the overlap of
+	// their records is the failover's, and j1 had ended.
+	r := Check(history(
+		[]Execution{x("3", "f1", 100, 39000, 42950, "ok"), x("3", "f2", 200, 42900, 43500, "ok")},
+		[]Write{w("3", "f1", 100, "begin", 39001), w("3", "f1", 100, "commit", 42940), w("3", "f2", 200, "begin", 43000), w("3", "f2", 200, "commit", 43499)}))
+	if r.Violations() != 0 || r.OverlapsFailover != 1 {
+		t.Fatalf("commit before the next begin: %d violations (%+v), %d overlaps put down to the failover; want 0 and 1", r.Violations(), r.Evidence, r.OverlapsFailover)
+	}
+
+	// The store accepted f1's commit after f2's begin: the overlap is a
+	// violation, and so is the stale commit.
+	r = Check(history(
+		[]Execution{x("3", "f1", 100, 39000, 42950, "ok"), x("3", "f2", 200, 42900, 43500, "ok")},
+		[]Write{w("3", "f1", 100, "begin", 39001), w("3", "f2", 200, "begin", 42_920), w("3", "f1", 100, "commit", 42_940)}))
+	if r.Overlaps != 1 || r.OverlapsFailover != 0 || r.StaleWritesAccepted != 1 {
+		t.Fatalf("commit after the next begin: overlaps %d, put down to the failover %d, stale writes %d; want 1, 0, 1",
+			r.Overlaps, r.OverlapsFailover, r.StaleWritesAccepted)
+	}
+
+	// The same overlap on order 4, whose lock was on another master: a
+	// violation.
+	r = Check(history(
+		[]Execution{x("4", "f1", 100, 39000, 42950, "ok"), x("4", "f2", 200, 42900, 43500, "ok")},
+		[]Write{w("4", "f1", 100, "begin", 39001), w("4", "f1", 100, "commit", 42940), w("4", "f2", 200, "begin", 43000)}))
+	if r.Overlaps != 1 || r.OverlapsFailover != 0 {
+		t.Fatalf("another master's order: overlaps %d, put down to the failover %d; want 1 and 0", r.Overlaps, r.OverlapsFailover)
+	}
+
+	// f1 went on after f2 began and was refused at its commit: no overlap
+	// of ok runs, but a lost holder not cancelled in time.
+	r = Check(history(
+		[]Execution{x("3", "f1", 100, 39000, 43400, "fence_rejected"), x("3", "f2", 200, 42900, 43500, "ok")},
+		[]Write{w("3", "f1", 100, "begin", 39001), w("3", "f2", 200, "begin", 43000), w("3", "f2", 200, "commit", 43499)}))
+	if r.LostHoldersLate != 1 || r.Violations() != 1 || r.StaleWritesAccepted != 0 {
+		t.Fatalf("a lost holder running on: lost_holders_not_cancelled %d, violations %d, stale writes %d; want 1, 1, 0 (%+v)",
+			r.LostHoldersLate, r.Violations(), r.StaleWritesAccepted, r.Evidence)
+	}
+
+	// Both holders under way at the failover cancelled at their local
+	// deadline (41.5s), before the promotion; their tasks ran again to ok.
+	// A tenant's sync on the master, begun, never committed nor run again
+	// (its run left no record: its store could not be reached).
+	r = Check(history(
+		[]Execution{
+			x("3", "f1", 100, 39000, 41500, "lock_lost"), x("3", "f1", 200, 43000, 43200, "ok"),
+			x("4", "f3", 50, 39500, 41600, "lock_lost"), x("4", "f3", 60, 44000, 44100, "ok"),
+		},
+		[]Write{w("3", "f1", 100, "begin", 39001), w("3", "f1", 200, "begin", 43000), w("3", "f1", 200, "commit", 43199),
+			w("4", "f3", 50, "begin", 39501), w("4", "f4", 55, "begin", 42700), w("4", "f4", 55, "commit", 42800),
+			w("4", "f3", 60, "begin", 44000), w("4", "f3", 60, "commit", 44099), w("tenant t1/0", "s1", 70, "begin", 39800)}))
+	c := r.Failovers[FaultClusterMasterKill]
+	if r.Violations() != 0 || c == nil || c.Count != 1 || c.Promoted != 1 || c.PromotedMS.Max != 2500 ||
+		c.HoldersCancelled != 2 || c.HoldersCancelledElsewhere != 1 || c.ResumedMS != (Spread{P50: 4000, Max: 4000, Tasks: 2}) || c.NotResumed != 1 ||
+		c.LocksBackMS != (Spread{P50: 3000, Max: 3000, Tasks: 1}) {
+		t.Fatalf("cost of the failover: %+v (violations %d: %+v)", c, r.Violations(), r.Evidence)
+	}
+	if md := Markdown(r, history(nil, nil), "replay"); !strings.Contains(md, "| `cluster_master_kill` | 1 | 1 (2.5s / 2.5s) | 3s / 3s | 2 / 1 | 4s / 4s | 1 |") {
+		t.Errorf("the report's failover table:\n%s", md)
+	}
+}

@@ -17,9 +17,18 @@ var (
 	// readPostgresWrites reads the log table of the demo's PostgreSQL store
 	// (demo.store postgres), the same fields in the store's order.
 	readPostgresWrites = demo.ReadPostgresWrites
+	// recordWriteLogs finds the log of each record of the store on a Redis
+	// Cluster (demo.RecordWrites), where one log would span slots.
+	recordWriteLogs = demo.RecordWriteLogs
 )
 
 type demoPayload = demo.Payload
+
+// The resources the demo's jobs lock: an order's, a tenant's.
+var (
+	orderResource  = demo.Resource
+	tenantResource = demo.TenantResource
+)
 
 // The demo's job with a limit: syncs of a few tenants, 3 at once each.
 const (

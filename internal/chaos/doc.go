@@ -12,6 +12,11 @@
 // Redis and restart from its AOF, and a worker's link black-holed and healed.
 // With Config.Store "postgres" the workers keep the demo's fenced store in a
 // private PostgreSQL (internal/sqltest) and the checker reads its log table.
+// With Config.Redis "cluster" the queue and the locks live on a private
+// Redis Cluster of 3 masters with a replica each (the binaries in
+// redis.mode cluster), and the faults are the Cluster's: a master killed
+// and its replica promoted, a master paused for less and for more than the
+// node timeout (then its replica takes over), a replica killed.
 //
 // Check then reads what happened from the history, not from asynq's
 // bookkeeping alone:
@@ -25,6 +30,10 @@
 //     PostgreSQL store's table), when the demo keeps one:
 //     a write accepted with a fence below one that had already begun (G5),
 //     per order and per (tenant, permit);
+//   - on a Cluster, the runs of a failed-over master's resources that were
+//     still running when the store accepted the next holder's begin (a
+//     failover may lose a lock, DESIGN §1; its holder must be cancelled
+//     before the next begins its work), and what each failover cost;
 //   - every scheduler replica's own log lines of each tick it claimed and
 //     enqueued: ticks claimed by two replicas (G1, claims, not task ids);
 //   - asynq's final task states: produced jobs never completed (G7) and ticks

@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/config"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/procid"
@@ -48,6 +49,12 @@ type Config struct {
 	// private PostgreSQL from internal/sqltest, whose log table the checker
 	// reads back; the executions stream stays in Redis).
 	Store string
+	// Redis is where the queue and the Redis locks live: "single" (default,
+	// one AOF server) or "cluster" (a private Redis Cluster of 3 masters with
+	// a replica each; the workers and the schedulers in redis.mode cluster,
+	// and the Cluster's faults, ClusterFaults, drawn instead of the single
+	// server's and worker_blackhole).
+	Redis string
 }
 
 // The run's fixed shape: 3 scheduler replicas, 3 workers, 20 hot orders.
@@ -76,7 +83,10 @@ var schedules = []struct{ name, cron, order string }{
 	{"chaos-settle-3", "*/2 * * * * *", "3"},
 }
 
-func schedulerConfig(redisAddr string) string {
+// clusterMasters is the Cluster mode's number of masters, each with a replica.
+const clusterMasters = 3
+
+func schedulerConfig(redisYAML string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `%slog:
   format: json
@@ -87,7 +97,7 @@ scheduler:
   task_retention: 1h
   max_catch_up: 100
 schedules:
-`, redisSection(redisAddr), tickLockTTL)
+`, redisYAML, tickLockTTL)
 	for i, s := range schedules {
 		fmt.Fprintf(&b, `  - name: %s
     cron: %q
@@ -104,7 +114,7 @@ schedules:
 
 // workerConfig is a worker's file; lockExtra adds lines under lock: (the
 // etcd back end), extra top-level sections (demo:).
-func workerConfig(redisAddr, lockExtra, extra string) string {
+func workerConfig(redisYAML, lockExtra, extra string) string {
 	return fmt.Sprintf(`%slog:
   format: json
   level: info
@@ -117,22 +127,31 @@ lock:
   contention_backoff_min: 50ms
   contention_backoff_max: 1s
   demo: true
-%s`, redisSection(redisAddr), prefix, lockTTL, lockExtra, extra)
+%s`, redisYAML, prefix, lockTTL, lockExtra, extra)
 }
 
-// redisSection is both roles' redis: section, with short timeouts so that a
-// dead or paused Redis is noticed within a second.
-func redisSection(addr string) string {
-	return fmt.Sprintf("redis:\n  addr: %q\n  dial_timeout: 1s\n  read_timeout: 1s\n  write_timeout: 1s\n", addr)
+// redisTimeout is every client's dial, read and write timeout: a dead or
+// paused Redis is noticed within a second.
+const redisTimeout = time.Second
+
+// redisSection is both roles' redis: section for the server at addr, or
+// (cluster) the Cluster whose nodes are addrs.
+func redisSection(cluster bool, addrs ...string) string {
+	where := fmt.Sprintf("  addr: %q\n", addrs[0])
+	if cluster {
+		where = fmt.Sprintf("  mode: cluster\n  addrs: [%s]\n", strings.Join(addrs, ", "))
+	}
+	return fmt.Sprintf("redis:\n%s  dial_timeout: %v\n  read_timeout: %v\n  write_timeout: %v\n", where, redisTimeout, redisTimeout, redisTimeout)
 }
 
 // run is one chaos run's state.
 type run struct {
-	tb    testing.TB
-	cfg   Config
-	rng   *rand.Rand // the fault schedule's
-	redis *redistest.Server
-	rc    *redis.Client
+	tb      testing.TB
+	cfg     Config
+	rng     *rand.Rand         // the fault schedule's
+	redis   *redistest.Server  // the single server, nil in the Cluster mode
+	cluster *redistest.Cluster // the Cluster in the Cluster mode, else nil
+	rc      redis.UniversalClient
 
 	schedulers []*role
 	workers    []*role
@@ -167,9 +186,21 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	default:
 		tb.Fatalf("chaos: demo store %q: want redis or postgres", cfg.Store)
 	}
+	switch cfg.Redis {
+	case "", "single":
+		cfg.Redis = "single"
+	case "cluster":
+	default:
+		tb.Fatalf("chaos: redis %q: want single or cluster", cfg.Redis)
+	}
 	known := AllFaults
+	if cfg.Redis == "cluster" {
+		known = slices.Concat(slices.DeleteFunc(slices.Clone(AllFaults), func(k string) bool {
+			return redisFault(k) || k == FaultWorkerPartition
+		}), ClusterFaults)
+	}
 	if cfg.Lock == "etcd" {
-		known = append(append([]string(nil), AllFaults...), EtcdFaults...)
+		known = slices.Concat(known, EtcdFaults)
 	}
 	if len(cfg.Faults) == 0 {
 		cfg.Faults = known
@@ -189,11 +220,13 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	r.current.Store("")
 
 	schedBin, workerBin := build(tb, tb.TempDir())
-	r.redis = redistest.StartAOF(tb)
-	r.rc = r.redis.Client(func(o *redis.Options) {
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
-		o.MaxRetries = -1
-	})
+	if cfg.Redis == "cluster" {
+		r.cluster = redistest.StartClusterWithReplicas(tb, clusterMasters)
+	} else {
+		r.redis = redistest.StartAOF(tb)
+	}
+	r.rc = r.client(redisTimeout)
+	tb.Cleanup(func() { _ = r.rc.Close() })
 	var lockYAML string
 	if cfg.Lock == "etcd" {
 		r.etcd = etcdtest.StartCluster(tb, 3)
@@ -205,16 +238,27 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		r.pg = sqltest.Postgres(tb)
 		demoYAML = fmt.Sprintf("demo:\n  store: postgres\n  postgres_dsn: %q\n", r.pg.DSN)
 	}
-	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(r.redis.Addr))
+	redisYAML := func(addr string) string { return redisSection(false, addr) }
+	if r.cluster != nil {
+		// Every node is a seed: the client reads the topology from whichever
+		// answers, whatever the faults made of the roles.
+		all := redisSection(true, redistestAddrs(r.cluster.Servers())...)
+		redisYAML = func(string) string { return all }
+	}
+	schedCfg := writeFile(tb, logDir, "scheduler.yaml", schedulerConfig(redisYAML(r.addr())))
 	for i := range replicas {
 		r.schedulers = append(r.schedulers, &role{name: fmt.Sprintf("scheduler-%d", i+1), bin: schedBin, config: schedCfg, logDir: logDir})
 	}
 	for i := range workers {
-		p := redistest.StartProxy(tb, r.redis.Addr)
-		r.proxies = append(r.proxies, p)
+		addr := r.addr()
+		if r.redis != nil { // a worker's link to the one server can be cut (worker_blackhole)
+			p := redistest.StartProxy(tb, r.redis.Addr)
+			r.proxies = append(r.proxies, p)
+			addr = p.Addr
+		}
 		name := fmt.Sprintf("worker-%d", i+1)
 		r.workers = append(r.workers, &role{name: name, bin: workerBin, logDir: logDir,
-			config: writeFile(tb, logDir, name+".yaml", workerConfig(p.Addr, lockYAML, demoYAML))})
+			config: writeFile(tb, logDir, name+".yaml", workerConfig(redisYAML(addr), lockYAML, demoYAML))})
 	}
 	tb.Cleanup(func() { // whatever happened, no process outlives the run
 		for _, p := range append(r.schedulers, r.workers...) {
@@ -225,7 +269,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 		p.start(tb)
 	}
 
-	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock, LockTTL: lockTTL, Store: cfg.Store}
+	r.hist = History{Seed: cfg.Seed, Start: time.Now(), Lock: cfg.Lock, LockTTL: lockTTL, Store: cfg.Store, Redis: cfg.Redis}
 	firstTick := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	ctx, stopTraffic := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -264,6 +308,39 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	r.collect(firstTick, lastTick)
 	rep := Check(r.hist)
 	return rep, r.hist
+}
+
+// addr is the single server's address ("" in the Cluster mode).
+func (r *run) addr() string {
+	if r.redis == nil {
+		return ""
+	}
+	return r.redis.Addr
+}
+
+// client returns a new client of the run's Redis whose every call is bounded
+// by timeout: of the single server (tried once), or the binaries' own
+// Cluster client (config.RedisConfig.NewClient, which follows a failover).
+func (r *run) client(timeout time.Duration) redis.UniversalClient {
+	if r.cluster == nil {
+		return redis.NewClient(&redis.Options{Addr: r.redis.Addr, MaxRetries: -1,
+			DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout})
+	}
+	c, err := config.RedisConfig{Mode: config.RedisCluster, Addrs: redistestAddrs(r.cluster.Servers()),
+		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout}.NewClient()
+	if err != nil {
+		r.tb.Fatalf("chaos: cluster client: %v", err)
+	}
+	return c
+}
+
+// redistestAddrs returns the servers' addresses.
+func redistestAddrs(servers []*redistest.Server) []string {
+	var out []string
+	for _, s := range servers {
+		out = append(out, s.Addr)
+	}
+	return out
 }
 
 func writeFile(tb testing.TB, dir, name, text string) string {
@@ -336,8 +413,7 @@ func (r *run) progress(done <-chan struct{}) {
 			every, ending = time.Second, ""
 		}
 	}
-	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr, MaxRetries: -1,
-		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	c := r.client(200 * time.Millisecond)
 	defer c.Close()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -498,6 +574,70 @@ func (r *run) draw(kind string) plan {
 		m := r.etcd.Members[r.rng.IntN(len(r.etcd.Members))]
 		return restarted(down+10*time.Second, on("etcd-member", fmt.Sprintf("SIGKILL, restarted with its data after %v", down)),
 			m.Kill, m.Restart)
+	case FaultClusterMasterKill:
+		mi := r.rng.IntN(clusterMasters)
+		return plan{down + 20*time.Second, func() Fault {
+			m, replica := r.master(mi)
+			f := Fault{Kind: kind, Target: "master " + m.Addr, Start: time.Now(), Resources: r.resourcesOn(m)}
+			m.Kill()
+			f.Start = time.Now()
+			if !redistest.Within(clusterBound, 20*time.Millisecond, func() bool { return r.isMaster(replica) }) {
+				r.tb.Fatalf("chaos: %s's replica %s was not promoted within %v of its kill", m.Addr, replica.Addr, clusterBound)
+			}
+			f.Promoted = time.Now()
+			time.Sleep(down)
+			m.Restart()
+			r.waitWhole()
+			f.Detail = fmt.Sprintf("SIGKILL; replica %s promoted after %v; restarted empty %v later, back as a replica",
+				replica.Addr, f.Promoted.Sub(f.Start).Round(time.Millisecond), down)
+			return r.end(f)
+		}}
+	case FaultClusterMasterPauseShort, FaultClusterMasterPauseLong:
+		mi := r.rng.IntN(clusterMasters)
+		d := ms(200, 800) // under the node timeout (1 s): no failover
+		if kind == FaultClusterMasterPauseLong {
+			d = ms(3000, 5000) // past the node timeout: the replica takes over
+		}
+		return plan{d + 20*time.Second, func() Fault {
+			m, replica := r.master(mi)
+			f := Fault{Kind: kind, Target: "master " + m.Addr, Start: time.Now(), Resources: r.resourcesOn(m)}
+			m.Pause()
+			f.Start = time.Now()
+			// The pause lasts d whatever happens; meanwhile, watch for the
+			// replica taking over.
+			for until := f.Start.Add(d); time.Now().Before(until); time.Sleep(20 * time.Millisecond) {
+				if f.Promoted.IsZero() && r.isMaster(replica) {
+					f.Promoted = time.Now()
+				}
+			}
+			m.Resume()
+			f.Detail = fmt.Sprintf("SIGSTOP for %v (node timeout 1s, lock TTL %v)", d, lockTTL)
+			if kind == FaultClusterMasterPauseLong {
+				r.waitWhole()
+				if f.Promoted.IsZero() && r.isMaster(replica) {
+					f.Promoted = time.Now()
+				}
+				if !f.Promoted.IsZero() {
+					f.Detail += fmt.Sprintf("; replica %s promoted after %v, the master back as its replica",
+						replica.Addr, f.Promoted.Sub(f.Start).Round(time.Millisecond))
+				} else {
+					f.Detail += "; no failover"
+				}
+			}
+			return r.end(f)
+		}}
+	case FaultClusterReplicaKill:
+		ri := r.rng.IntN(clusterMasters)
+		return plan{down + 20*time.Second, func() Fault {
+			_, replica := r.master(ri)
+			f := Fault{Kind: kind, Target: "replica " + replica.Addr, Start: time.Now(),
+				Detail: fmt.Sprintf("SIGKILL, restarted empty after %v, resynced", down)}
+			replica.Kill()
+			time.Sleep(down)
+			replica.Restart()
+			r.waitWhole()
+			return r.end(f)
+		}}
 	case FaultWorkerPartition:
 		return plan{long, func() Fault {
 			f := r.begin(kind, w, fmt.Sprintf("link to Redis black-holed for %v", long))
@@ -508,6 +648,83 @@ func (r *run) draw(kind string) plan {
 		}}
 	}
 	panic("chaos: unknown fault " + kind)
+}
+
+// clusterBound bounds a Cluster's promotion of a replica, and its return to
+// whole (every node up, 3 masters each with a linked replica) after a fault.
+const clusterBound = 30 * time.Second
+
+// master returns the i-th of the Cluster's masters now (by port) and its
+// replica.
+func (r *run) master(i int) (m, replica *redistest.Server) {
+	masters, replicaOf, _ := r.cluster.Roles(time.Second)
+	if len(masters) != clusterMasters {
+		r.tb.Fatalf("chaos: the Cluster has %d masters, want %d", len(masters), clusterMasters)
+	}
+	m = masters[i%len(masters)]
+	for rep, of := range replicaOf {
+		if of == m {
+			return m, rep
+		}
+	}
+	r.tb.Fatalf("chaos: master %s has no replica", m.Addr)
+	return nil, nil
+}
+
+// isMaster reports whether s says it is a master now.
+func (r *run) isMaster(s *redistest.Server) bool {
+	masters, _, _ := r.cluster.Roles(200 * time.Millisecond)
+	return slices.Contains(masters, s)
+}
+
+// waitWhole waits until the Cluster is whole again (redistest's Healthy).
+func (r *run) waitWhole() {
+	why := ""
+	if !redistest.Within(clusterBound, 50*time.Millisecond, func() (ok bool) {
+		ok, why = r.cluster.Healthy(300 * time.Millisecond)
+		return ok
+	}) {
+		r.tb.Fatalf("chaos: the Cluster was not whole again within %v: %s", clusterBound, why)
+	}
+}
+
+// resourcesOn returns what the checker judges runs on (runKey: the hot
+// orders, the tenants' permits) whose locks master m serves.
+func (r *run) resourcesOn(m *redistest.Server) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	slots, err := r.rc.ClusterSlots(ctx).Result()
+	if err != nil {
+		r.tb.Logf("chaos: CLUSTER SLOTS: %v", err)
+		return nil
+	}
+	lk := lock.New(r.rc)
+	on := func(resource string) bool {
+		slot, err := r.rc.ClusterKeySlot(ctx, lk.Key(resource)).Result()
+		if err != nil {
+			return false
+		}
+		for _, s := range slots {
+			if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
+				return s.Nodes[0].Addr == m.Addr
+			}
+		}
+		return false
+	}
+	var out []string
+	for i := 1; i <= hotOrders; i++ {
+		if order := fmt.Sprint(i); on(orderResource(order)) {
+			out = append(out, order)
+		}
+	}
+	for _, t := range []string{"t1", "t2"} {
+		if on(tenantResource(t)) {
+			for p := range tenantLimit {
+				out = append(out, runKey(Execution{TenantID: t, Permit: p}))
+			}
+		}
+	}
+	return out
 }
 
 // holdsOf returns the task ids of worker's hold records (recovery's view of
@@ -604,7 +821,9 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 			Started: msTime(m["started_ms"]), Finished: msTime(m["finished_ms"]), Outcome: m["outcome"],
 		})
 	}
-	if r.pg != nil {
+	if cc, ok := r.rc.(*redis.ClusterClient); ok && r.pg == nil {
+		r.collectClusterWrites(ctx, cc)
+	} else if r.pg != nil {
 		r.collectPostgresWrites(ctx)
 	} else if n, err := r.rc.Exists(ctx, demoWrites(prefix)).Result(); err == nil && n == 1 {
 		writes, complete, err := readStream(ctx, r.rc, demoWrites(prefix))
@@ -616,7 +835,7 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 	}
 	// The tenants' store is fenced per (tenant, permit): its log names each
 	// "<tenant>/<permit>", checked like an order.
-	if n, err := r.rc.Exists(ctx, tenantWrites(prefix)).Result(); r.pg == nil && err == nil && n == 1 {
+	if n, err := r.rc.Exists(ctx, tenantWrites(prefix)).Result(); r.pg == nil && r.cluster == nil && err == nil && n == 1 {
 		writes, complete, err := readStream(ctx, r.rc, tenantWrites(prefix))
 		h.WritesComplete = h.WritesComplete && complete && err == nil
 		for _, m := range writes {
@@ -676,6 +895,30 @@ func (r *run) collect(firstTick, lastTick time.Time) {
 				r.tb.Logf("chaos: %s: %v", path, err)
 				h.ReplicaLogsComplete = false
 			}
+		}
+	}
+}
+
+// collectClusterWrites reads the accepted-writes logs of every record of the
+// demo's store on the Cluster (one per record, in its slot) into the history.
+func (r *run) collectClusterWrites(ctx context.Context, c *redis.ClusterClient) {
+	h := &r.hist
+	orders, tenants, err := recordWriteLogs(ctx, c, prefix)
+	if err != nil {
+		r.tb.Logf("chaos: find the demo's accepted-writes logs: %v", err)
+		return
+	}
+	h.WritesAvailable, h.WritesComplete = len(orders)+len(tenants) > 0, true
+	for _, key := range slices.Concat(orders, tenants) {
+		writes, complete, err := readStream(ctx, r.rc, key)
+		h.WritesComplete = h.WritesComplete && complete && err == nil
+		name := ""
+		if slices.Contains(tenants, key) {
+			name = "tenant " // as the single server's tenants' log is read
+		}
+		for _, m := range writes {
+			h.Writes = append(h.Writes, Write{OrderID: name + m["order_id"], Fence: atoi(m["fence"]), TaskID: m["task_id"],
+				Worker: m["worker"], Op: m["op"], At: msTime(m["at_ms"])})
 		}
 	}
 }

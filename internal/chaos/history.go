@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"time"
 )
 
@@ -18,6 +19,9 @@ type History struct {
 	// Store is the demo's fenced store, "redis" or "postgres" (where Writes
 	// are the rows of its log table).
 	Store string
+	// Redis is the deployment the queue and the Redis locks live on:
+	// "single" (one AOF server) or "cluster" (3 masters, a replica each).
+	Redis string
 
 	// Executions is the demo's executions stream, in stream order.
 	Executions []Execution
@@ -155,6 +159,13 @@ type Fault struct {
 	// (its Inspector; nil when not read): a task the killed worker had
 	// begun and not ended is in its hands only if asynq still has it active.
 	Active []string
+	// Resources: a Cluster master's fault's, what the demo's runs are
+	// checked on (runKey: an order, a tenant's permit) whose locks that
+	// master served when the fault began.
+	Resources []string
+	// Promoted: when the faulted master's replica said it was master (zero:
+	// it did not take over).
+	Promoted time.Time
 }
 
 // Fault kinds.
@@ -178,6 +189,35 @@ const (
 // EtcdFaults are the fault kinds of the etcd mode only.
 var EtcdFaults = []string{FaultEtcdLeaderPause, FaultEtcdMemberKill}
 
+// With Config.Redis "cluster" (3 masters, a replica each, cluster-node-timeout
+// 1 s), faults of the Cluster's nodes replace those of the one Redis.
+const (
+	// SIGKILL a master; the Cluster marks it failed and promotes its
+	// replica; the killed node is restarted (empty) and rejoins as a replica.
+	FaultClusterMasterKill = "cluster_master_kill"
+	// SIGSTOP a master for less than the node timeout, then SIGCONT.
+	FaultClusterMasterPauseShort = "cluster_master_pause_short"
+	// SIGSTOP a master past the node timeout: its replica is promoted while
+	// it is stopped; on SIGCONT it learns so and rejoins as a replica.
+	FaultClusterMasterPauseLong = "cluster_master_pause_long"
+	// SIGKILL a replica, restart it (empty): it resyncs from its master.
+	FaultClusterReplicaKill = "cluster_replica_kill"
+)
+
+// ClusterFaults are the fault kinds of the Cluster mode only; with them the
+// single server's (redis_*) and worker_blackhole (a proxy cannot stand
+// between a Cluster client and the nodes it discovers) are not drawn.
+var ClusterFaults = []string{FaultClusterMasterKill, FaultClusterMasterPauseShort, FaultClusterMasterPauseLong, FaultClusterReplicaKill}
+
+// faultKinds lists every fault kind of every mode, in a fixed order.
+var faultKinds = slices.Concat(AllFaults, EtcdFaults, ClusterFaults)
+
+// failover reports whether kind can make a Cluster master's replica take
+// over: a lock the master had not yet replicated can be lost (DESIGN §1).
+func failover(kind string) bool {
+	return kind == FaultClusterMasterKill || kind == FaultClusterMasterPauseLong
+}
+
 // AllFaults lists every fault kind in a fixed order.
 var AllFaults = []string{
 	FaultWorkerKill, FaultWorkerKillDrain, FaultSchedulerKill,
@@ -186,9 +226,12 @@ var AllFaults = []string{
 	FaultWorkerPartition,
 }
 
-// redisFault reports whether kind makes Redis itself unhealthy.
+// redisFault reports whether kind makes Redis itself unhealthy without a
+// failover: the single server paused or killed, a Cluster master paused
+// for less than the node timeout.
 func redisFault(kind string) bool {
-	return kind == FaultRedisPauseShort || kind == FaultRedisPauseLong || kind == FaultRedisKill
+	return kind == FaultRedisPauseShort || kind == FaultRedisPauseLong || kind == FaultRedisKill ||
+		kind == FaultClusterMasterPauseShort
 }
 
 // workerKill reports whether kind kills a worker process.

@@ -56,13 +56,17 @@ func Markdown(r *Report, h History, replay string) string {
 		time.Duration(r.DurationSeconds*float64(time.Second)).Round(time.Second), verdict, replay)
 
 	p("## Guarantees\n\n| check | guarantee | count | what was checked |\n|---|---|---:|---|\n")
-	p("| `overlaps` | G3 | %s | %d ok executions of %d in all; %d overlaps while Redis was paused or down are not counted (README) |\n",
-		count(r.Overlaps), r.Executions["ok"], total(r.Executions), r.OverlapsRedisUnhealthy)
+	p("| `overlaps` | G3 | %s | %d ok executions of %d in all; %d overlaps while Redis was paused or down are not counted (README), nor %d during a failover of the lock's Cluster master whose first run's commit the store accepted before the second's begin |\n",
+		count(r.Overlaps), r.Executions["ok"], total(r.Executions), r.OverlapsRedisUnhealthy, r.OverlapsFailover)
 	p("| `over_limit` | G3 (permits) | %s | %d ok syncs of tenants (limit %d), at most %d of one tenant at once; two on one permit count in `overlaps` |\n",
 		count(r.OverLimit), r.TenantSyncs, tenantLimit, r.TenantMaxAtOnce)
 	p("| `rate_over_grants` | G11 | %d | %d starts of rate-limited calls (%d per %v per client, burst %d) at their admission times; the fullest window held %.2f of its bound; a start followed its admission by up to %s |\n",
 		r.RateOverGrants, r.RatedStarts, ratedLimit.N, ratedLimit.Per, ratedLimit.Burst, r.RatedMaxInWindow, ms(r.RatedStartLagMaxMS))
 	p("| `stale_writes_accepted` | G5 | %s | %d accepted fenced writes |\n", count(r.StaleWritesAccepted), r.WritesChecked)
+	if len(r.Failovers) > 0 {
+		p("| `lost_holders_not_cancelled` | G4, DESIGN §1 | %s | runs of a failed-over Cluster master's resources, running when it failed, still running when the store accepted the next holder's begin |\n",
+			count(r.LostHoldersLate))
+	}
 	p("| `jobs_lost` | G7 | %s | %d jobs enqueued, %d completed, %d archived, %d unfinished at the end |\n",
 		count(r.JobsLost), r.JobsEnqueued, r.JobsCompleted, r.JobsArchived, r.JobsUnfinished)
 	p("| `jobs_completed_twice_unexplained` | G8 | %s | %d tasks completed twice after a worker was killed once its handler had returned, or after asynq could not record the completion (asynq delivers at least once: README) |\n",
@@ -78,7 +82,7 @@ func Markdown(r *Report, h History, replay string) string {
 		count(r.TicksMissing), r.TicksChecked, r.TicksSkippedOverlap)
 
 	p("## Faults\n\n| fault | count | violations within 10s | jobs resumed (p50 / max) | ticks resumed (p50 / max) | not recovered |\n|---|---:|---:|---|---|---:|\n")
-	for _, kind := range AllFaults {
+	for _, kind := range faultKinds {
 		st := r.PerFault[kind]
 		if st == nil {
 			continue
@@ -87,6 +91,17 @@ func Markdown(r *Report, h History, replay string) string {
 			ms(st.JobsResumedP50MS), ms(st.JobsResumedMaxMS), ms(st.TicksResumedP50MS), ms(st.TicksResumedMaxMS), st.Unrecovered)
 	}
 	p("\nTimes are from the fault healing (process restarted, resumed, link restored) to the next ok execution and the next tick enqueued.\n\n")
+	if len(r.Failovers) > 0 {
+		p("## Cluster master faults\n\n| fault | count | replica promoted (p50 / max after the fault) | its locks' jobs began again (p50 / max after the fault) | holders cancelled: of its resources / elsewhere | their jobs resumed after (p50 / max) | not resumed |\n|---|---:|---|---|---|---|---:|\n")
+		for _, kind := range ClusterFaults {
+			if c := r.Failovers[kind]; c != nil {
+				p("| `%s` | %d | %d (%s / %s) | %s / %s | %d / %d | %s / %s | %d |\n", kind, c.Count, c.Promoted, ms(c.PromotedMS.P50), ms(c.PromotedMS.Max),
+					ms(c.LocksBackMS.P50), ms(c.LocksBackMS.Max),
+					c.HoldersCancelled, c.HoldersCancelledElsewhere, ms(c.ResumedMS.P50), ms(c.ResumedMS.Max), c.NotResumed)
+			}
+		}
+		p("\nHolders cancelled: runs under way when the fault began (their fenced begin accepted, not yet their commit) that never committed, of the master's resources and of the others (every master answers `CLUSTERDOWN` until the promotion); resumed: from the fault to the task's next accepted begin. Its locks' jobs began again: from the fault to the first fenced begin of a run of the master's resources after the promotion.\n\n")
+	}
 	if len(r.RecoveryMS) > 0 {
 		p("## Recovery of a killed worker's tasks\n\n| fault | tasks | p50 | max |\n|---|---:|---|---|\n")
 		for _, kind := range AllFaults {

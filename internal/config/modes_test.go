@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,52 @@ func TestEtcdWithoutItsPackageNamesTheImport(t *testing.T) {
 	var ce *Error
 	if !errors.As(err, &ce) || ce.Field != "lock.backend" || !strings.Contains(err.Error(), `import _ "github.com/lockstep-dev/lockstep/etcd"`) {
 		t.Fatalf("NewLocker without the etcd package: %v, want a lock.backend error naming the import", err)
+	}
+}
+
+// TestClusterClientFollowsAPromotion kills the master that serves a key and
+// waits for the Cluster to promote its replica: the next writes of the
+// binaries' Cluster client (NewClient) reach the promoted replica within a
+// few seconds of the promotion, not at go-redis's own reread of the slots a
+// minute later (the dead master sends no MOVED).
+func TestClusterClientFollowsAPromotion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := redistest.StartClusterWithReplicas(t, 3)
+	cfg := RedisConfig{Mode: RedisCluster, Addrs: []string{cl.Nodes[0].Addr, cl.Nodes[1].Addr, cl.Nodes[2].Addr},
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond}
+	c, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const key = "probe"
+	if err := c.Set(ctx, key, "before", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m := cl.NodeFor(key)
+	replica := cl.Replicas[slices.Index(cl.Nodes, m)]
+	m.Kill()
+	redistest.WaitFor(t, 20*time.Second, "the replica promoted", func() bool {
+		info, err := replica.Client().Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:master")
+	})
+	promoted := time.Now()
+	// Bound: the Cluster's own state settling after the promotion (its
+	// other masters learn of it by gossip) and a reread of the slots, with
+	// CPU shared; go-redis alone would wait a minute.
+	const bound = 8 * time.Second
+	var last error
+	if !redistest.Within(bound, 50*time.Millisecond, func() bool {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		last = c.Set(wctx, key, "after", 0).Err()
+		return last == nil
+	}) {
+		t.Fatalf("no write reached the promoted replica within %v of its promotion (last: %v)", bound, last)
+	}
+	t.Logf("a write reached the promoted replica %v after its promotion", time.Since(promoted).Round(time.Millisecond))
+	if got := replica.Client().Get(ctx, key).Val(); got != "after" {
+		t.Fatalf("the promoted replica holds %q, want the write", got)
 	}
 }

@@ -1,8 +1,10 @@
 package config
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -130,7 +132,67 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewUniversalClient(opts), nil
+	c := redis.NewUniversalClient(opts)
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.AddHook(reloadOnFailure{cc})
+	}
+	return c, nil
+}
+
+// reloadOnFailure is a Cluster client's hook that rereads the Cluster's
+// slots (CLUSTER SLOTS, in the background, at most one read every 200 ms)
+// after a command fails in a way a failover explains: the node could not be
+// reached or did not answer in time, or it answered CLUSTERDOWN, MASTERDOWN
+// or TRYAGAIN. go-redis rereads them by itself only on a MOVED or ASK reply
+// and once a minute (ClusterStateReloadInterval): a master that is gone
+// sends neither, so without this the client keeps sending its slots'
+// commands to the dead master until the minute is up, long after its
+// replica was promoted.
+type reloadOnFailure struct{ c *redis.ClusterClient }
+
+func (h reloadOnFailure) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h reloadOnFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if topologyMayHaveChanged(err) {
+			h.c.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+func (h reloadOnFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if topologyMayHaveChanged(cmd.Err()) {
+				h.c.ReloadState(ctx)
+				break
+			}
+		}
+		return err
+	}
+}
+
+// topologyMayHaveChanged reports whether err is one a Cluster node's
+// failure or a failover under way gives: any error but a reply of the
+// server's (a network error, a timeout), or a reply saying the Cluster or
+// the master is down. A caller's cancellation and redis.Nil are not.
+func topologyMayHaveChanged(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return true
+	}
+	for _, p := range []string{"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"} {
+		if strings.HasPrefix(reply.Error(), p) {
+			return true
+		}
+	}
+	return false
 }
 
 // NodeOptions returns go-redis options for one server at addr (a Redlock node)

@@ -15,7 +15,9 @@
 // A holder whose lock passed on (paused past its TTL, cut off) is so refused
 // as soon as the next holder has begun, not only once it has finished.
 // Every accepted begin and commit is also appended, in the same script, to
-// the accepted-writes log, so a checker can replay the store's history.
+// the accepted-writes log, so a checker can replay the store's history: one
+// log of every record on a single server or a Sentinel-managed master, one
+// log per record on a Redis Cluster (RecordWrites), in the record's slot.
 //
 // The store is Redis (Lua scripts, the default) or, with WithPostgres,
 // PostgreSQL, where each step is a transaction that checks the fence with
@@ -28,8 +30,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -77,10 +81,16 @@ func Stream(prefix string) string { return prefix + "demo:executions" }
 // Store is the fenced record of an order under prefix.
 func Store(prefix, orderID string) string { return prefix + "demo:order:" + orderID }
 
-// Writes is the log of accepted begins and commits under prefix. It is kept
-// on single servers and Sentinel-managed masters; on Redis Cluster it would
-// span slots with the orders' records, so it is not written there.
+// Writes is the log of accepted begins and commits under prefix, on single
+// servers and Sentinel-managed masters. On a Redis Cluster one log would
+// span slots with the records, so each record keeps its own (RecordWrites).
 func Writes(prefix string) string { return prefix + "demo:writes" }
+
+// RecordWrites is, on a Redis Cluster, the accepted-writes log of the one
+// fenced record store (Store or TenantStore) under prefix: the record's key
+// is its hash tag, so the script that accepts a write appends it in the
+// record's own slot, and a failover keeps or loses the two together.
+func RecordWrites(prefix, store string) string { return prefix + "demo:writes:{" + store + "}" }
 
 var (
 	//go:embed lua/begin.lua
@@ -100,7 +110,7 @@ func WithPostgres(pg *Postgres) Option { return func(d *job) { d.pg = pg } }
 
 func newJob(client redis.UniversalClient, prefix, workerID string, opts []Option) *job {
 	_, cluster := client.(*redis.ClusterClient)
-	d := &job{client: client, prefix: prefix, worker: workerID, log: !cluster}
+	d := &job{client: client, prefix: prefix, worker: workerID, cluster: cluster}
 	for _, o := range opts {
 		o(d)
 	}
@@ -145,11 +155,11 @@ func checkPayload(field, id, forbidden string, workMS int64) error {
 }
 
 type job struct {
-	client redis.UniversalClient
-	prefix string
-	worker string
-	log    bool      // keep the accepted-writes log (Redis)
-	pg     *Postgres // the fenced store, when not Redis
+	client  redis.UniversalClient
+	prefix  string
+	worker  string
+	cluster bool      // a Redis Cluster: each record keeps its own accepted-writes log
+	pg      *Postgres // the fenced store, when not Redis
 }
 
 // target is what one run of a demo job works on: the fenced record, the
@@ -227,9 +237,9 @@ func (d *job) fenced(ctx context.Context, op string, j jobs.Job, p target) (ok b
 	if op == "commit" {
 		s = scriptCommit
 	}
-	keys := []string{p.store}
-	if d.log {
-		keys = append(keys, p.writes)
+	keys := []string{p.store, p.writes}
+	if d.cluster {
+		keys[1] = RecordWrites(d.prefix, p.store)
 	}
 	reply, err := script.Run(ctx, d.client, s, "demo "+op, keys,
 		j.Fence, j.ID, d.worker, writesLen, p.name)
@@ -321,9 +331,59 @@ func readExecutions(ctx context.Context, c redis.UniversalClient, stream string)
 	})
 }
 
-// ReadWrites returns every entry of the accepted-writes log, oldest first.
+// ReadWrites returns every entry of the accepted-writes log of the orders,
+// oldest first; on a Redis Cluster, every order's log (RecordWrites), each
+// oldest first, one order after another.
 func ReadWrites(ctx context.Context, c redis.UniversalClient, prefix string) ([]Write, error) {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return readRecordWrites(ctx, cc, prefix, Store(prefix, ""))
+	}
 	return readWrites(ctx, c, Writes(prefix))
+}
+
+// RecordWriteLogs returns the keys of the records' accepted-writes logs on
+// a Redis Cluster (RecordWrites): the orders' and the tenants', each sorted.
+func RecordWriteLogs(ctx context.Context, c *redis.ClusterClient, prefix string) (orders, tenants []string, err error) {
+	if orders, err = recordWriteLogs(ctx, c, prefix, Store(prefix, "")); err != nil {
+		return nil, nil, err
+	}
+	tenants, err = recordWriteLogs(ctx, c, prefix, tenantStores(prefix))
+	return orders, tenants, err
+}
+
+// recordWriteLogs returns the keys of the logs of the records whose keys
+// start with store (RecordWrites's form), found on every master, sorted.
+func recordWriteLogs(ctx context.Context, c *redis.ClusterClient, prefix, store string) ([]string, error) {
+	var mu sync.Mutex
+	var keys []string
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		it := m.Scan(ctx, 0, prefix+"demo:writes:{"+store+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, it.Val())
+			mu.Unlock()
+		}
+		return it.Err()
+	})
+	slices.Sort(keys)
+	return keys, err
+}
+
+// readRecordWrites reads the logs of the records whose keys start with store.
+func readRecordWrites(ctx context.Context, c *redis.ClusterClient, prefix, store string) ([]Write, error) {
+	keys, err := recordWriteLogs(ctx, c, prefix, store)
+	if err != nil {
+		return nil, fmt.Errorf("demo: find the records' accepted-writes logs: %w", err)
+	}
+	var out []Write
+	for _, k := range keys {
+		ws, err := readWrites(ctx, c, k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ws...)
+	}
+	return out, nil
 }
 
 func readWrites(ctx context.Context, c redis.UniversalClient, stream string) ([]Write, error) {

@@ -341,3 +341,57 @@ func checkLog(t *testing.T, ws []Write, want ...string) {
 		t.Fatalf("log %v, want %v", got, want)
 	}
 }
+
+// On a Redis Cluster every record keeps its own accepted-writes log, in its
+// slot: the begins and commits of orders and tenant permits on every
+// master are accepted and logged (no CROSSSLOT), a stale commit is refused
+// and not logged, and ReadWrites and ReadTenantWrites read every log back.
+func TestWritesLoggedPerRecordOnCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client()
+	ctx := context.Background()
+	d := newJob(c, "lockstep:", "w", nil)
+	masters := map[*redistest.Server]bool{}
+	step := func(op string, fence int64, task string, tg target) bool {
+		t.Helper()
+		ok, _, err := d.fenced(ctx, op, jobs.Job{ID: task, Fence: fence}, tg)
+		if err != nil {
+			t.Fatalf("%s %s: %v", op, tg.name, err)
+		}
+		return ok
+	}
+	var orders []string
+	for i := 0; len(masters) < 3 && i < 100; i++ {
+		order := fmt.Sprint(i)
+		tg := target{store: Store("lockstep:", order), name: order}
+		if !step("begin", 10, "a"+order, tg) || !step("begin", 20, "b"+order, tg) || step("commit", 10, "a"+order, tg) ||
+			!step("commit", 20, "b"+order, tg) {
+			t.Fatalf("order %s: the fences were not checked", order)
+		}
+		m := cl.NodeFor(tg.store)
+		if cl.NodeFor(RecordWrites("lockstep:", tg.store)) != m {
+			t.Fatalf("order %s's log is not in its record's slot", order)
+		}
+		masters[m] = true
+		orders = append(orders, order)
+	}
+	tenant := target{store: TenantStore("lockstep:", "7", 2), name: TenantSlot("7", 2)}
+	if !step("begin", 5, "s", tenant) || !step("commit", 5, "s", tenant) {
+		t.Fatal("the tenant's permit refused its only run")
+	}
+	ws, err := ReadWrites(ctx, c, "lockstep:")
+	if err != nil || len(ws) != 3*len(orders) {
+		t.Fatalf("%d order writes (%v), want 3 for each of %d orders", len(ws), err, len(orders))
+	}
+	if errs := StaleWrites(ws); len(errs) != 0 {
+		t.Fatalf("stale writes: %v", errs)
+	}
+	tw, err := ReadTenantWrites(ctx, c, "lockstep:")
+	if err != nil || len(tw) != 2 || tw[0].OrderID != TenantSlot("7", 2) || tw[1].Op != "commit" {
+		t.Fatalf("tenant writes %+v (%v), want the permit's begin and commit", tw, err)
+	}
+	if e := cl.Errors(); e["CROSSSLOT"] != 0 {
+		t.Fatalf("errors %v", e)
+	}
+}

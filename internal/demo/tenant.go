@@ -33,8 +33,11 @@ func TenantResource(tenantID string) string { return "lock:tenant:" + tenantID }
 
 // TenantStore is the fenced record of one permit of a tenant under prefix.
 func TenantStore(prefix, tenantID string, permit int) string {
-	return prefix + "demo:tenant:" + tenantID + ":" + strconv.Itoa(permit)
+	return tenantStores(prefix) + tenantID + ":" + strconv.Itoa(permit)
 }
+
+// tenantStores is what every TenantStore under prefix starts with.
+func tenantStores(prefix string) string { return prefix + "demo:tenant:" }
 
 // TenantWrites is the accepted-writes log of tenant syncs under prefix; its
 // entries' order_id is TenantSlot's name of the (tenant, permit).
@@ -80,7 +83,11 @@ func ReadTenantExecutions(ctx context.Context, c redis.UniversalClient, prefix s
 	return slices.DeleteFunc(all, func(x Execution) bool { return x.TenantID == "" }), err
 }
 
-// ReadTenantWrites returns every entry of TenantWrites, oldest first.
+// ReadTenantWrites returns every entry of TenantWrites, oldest first; on a
+// Redis Cluster, every tenant permit's log (RecordWrites), one after another.
 func ReadTenantWrites(ctx context.Context, c redis.UniversalClient, prefix string) ([]Write, error) {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return readRecordWrites(ctx, cc, prefix, tenantStores(prefix))
+	}
 	return readWrites(ctx, c, TenantWrites(prefix))
 }

@@ -212,19 +212,30 @@ func (s *Server) runRecoverable(ctx context.Context, spec *Spec, job Job, payloa
 	return s.run(ctx, spec, job, payload, lease, h)
 }
 
-// runRecovery beats and recovers until ctx ends.
+// runRecovery beats and recovers until ctx ends. The beats have a goroutine
+// of their own: a look at a dead process can wait on a master that is
+// paused or failing over (its records, its locks) for seconds, and a live
+// process must not miss its beats meanwhile.
 func (s *Server) runRecovery(ctx context.Context) {
-	beat := time.NewTicker(s.beatInterval())
-	defer beat.Stop()
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	beats.Go(func() {
+		beat := time.NewTicker(s.beatInterval())
+		defer beat.Stop()
+		for s.beat(ctx); ; s.beat(ctx) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-beat.C:
+			}
+		}
+	})
 	look := time.NewTimer(recoverPoll)
 	defer look.Stop()
-	s.beat(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-beat.C:
-			s.beat(ctx)
 		case <-look.C:
 			s.recoverDead(ctx)
 			look.Reset(recoverPoll/2 + rand.N(recoverPoll)) // the processes' looks spread out
@@ -234,14 +245,31 @@ func (s *Server) runRecovery(ctx context.Context) {
 
 // beat says this process is alive for three more beats, and removes the
 // hold records of the tasks that left before the last beat.
+//
+// The beat itself is a command of its own, sent first: what follows it
+// (asynq's states of the tasks that left, the records and done markers to
+// remove) lies on a Cluster in other slots than the processes zset, on
+// masters that may be paused or failing over, and a live process must not
+// look dead to the others, who would bring back a task whose handler had
+// returned, for them.
 func (s *Server) beat(ctx context.Context) {
 	r := s.recovery
+	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
+	defer cancel()
+	sent := time.Now()
+	beatErr := r.reg.Beat(ctx, sent.Add(3*s.beatInterval()))
 	r.mu.Lock()
 	aged, markers := r.aged, r.markers
 	r.aged, r.done, r.markers = r.done, map[string]struct{}{}, map[string]asynqstore.Task{}
+	if beatErr != nil {
+		r.landed = time.Time{}
+	} else if r.landed.IsZero() {
+		r.landed = sent
+	}
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, s.beatInterval())
-	defer cancel()
+	if beatErr != nil {
+		s.log.Debug("recovery beat failed", "err", beatErr)
+	}
 	keep := s.settled(ctx, aged, markers)
 	done := make([]string, 0, len(aged))
 	for rec := range aged {
@@ -255,11 +283,7 @@ func (s *Server) beat(ctx context.Context) {
 			drop = append(drop, m)
 		}
 	}
-	sent := time.Now()
-	err := r.reg.Beat(ctx, sent.Add(3*s.beatInterval()))
-	if err == nil {
-		err = r.reg.Remove(ctx, done, drop)
-	}
+	err := r.reg.Remove(ctx, done, drop)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k := range keep {
@@ -270,18 +294,13 @@ func (s *Server) beat(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		s.log.Debug("recovery beat failed", "err", err)
+		s.log.Debug("recovery: removing the records of tasks that left failed", "err", err)
 		for rec := range aged {
 			r.aged[rec] = struct{}{}
 		}
 		for m, t := range markers {
 			r.markers[m] = t
 		}
-		r.landed = time.Time{}
-		return
-	}
-	if r.landed.IsZero() {
-		r.landed = sent
 	}
 }
 

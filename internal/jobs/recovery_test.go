@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/redistest"
+	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
 
 // A hold record of a task that left this process's hands stays while asynq
@@ -89,5 +92,93 @@ func TestRecordGoesWhenAsynqDeliveredTheTaskAgain(t *testing.T) {
 	})
 	if info, err := e.insp.GetTaskInfo("default", "again"); err != nil || info.State != asynq.TaskStateActive {
 		t.Fatalf("the task is %v (%v), want still active", info, err)
+	}
+}
+
+// On a Redis Cluster a worker's beat lands while another master is paused:
+// the asynq queue's master here, which holds the states of the tasks that
+// left the worker's hands (settled reads them in every beat), and the hold
+// records of processes that fall overdue meanwhile (each look at them waits
+// on it). A beat that waited for either would leave the worker looking dead
+// to the others, who would bring back its task although its handler had
+// returned (chaos runs on a Cluster saw a task run twice so).
+func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3, "cluster-require-full-coverage", "no")
+	client := cl.Client(func(o *redis.ClusterOptions) {
+		o.ContextTimeoutEnabled = true
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+	})
+	l := lock.New(client)
+	beats := cl.NodeFor(l.ProcessesKey())
+	queue := ""
+	for i := 0; queue == "" && i < 100; i++ {
+		if q := fmt.Sprint("q", i); cl.NodeFor("asynq:{"+q+"}") != beats {
+			queue = q
+		}
+	}
+	release := make(chan struct{})
+	defer close(release)
+	reg, err := NewRegistry([]Spec{lockedSpec("t:slow", "slow", func(context.Context, Job) error { <-release; return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd := watchdog.New(watchdog.Options{})
+	cfg := testConfig()
+	cfg.LockTTL, cfg.Queues = 1500*time.Millisecond, map[string]int{queue: 1}
+	srv := NewServer(Params{Client: client, Locker: l, Watchdog: wd, Registry: reg, Config: cfg})
+	if err := wd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_ = srv.Stop(sctx)
+		_ = wd.Stop(sctx)
+	}()
+	enq := asynq.NewClientFromRedisClient(client)
+	defer enq.Close()
+	if _, err := enq.Enqueue(asynq.NewTask("t:slow", nil), asynq.TaskID("kept"), asynq.Queue(queue)); err != nil {
+		t.Fatal(err)
+	}
+	rec := lock.HoldRecord("slow", queue, "kept")
+	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
+		return client.SIsMember(ctx, srv.recovery.reg.Holds(), rec).Val()
+	})
+	// As if the handler had returned: every beat now asks asynq, on the
+	// queue's master, whether it still has the task.
+	srv.recovery.left("slow", queue, "kept")
+	paused := cl.NodeFor("asynq:{" + queue + "}")
+	waitFor(t, 10*time.Second, "this process judging others", srv.judging)
+	// Processes overdue in 300 ms, whose hold records lie on that master.
+	overdue := float64(time.Now().Add(300 * time.Millisecond).UnixMilli())
+	for i, n := 0, 0; n < 6 && i < 1000; i++ {
+		if p := fmt.Sprint("gone:", i); cl.NodeFor(l.HoldsKey(p)) == paused {
+			n++
+			client.SAdd(ctx, l.HoldsKey(p), lock.HoldRecord("gone", queue, fmt.Sprint("g", i)))
+			client.ZAdd(ctx, l.ProcessesKey(), redis.Z{Score: overdue, Member: p})
+		}
+	}
+	paused.Pause()
+	defer paused.Resume()
+	// For 5 s, the process must never look dead to the others: its beat's
+	// deadline in the processes zset always ahead of the clock.
+	admin := beats.Client()
+	seen, last := 0, admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.reg.Process()).Val()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		s := admin.ZScore(ctx, l.ProcessesKey(), srv.recovery.reg.Process()).Val()
+		if now := float64(time.Now().UnixMilli()); s < now {
+			t.Fatalf("the process looked dead while a master was paused: its beat overdue by %v", time.Duration(now-s)*time.Millisecond)
+		}
+		if s != last {
+			seen, last = seen+1, s
+		}
+	}
+	if seen < 3 {
+		t.Fatalf("%d beats landed in 5s while the queue's master was paused, want 3 (one each %v)", seen, srv.beatInterval())
 	}
 }

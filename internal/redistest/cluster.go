@@ -224,3 +224,96 @@ func (c *Cluster) Scripts() (ran, not []string) {
 	}
 	return ran, not
 }
+
+// Servers returns every node of the cluster, masters and replicas as
+// started (failovers swap their roles: Roles says what they are now).
+func (c *Cluster) Servers() []*Server { return append(slices.Clone(c.Nodes), c.Replicas...) }
+
+// Roles returns the nodes that say they are masters now (INFO replication),
+// sorted by port, and each replica's master with whether its link to it is
+// up. A node that does not answer within timeout (killed, paused) is in
+// neither.
+func (c *Cluster) Roles(timeout time.Duration) (masters []*Server, replicaOf map[*Server]*Server, linked map[*Server]bool) {
+	replicaOf, linked = map[*Server]*Server{}, map[*Server]bool{}
+	byPort := map[string]*Server{}
+	for _, s := range c.Servers() {
+		byPort[strconv.Itoa(s.Port)] = s
+	}
+	for _, s := range c.Servers() {
+		info, err := s.info(timeout, "replication")
+		switch {
+		case err != nil:
+		case strings.Contains(info, "role:master\r\n"):
+			masters = append(masters, s)
+		default:
+			if m := byPort[infoField(info, "master_port")]; m != nil {
+				replicaOf[s], linked[s] = m, infoField(info, "master_link_status") == "up"
+			}
+		}
+	}
+	slices.SortFunc(masters, func(a, b *Server) int { return a.Port - b.Port })
+	return masters, replicaOf, linked
+}
+
+// Healthy reports whether the cluster is whole again, and if not, what is
+// missing: every node answers and says cluster_state:ok, as many nodes say
+// they are masters as were started, and every other node is a replica
+// linked to one of them, each master having one.
+func (c *Cluster) Healthy(timeout time.Duration) (bool, string) {
+	for _, s := range c.Servers() {
+		info, err := s.info(timeout, "cluster")
+		if err != nil {
+			return false, fmt.Sprintf("%s: %v", s.Addr, err)
+		}
+		if infoField(info, "cluster_enabled") != "1" {
+			return false, s.Addr + ": not a cluster node"
+		}
+		client := s.probe(timeout)
+		ci, err := client.ClusterInfo(context.Background()).Result()
+		_ = client.Close()
+		if err != nil || !strings.Contains(ci, "cluster_state:ok") {
+			return false, fmt.Sprintf("%s: cluster_state not ok (%v)", s.Addr, err)
+		}
+	}
+	masters, replicaOf, linked := c.Roles(timeout)
+	if len(masters) != len(c.Nodes) {
+		return false, fmt.Sprintf("%d masters, want %d", len(masters), len(c.Nodes))
+	}
+	served := map[*Server]int{}
+	for r, m := range replicaOf {
+		if !linked[r] {
+			return false, r.Addr + ": replica not linked to its master " + m.Addr
+		}
+		served[m]++
+	}
+	for _, m := range masters {
+		if len(c.Replicas) > 0 && served[m] != len(c.Replicas)/len(c.Nodes) {
+			return false, fmt.Sprintf("master %s has %d replicas", m.Addr, served[m])
+		}
+	}
+	return true, ""
+}
+
+// info returns s's INFO section within timeout.
+func (s *Server) info(timeout time.Duration, section string) (string, error) {
+	client := s.probe(timeout)
+	defer client.Close()
+	return client.Info(context.Background(), section).Result()
+}
+
+// probe returns a client of s for one look, each call bounded by timeout
+// and tried once; the caller closes it.
+func (s *Server) probe(timeout time.Duration) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr, TLSConfig: s.tls,
+		DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, MaxRetries: -1})
+}
+
+// infoField returns the value of field in INFO text.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}

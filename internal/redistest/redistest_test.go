@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -166,6 +167,21 @@ func TestClusterWithReplicasPromotesOnKill(t *testing.T) {
 	}
 	t.Logf("replica promoted %v after its master was killed; another master answered CLUSTERDOWN from %v (0: never)",
 		promoted.Round(time.Millisecond), down.Round(time.Millisecond))
+	if masters, _, _ := c.Roles(time.Second); !slices.Contains(masters, r) || slices.Contains(masters, m) {
+		t.Fatalf("masters after the kill: %v", addrsOf(masters))
+	}
+	if ok, why := c.Healthy(time.Second); ok {
+		t.Fatal("Healthy with a master killed")
+	} else {
+		t.Logf("not healthy with a master killed: %s", why)
+	}
+	// Restarted (empty), the killed master rejoins as its old replica's
+	// replica, and the cluster is whole again.
+	m.Restart()
+	WaitFor(t, 30*time.Second, "the cluster whole again", func() bool { ok, _ := c.Healthy(time.Second); return ok })
+	if _, replicaOf, linked := c.Roles(time.Second); replicaOf[m] != r || !linked[m] {
+		t.Fatalf("the restarted master replicates %v (linked %t), want %s", replicaOf[m], linked[m], r.Addr)
+	}
 }
 
 func TestSentinelFailover(t *testing.T) {
