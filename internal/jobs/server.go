@@ -210,6 +210,7 @@ func (s *Server) Start(context.Context) error {
 		}
 		if s.recovers {
 			s.bg.Go(func() { s.runRecovery(ctx) })
+			s.bg.Go(func() { s.fairKick(ctx) })
 		}
 		if err := s.srv.Start(s.handler()); err != nil {
 			s.grants()
@@ -330,6 +331,12 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	payload, err := spec.Decode(t.Payload())
 	if err != nil {
 		return s.invalid(job, err)
+	}
+	if spec.Fair != nil && s.recovers {
+		if err := s.fairTurn(ctx, spec, job, payload); err != nil {
+			return err // waits for its turn (no failure), or its result
+		}
+		defer s.fairDone(ctx, spec.Type, job.Queue, job.ID)
 	}
 	if spec.Rate != nil {
 		if err := s.admit(ctx, spec, &job, payload); err != nil {

@@ -1,0 +1,208 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+)
+
+// Fair share across tenants (Spec.Fair), decided before the rate, the lock
+// and the handler, so that no worker slot is spent on a task that should
+// wait (docs/design.md §3b):
+//
+//  1. Each delivery of a task of a fair type first reads the next tasks of
+//     its queue (read-ahead, asynqstore.Next: asynq delivers in enqueue
+//     order, and a tenant enqueued behind another's burst must be seen
+//     before that burst has run) and gives each of the type a tag on the
+//     scope's virtual clock (Locker.Fair, lua/fair.lua: start-time fair
+//     queuing). Those that must wait are parked in asynq's retry set
+//     (asynqstore.Park) without a worker ever taking them.
+//  2. The delivered task runs if it was started for it before (woken on its
+//     turn) or its tag is the smallest; otherwise it waits: it returns a
+//     *FairWaitError (no failure, no attempt) and asynq parks it.
+//  3. Every decision also starts the smallest tags for the worker slots it
+//     frees or finds free, and every run's end for the slot it frees; a
+//     started task is brought back to the head of its queue (Wake), and
+//     runs on that delivery without asking again. A server with idle slots
+//     starts tasks for them at each poll (fairKick).
+//
+// A task parked for its turn is dequeued once to run (once more when it
+// was delivered before the read-ahead saw it). A task that cannot go back
+// to asynq (no retries left, a schedule's run) is not held back.
+
+// fairReadAhead is how many of a queue's next pending tasks a decision
+// reads, and fairActive how many of those its workers took last: a task
+// taken at the same moment as the deciding one is tagged in its place.
+const (
+	fairReadAhead = 64
+	fairActive    = 16
+)
+
+// fairFallback is a parked task's retry time, should its turn never be
+// given (the scope's state lost); the scope's keys live twice as long.
+const fairFallback = time.Minute
+
+// fairTurn applies spec's fair share to job: nil runs it now; otherwise the
+// task's result (a *FairWaitError parks it, an invalid payload is archived,
+// a Redis error is retried soon).
+func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any) error {
+	tenant, weight := spec.Fair(payload)
+	switch {
+	case tenant == "":
+		return s.invalid(job, errors.New("the fair share's tenant is empty"))
+	case weight < 1 || weight > lock.MaxFairWeight:
+		return s.invalid(job, fmt.Errorf("the fair share's weight %d is not within 1 to %d", weight, lock.MaxFairWeight))
+	}
+	self := lock.FairTask{ID: job.ID, Tenant: tenant, Weight: weight}
+	// A task that cannot go back to asynq runs now (asynq archives one
+	// that returns an error with no retries left; a run holds its lock).
+	force := job.Attempt > job.MaxRetry || ctx.Value(inRunKey{}) != nil
+	seen := s.seen(ctx, spec, job.Queue, self, force)
+	f, err := s.fair(ctx, spec.Type, job.Queue, lock.FairAsk{Self: job.ID, Force: force, Seen: seen, Release: s.idleSlots()})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	case f.Run:
+		return nil
+	}
+	s.log.Debug("task waits for its tenant's fair share", "type", job.Type, "id", job.ID, "tenant", tenant)
+	return &FairWaitError{Tenant: tenant, Delay: fairFallback}
+}
+
+// fair runs one decision of the scope of typ in queue and carries it out:
+// parks the tasks seen that wait, brings back those started.
+func (s *Server) fair(ctx context.Context, typ, queue string, a lock.FairAsk) (lock.Fairness, error) {
+	a.TTL = 2 * fairFallback
+	f, err := s.runLocker().Fair(ctx, lock.FairScope(queue, typ), a)
+	if err != nil {
+		return f, err
+	}
+	// The tasks seen that wait are parked, and so are those started now
+	// but still pending: every started task goes to the end of its queue
+	// in the order started, so that none started later overtakes it.
+	park := f.Park
+	for _, id := range f.Started {
+		if slices.ContainsFunc(a.Seen, func(t lock.FairTask) bool { return t.ID == id }) && id != a.Self {
+			park = append(park, id)
+		}
+	}
+	if len(park) > 0 {
+		if _, err := s.store.Park(ctx, queue, park, time.Now().Add(fairFallback)); err != nil {
+			s.log.Warn("parking tasks for their fair share failed; they run in their queue's order", "type", typ, "err", err)
+		}
+	}
+	for _, id := range f.Started {
+		s.wakeStarted(ctx, queue, id)
+	}
+	return f, nil
+}
+
+// wakeStarted brings a started task back to the end of its queue; one
+// still on its way to the retry set is woken once there.
+func (s *Server) wakeStarted(ctx context.Context, queue, id string) {
+	w, err := s.store.WakeLast(ctx, queue, id)
+	switch {
+	case err != nil:
+		s.log.Warn("waking a task on its fair turn failed; it comes back at its fallback", "id", id, "err", err)
+	case w == asynqstore.WokenActive && s.bgCtx != nil && s.bgCtx.Err() == nil:
+		s.bg.Go(func() { s.wakeParked(s.bgCtx, queue, id, time.Second, s.store.WakeLast) })
+	}
+}
+
+// seen returns the tasks of spec's type that queue's workers took last and
+// those next in it, in their enqueue order, with their tenants; self among
+// them (first, when its workers have taken more since), unless it runs
+// whatever its turn. One that does not decode is left to its delivery.
+func (s *Server) seen(ctx context.Context, spec *Spec, queue string, self lock.FairTask, force bool) []lock.FairTask {
+	next, err := s.store.Next(ctx, queue, fairActive, fairReadAhead)
+	if err != nil {
+		s.log.Warn("reading a queue's next tasks failed", "queue", queue, "err", err)
+	}
+	var out []lock.FairTask
+	found := force
+	for _, p := range next {
+		if p.ID == self.ID {
+			if !force {
+				out, found = append(out, self), true
+			}
+			continue
+		}
+		if p.Msg.Type != spec.Type || p.Msg.Retried >= p.Msg.Retry {
+			continue
+		}
+		payload, err := spec.Decode(p.Msg.Payload)
+		if err != nil {
+			continue
+		}
+		tenant, weight := spec.Fair(payload)
+		if tenant == "" || weight < 1 || weight > lock.MaxFairWeight {
+			continue
+		}
+		out = append(out, lock.FairTask{ID: p.ID, Tenant: tenant, Weight: weight})
+	}
+	if !found {
+		out = append([]lock.FairTask{self}, out...)
+	}
+	return out
+}
+
+// idleSlots is how many of this server's worker slots run nothing (the
+// calling one counts as running).
+func (s *Server) idleSlots() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.cfg.Concurrency-s.inflight, 0)
+}
+
+// fairDone ends the run of task id of the scope of typ in queue and starts
+// the next waiting task for the slot that this run frees, and for any idle
+// one.
+func (s *Server) fairDone(ctx context.Context, typ, queue, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := s.fair(ctx, typ, queue, lock.FairAsk{Done: id, Release: s.idleSlots() + 1}); err != nil {
+		s.log.Warn("starting the next fair turn failed; an idle worker starts it at its next poll", "type", typ, "err", err)
+	}
+}
+
+// fairKick starts waiting tasks of every fair scope for this server's idle
+// slots, at each poll: the first tasks after a restart, and any whose start
+// was lost.
+func (s *Server) fairKick(ctx context.Context) {
+	var types []string
+	for _, t := range s.registry.Types() {
+		if spec, _ := s.registry.Lookup(t); spec.Fair != nil {
+			types = append(types, t)
+		}
+	}
+	if len(types) == 0 {
+		return
+	}
+	tick := time.NewTicker(s.cfg.PollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for queue := range s.cfg.Queues {
+			for _, t := range types {
+				idle := s.idleSlots()
+				if idle == 0 {
+					break
+				}
+				kctx, cancel := context.WithTimeout(ctx, time.Second)
+				_, _ = s.fair(kctx, t, queue, lock.FairAsk{Release: idle})
+				cancel()
+			}
+		}
+	}
+}
