@@ -161,6 +161,38 @@ func ExampleHandlerOf_Rate() {
 	worker.Main(handler)
 }
 
+// ReportPayload is the payload of "tenant.report" tasks, e.g.
+// {"tenant_id":"t7","plan":"premium"}.
+type ReportPayload struct {
+	TenantID string `json:"tenant_id"`
+	Plan     string `json:"plan"`
+}
+
+func buildReport(ctx context.Context, job worker.Job, p ReportPayload) error {
+	return ledger.Charge(ctx, p.TenantID, 0, job.Fence)
+}
+
+// FairBy: the workers are shared equally among the tenants with tasks
+// waiting, so one tenant's burst of 10,000 tasks does not hold up the
+// others; each tenant's tasks start in the order they were enqueued.
+func ExampleHandlerOf_FairBy() {
+	handler := worker.Handle("tenant.report", buildReport).
+		FairBy(func(p ReportPayload) string { return p.TenantID })
+	worker.Main(handler)
+}
+
+// FairByWeighted: a premium tenant gets twice a standard one's share.
+func ExampleHandlerOf_FairByWeighted() {
+	handler := worker.Handle("tenant.report", buildReport).
+		FairByWeighted(func(p ReportPayload) (string, int) {
+			if p.Plan == "premium" {
+				return p.TenantID, 2
+			}
+			return p.TenantID, 1
+		})
+	worker.Main(handler)
+}
+
 // ledger stands for the store the handler writes to.
 var ledger interface {
 	Charge(ctx context.Context, orderID string, cents, fence int64) error

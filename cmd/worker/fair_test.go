@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -12,6 +13,11 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
+
+// fairOvertaken bounds how many tasks of its tenant enqueued after a task
+// may start before it: turns given at the same moment by two slots'
+// decisions, whose tasks come back to the queue in either order.
+const fairOvertaken = 3
 
 // fairRun is one run of test:fair or test:fairw, as its handler recorded it.
 type fairRun struct {
@@ -28,10 +34,10 @@ type fairRun struct {
 // stretch where both have tasks waiting (B's first start to its last) each
 // tenant's share of the starts is within 10 % of its weight's, and Jain's
 // index of the starts per weight is at least 0.99; within each tenant the
-// tasks start in enqueue order, give or take two turns given at the same
-// moment, whose tasks the two slots may take in either order (none starts
-// more than two mean runs before an earlier one: the bug this caught was
-// seconds); every task runs once, none on a second attempt (a wait is
+// tasks start in enqueue order, give or take turns given at the same
+// moment, whose tasks the slots may take in either order (no task is
+// overtaken by more than fairOvertaken of its tenant enqueued after it);
+// every task runs once, none on a second attempt (a wait is
 // no attempt), none archived.
 func TestFairShareAcrossTenants(t *testing.T) {
 	t.Parallel()
@@ -73,6 +79,10 @@ func TestFairShareAcrossTenants(t *testing.T) {
 					t.Error(e)
 				}
 				t.FailNow()
+			}
+			t.Logf("within a tenant, a task was overtaken by at most %d enqueued after it (%s)", check.overtaken, check.overtakenAt)
+			if check.overtaken > fairOvertaken {
+				t.Errorf("%s was overtaken by %d tasks of its tenant enqueued after it, over %d", check.overtakenAt, check.overtaken, fairOvertaken)
 			}
 			// B's wait and FIFO's.
 			fifo := time.Duration(check.busy/2) * time.Microsecond
@@ -125,11 +135,14 @@ type fairChecked struct {
 	busy     int64         // the runs' time, all added up (µs)
 	mean     time.Duration // a run's mean time
 	a, b     int           // starts of A and of B from B's first start to its last
+	// overtaken is the most tasks of its tenant enqueued after a task
+	// that started before it, at overtakenAt.
+	overtaken   int
+	overtakenAt string
 }
 
-// fairCheck checks that each task ran once, on its first attempt, and in
-// its tenant's enqueue order (none starting more than two mean runs before
-// an earlier one), and measures the figures the test bounds.
+// fairCheck checks that each task ran once and on its first attempt, and
+// measures the figures the test bounds.
 func fairCheck(runs []fairRun) fairChecked {
 	var c fairChecked
 	seen := map[string]bool{}
@@ -148,19 +161,21 @@ func fairCheck(runs []fairRun) fairChecked {
 		c.busy += x.end - x.start
 	}
 	c.mean = time.Duration(c.busy/int64(max(len(runs), 1))) * time.Microsecond
-	inversions := 0
 	for tenant, rs := range byTenant {
-		slices.SortFunc(rs, func(x, y fairRun) int { return x.enqueueAt - y.enqueueAt })
-		for i := 1; i < len(rs); i++ {
-			if early := time.Duration(rs[i-1].start-rs[i].start) * time.Microsecond; early > 2*c.mean {
-				if inversions++; inversions <= 5 {
-					c.errs = append(c.errs, fmt.Sprintf("tenant %s: %s started %v before %s, enqueued before it", tenant, rs[i].id, early, rs[i-1].id))
+		// In start order, how many of its tenant's tasks enqueued after it
+		// started before each task: overtaken.
+		slices.SortFunc(rs, func(x, y fairRun) int { return cmp.Compare(x.start, y.start) })
+		for i, x := range rs {
+			n := 0
+			for _, y := range rs[:i] {
+				if y.enqueueAt > x.enqueueAt {
+					n++
 				}
 			}
+			if n > c.overtaken {
+				c.overtaken, c.overtakenAt = n, tenant+" "+x.id
+			}
 		}
-	}
-	if inversions > 5 {
-		c.errs = append(c.errs, fmt.Sprintf("%d tasks in all started before one of their tenant enqueued earlier", inversions))
 	}
 	bs := byTenant["B"]
 	if len(bs) == 0 {

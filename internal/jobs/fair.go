@@ -93,12 +93,22 @@ func (s *Server) fair(ctx context.Context, typ, queue string, a lock.FairAsk) (l
 			park = append(park, id)
 		}
 	}
+	started := f.Started
 	if len(park) > 0 {
 		if _, err := s.store.Park(ctx, queue, park, time.Now().Add(fairFallback)); err != nil {
 			s.log.Warn("parking tasks for their fair share failed; they run in their queue's order", "type", typ, "err", err)
 		}
+		// A decision of another slot may have started one of them between
+		// this decision and its park, and found it still pending: it is
+		// brought back now (a second wake of a task already back does
+		// nothing).
+		again, err := s.runLocker().FairStarted(ctx, lock.FairScope(queue, typ), f.Park)
+		if err != nil {
+			s.log.Warn("reading a fair share's started tasks failed; a task started meanwhile comes back at its fallback", "type", typ, "err", err)
+		}
+		started = append(started, again...)
 	}
-	for _, id := range f.Started {
+	for _, id := range started {
 		s.wakeStarted(ctx, queue, id)
 	}
 	return f, nil

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -21,8 +22,21 @@ const FairStride = 1_000_000
 const MaxFairWeight = 1000
 
 // FairScope is the resource whose keys order the tasks of type typ in queue
-// by fair share (prefix{fair:<queue>:<type>}:fair...).
-func FairScope(queue, typ string) string { return "fair:" + queue + ":" + typ }
+// by fair share: fair:["<queue>","<type>"] (prefix{fair:[...]}:fair...).
+func FairScope(queue, typ string) string {
+	b, _ := json.Marshal([]string{queue, typ})
+	return "fair:" + string(b)
+}
+
+// ParseFairScope returns the queue and type of a FairScope.
+func ParseFairScope(scope string) (queue, typ string, ok bool) {
+	var w []string
+	rest, found := strings.CutPrefix(scope, "fair:")
+	if !found || json.Unmarshal([]byte(rest), &w) != nil || len(w) != 2 {
+		return "", "", false
+	}
+	return w[0], w[1], true
+}
 
 // FairTask is a task of a fair scope: its id (in the scope's queue), its
 // tenant and the tenant's weight (1 to MaxFairWeight).
@@ -106,6 +120,35 @@ func (l *Locker) Fair(ctx context.Context, scope string, a FairAsk) (Fairness, e
 	return out, nil
 }
 
+// FairStarted returns those of ids that are started in scope (on their
+// way to a worker or running): a caller that parked ids after its decision
+// brings back those started meanwhile, whose wake may have found them still
+// pending. One round trip.
+func (l *Locker) FairStarted(ctx context.Context, scope string, ids []string) ([]string, error) {
+	b, ok := l.be.(*single)
+	if !ok || len(ids) == 0 {
+		return nil, nil
+	}
+	key := l.keysFor(scope).fairKeys()[3]
+	cmds := make([]*redis.FloatCmd, len(ids))
+	_, err := b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.ZScore(ctx, key, id)
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, fmt.Errorf("lock: fair %q: %w", scope, err)
+	}
+	var out []string
+	for i, c := range cmds {
+		if c.Err() == nil {
+			out = append(out, ids[i])
+		}
+	}
+	return out, nil
+}
+
 // FairTenant is one tenant of a fair scope with tasks waiting.
 type FairTenant struct {
 	Tenant  string
@@ -117,6 +160,8 @@ type FairTenant struct {
 // FairState is a fair scope's state: the tenants with tasks waiting.
 type FairState struct {
 	Scope   string // FairScope(queue, type)
+	Queue   string
+	Type    string
 	Tenants []FairTenant
 	Started int // tasks started and not yet ended: on their way to a worker, or running
 }
@@ -135,7 +180,7 @@ func (l *Locker) Fairs(ctx context.Context) ([]FairState, error) {
 		iter := n.Scan(ctx, 0, globEscape(l.prefix)+"{*}:fair", scanBatch).Iterator()
 		for iter.Next(ctx) {
 			scope, ok := resourceOf(l.prefix, strings.TrimSuffix(iter.Val(), ":fair"))
-			if !ok {
+			if _, _, fair := ParseFairScope(scope); !ok || !fair {
 				continue
 			}
 			s, err := readFair(ctx, n, l.keysFor(scope).fairKeys(), scope)
@@ -173,6 +218,7 @@ func readFair(ctx context.Context, n redis.Cmdable, keys []string, scope string)
 		return FairState{}, fmt.Errorf("redis: %w", err)
 	}
 	s := FairState{Scope: scope, Started: int(started.Val())}
+	s.Queue, s.Type, _ = ParseFairScope(scope)
 	sum := 0
 	for f, val := range h.Val() {
 		tenant, ok := strings.CutPrefix(f, "b:")
