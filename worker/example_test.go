@@ -161,14 +161,14 @@ func ExampleHandlerOf_Rate() {
 	worker.Main(handler)
 }
 
-// ReportPayload is the payload of "tenant.report" tasks, e.g.
+// ExportPayload is the payload of "tenant.export" tasks, e.g.
 // {"tenant_id":"t7","plan":"premium"}.
-type ReportPayload struct {
+type ExportPayload struct {
 	TenantID string `json:"tenant_id"`
 	Plan     string `json:"plan"`
 }
 
-func buildReport(ctx context.Context, job worker.Job, p ReportPayload) error {
+func exportTenant(ctx context.Context, job worker.Job, p ExportPayload) error {
 	return ledger.Charge(ctx, p.TenantID, 0, job.Fence)
 }
 
@@ -176,15 +176,15 @@ func buildReport(ctx context.Context, job worker.Job, p ReportPayload) error {
 // waiting, so one tenant's burst of 10,000 tasks does not hold up the
 // others; each tenant's tasks start in the order they were enqueued.
 func ExampleHandlerOf_FairBy() {
-	handler := worker.Handle("tenant.report", buildReport).
-		FairBy(func(p ReportPayload) string { return p.TenantID })
+	handler := worker.Handle("tenant.export", exportTenant).
+		FairBy(func(p ExportPayload) string { return p.TenantID })
 	worker.Main(handler)
 }
 
 // FairByWeighted: a premium tenant gets twice a standard one's share.
 func ExampleHandlerOf_FairByWeighted() {
-	handler := worker.Handle("tenant.report", buildReport).
-		FairByWeighted(func(p ReportPayload) (string, int) {
+	handler := worker.Handle("tenant.export", exportTenant).
+		FairByWeighted(func(p ExportPayload) (string, int) {
 			if p.Plan == "premium" {
 				return p.TenantID, 2
 			}
