@@ -47,10 +47,29 @@ const (
 // given (the scope's state lost); the scope's keys live twice as long.
 const fairFallback = time.Minute
 
-// fairTurn applies spec's fair share to job: nil runs it now; otherwise the
-// task's result (a *FairWaitError parks it, an invalid payload is archived,
-// a Redis error is retried soon).
-func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any) error {
+// fairTurn applies spec's fair share to job: nil runs it now (counted, ran
+// says so: its run's end starts the next turn); otherwise the task's result
+// (a *FairWaitError parks it, an invalid payload is archived, a Redis error
+// is retried soon).
+func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any) (ran bool, err error) {
+	if spec.Resource != nil && s.handsOff {
+		// A task among its lock's waiters had its turn before it joined
+		// them (it may hold a grant of the lock now): it is not held back.
+		if resource := spec.Resource(payload); resource != "" {
+			waiting, err := s.locker.Waiting(ctx, resource, job.Queue, job.ID, max(spec.Limit, 1))
+			if err != nil {
+				return false, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+			}
+			if waiting {
+				return false, nil
+			}
+		}
+	}
+	return true, s.fairDecide(ctx, spec, job, payload)
+}
+
+// fairDecide asks job's turn (fairTurn).
+func (s *Server) fairDecide(ctx context.Context, spec *Spec, job Job, payload any) error {
 	tenant, weight := spec.Fair(payload)
 	switch {
 	case tenant == "":

@@ -333,10 +333,13 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 		return s.invalid(job, err)
 	}
 	if spec.Fair != nil && s.recovers {
-		if err := s.fairTurn(ctx, spec, job, payload); err != nil {
+		counted, err := s.fairTurn(ctx, spec, job, payload)
+		if err != nil {
 			return err // waits for its turn (no failure), or its result
 		}
-		defer s.fairDone(ctx, spec.Type, job.Queue, job.ID)
+		if counted {
+			defer s.fairDone(ctx, spec.Type, job.Queue, job.ID)
+		}
 	}
 	if spec.Rate != nil {
 		if err := s.admit(ctx, spec, &job, payload); err != nil {
