@@ -268,7 +268,7 @@ func TestContractNextParkWakeLast(t *testing.T) {
 	for _, id := range []string{"fair-1", "fair-2", "fair-3", "other-1"} {
 		w.enqueue(id)
 	}
-	seen, err := w.store.Next(t.Context(), "default", 4, 3)
+	seen, err := w.store.Next(t.Context(), "default", 4, 3, nil)
 	var got []string
 	for _, x := range seen {
 		got = append(got, fmt.Sprintf("%s/%s/%v", x.ID, x.Msg.Payload, x.Active))

@@ -29,9 +29,10 @@ type Seen struct {
 // tasks of queue taken (up to active of them, the newest of asynq's active
 // list) and then the next pending ones (up to pending, the next to be
 // dequeued first: asynq dequeues from the list's right end), with their
-// messages: one round trip for the ids, one for the messages. A task gone
-// or undecodable meanwhile is left out.
-func (s *Store) Next(ctx context.Context, queue string, active, pending int) ([]Seen, error) {
+// messages: one round trip for the ids, one for the messages of those skip
+// does not leave out (skip may be nil). A task gone or undecodable
+// meanwhile is left out.
+func (s *Store) Next(ctx context.Context, queue string, active, pending int, skip func(id string) bool) ([]Seen, error) {
 	p := queuePrefix(queue)
 	var act, pend *redis.StringSliceCmd
 	_, err := s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
@@ -48,6 +49,17 @@ func (s *Store) Next(ctx context.Context, queue string, active, pending int) ([]
 	next := pend.Val()
 	slices.Reverse(next)
 	ids = append(ids, next...)
+	if skip != nil {
+		kept, actives := ids[:0], nActive
+		for i, id := range ids {
+			if !skip(id) {
+				kept = append(kept, id)
+			} else if i < actives {
+				nActive--
+			}
+		}
+		ids = kept
+	}
 	if len(ids) == 0 {
 		return nil, nil
 	}

@@ -145,12 +145,55 @@ func (s *Server) wakeStarted(ctx context.Context, queue, id string) {
 	}
 }
 
+// fairSeenFor is how long this server remembers a task it showed a fair
+// decision: a read-ahead does not read it again meanwhile (its decision
+// keeps its tag, or knows it started). A task delivered is always shown.
+const fairSeenFor = fairFallback
+
+// fairSeenMax bounds the ids remembered; past it the oldest half goes.
+const fairSeenMax = 100_000
+
+// known reports whether this server showed task id of queue to a fair
+// decision within fairSeenFor.
+func (s *Server) known(queue, id string) bool {
+	s.fairMu.Lock()
+	defer s.fairMu.Unlock()
+	at, ok := s.fairSeen[queue+"\x00"+id]
+	return ok && time.Since(at) < fairSeenFor
+}
+
+// remember notes the tasks of queue shown to a fair decision.
+func (s *Server) remember(queue string, ts []lock.FairTask) {
+	now := time.Now()
+	s.fairMu.Lock()
+	defer s.fairMu.Unlock()
+	if s.fairSeen == nil {
+		s.fairSeen = map[string]time.Time{}
+	}
+	if len(s.fairSeen)+len(ts) > fairSeenMax {
+		for k, at := range s.fairSeen {
+			if now.Sub(at) >= fairSeenFor/2 {
+				delete(s.fairSeen, k)
+			}
+		}
+		if len(s.fairSeen)+len(ts) > fairSeenMax {
+			clear(s.fairSeen)
+		}
+	}
+	for _, t := range ts {
+		s.fairSeen[queue+"\x00"+t.ID] = now
+	}
+}
+
 // seen returns the tasks of spec's type that queue's workers took last and
 // those next in it, in their enqueue order, with their tenants; self among
 // them (first, when its workers have taken more since), unless it runs
-// whatever its turn. One that does not decode is left to its delivery.
+// whatever its turn. One that does not decode is left to its delivery, one
+// this server showed a decision lately is left out.
 func (s *Server) seen(ctx context.Context, spec *Spec, queue string, self lock.FairTask, force bool) []lock.FairTask {
-	next, err := s.store.Next(ctx, queue, fairActive, fairReadAhead)
+	next, err := s.store.Next(ctx, queue, fairActive, fairReadAhead, func(id string) bool {
+		return id != self.ID && s.known(queue, id)
+	})
 	if err != nil {
 		s.log.Warn("reading a queue's next tasks failed", "queue", queue, "err", err)
 	}
@@ -179,6 +222,7 @@ func (s *Server) seen(ctx context.Context, spec *Spec, queue string, self lock.F
 	if !found {
 		out = append([]lock.FairTask{self}, out...)
 	}
+	s.remember(queue, out)
 	return out
 }
 

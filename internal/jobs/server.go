@@ -108,6 +108,11 @@ type Server struct {
 
 	hooks hooks // zero outside tests
 
+	// fairSeen: the tasks this server showed a fair decision lately, by
+	// queue and id (fair.go).
+	fairMu   sync.Mutex
+	fairSeen map[string]time.Time
+
 	// runLock holds schedules' run locks when locker is no single Redis.
 	runOnce sync.Once
 	runLock *lock.Locker
