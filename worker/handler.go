@@ -181,18 +181,18 @@ func (h HandlerOf[T]) RateBy(f func(payload T) (key string, r lockstep.RateLimit
 // FairBy shares the workers fairly among tenants: tenant names a task's
 // tenant from the payload (e.g. func(p Sync) string { return p.TenantID }),
 // and the tasks of the type in one queue start in turns across the tenants
-// that have tasks waiting, each tenant getting an equal share of the starts
-// whatever order the tasks were enqueued in (a tenant's burst of 10,000
-// tasks no longer makes every other tenant wait behind it); within a
-// tenant, tasks start in the order they were enqueued. It works on tasks
-// enqueued with asynq's own client. It is decided before the rate, the lock
-// and fn, across every worker and process: a task whose tenant has had its
-// share waits in asynq's retry set, never failed and never counted as an
-// attempt, and no worker slot waits meanwhile. A tenant with nothing waiting
-// saves up no credit. A task with no retries left, or run as a schedule's
-// run, starts at once. An empty tenant is an invalid payload. Needs the
-// redis lock back end's queue Redis (any lock.backend: the turns live in
-// the queue's Redis).
+// that have tasks waiting, each getting an equal share of the starts
+// whatever order the tasks were enqueued in: a tenant's burst of 10,000
+// tasks no longer makes every other tenant wait behind it. Within a tenant,
+// tasks start in the order they were enqueued. It works on tasks enqueued
+// with asynq's own client, across every worker and process, and is decided
+// before the handler's Rate, its Lock and fn: a task whose tenant has had
+// its share waits in asynq's retry set, never failed and never counted as
+// an attempt, and no worker slot waits meanwhile. A tenant with nothing
+// waiting saves up no credit. A task with no retries left, or run as a
+// schedule's run, starts at once. An empty tenant is an invalid payload.
+// The turns live in the queue's Redis, whatever lock.backend is; see
+// lockstep fair for each tenant's backlog and share.
 func (h HandlerOf[T]) FairBy(tenant func(payload T) string) HandlerOf[T] {
 	h.fair = func(p T) (string, int) { return tenant(p), 1 }
 	return h
