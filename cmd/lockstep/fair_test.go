@@ -63,6 +63,13 @@ func TestFairShowsTenantsBacklogAndShare(t *testing.T) {
 	if len(api) != 1 || api[0].Tenant != "A" || api[0].Backlog != 2 {
 		t.Fatalf("/api/fair: %+v", api)
 	}
+	var o struct {
+		Fair []fairView `json:"fair"`
+	}
+	getJSON(t, base+"/api/overview", 200, &o)
+	if len(o.Fair) != 1 || o.Fair[0].Tenant != "A" {
+		t.Fatalf("/api/overview: fair %+v; want A", o.Fair)
+	}
 
 	if _, err := l.Fair(ctx, scope, lock.FairAsk{Release: 2, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
