@@ -466,8 +466,8 @@ func TestJobsOnCluster(t *testing.T) {
 	if err != nil || len(f.Park) != 1 {
 		t.Fatalf("fair on the Cluster: %+v, %v; want the task seen to wait", f, err)
 	}
-	if n, err := asynqstore.New(client).Park(ctx, "fairq", f.Park, time.Now().Add(time.Minute)); n != 1 || err != nil {
-		t.Fatalf("park on the Cluster: %d, %v; want the task parked", n, err)
+	if moved, err := asynqstore.New(client).Park(ctx, "fairq", f.Park, time.Now().Add(time.Minute)); len(moved) != 1 || err != nil {
+		t.Fatalf("park on the Cluster: %v, %v; want the task parked", moved, err)
 	}
 	if info, err := insp.GetTaskInfo("fairq", fenq); err != nil || info.State != asynq.TaskStateRetry {
 		t.Errorf("asynq's Inspector: the parked task %+v, %v; want it in the retry set", info, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"testing"
@@ -70,6 +71,16 @@ func TestFairShareAcrossTenants(t *testing.T) {
 				}
 				return err == nil && q.Completed == n
 			})
+			// The waits are counted: most of A's tasks waited for B's turns
+			// or their own.
+			body, status := get("http://"+w.httpAddr()+"/metrics", 5*time.Second)
+			waits := regexp.MustCompile(`lockstep_fair_waits_total\{type="` + c.typ + `"\} (\d+)`).FindStringSubmatch(body)
+			if status != 200 || waits == nil {
+				t.Fatalf("/metrics: %d, no lockstep_fair_waits_total of %s", status, c.typ)
+			}
+			if n, _ := strconv.Atoi(waits[1]); n < c.a/2 {
+				t.Errorf("lockstep_fair_waits_total{type=%q} = %d, want at least %d (half of A's tasks)", c.typ, n, c.a/2)
+			}
 			runs := readFairRuns(t, r, c.typ+":runs")
 			if len(runs) != n {
 				t.Fatalf("%d runs recorded, want %d: each task once", len(runs), n)

@@ -90,10 +90,10 @@ func (s *Store) Next(ctx context.Context, queue string, active, pending int, ski
 // Park moves the tasks ids of queue that are still pending to asynq's
 // retry set, until fallback at the latest (park.lua): no worker dequeues
 // them before Wake brings each back. Their messages and retry counts stay;
-// asynq's Inspector lists them as retry tasks. It returns how many moved.
-func (s *Store) Park(ctx context.Context, queue string, ids []string, fallback time.Time) (int, error) {
+// asynq's Inspector lists them as retry tasks. It returns those moved.
+func (s *Store) Park(ctx context.Context, queue string, ids []string, fallback time.Time) ([]string, error) {
 	if len(ids) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	p := queuePrefix(queue)
 	args := make([]any, 0, 2+len(ids))
@@ -102,6 +102,12 @@ func (s *Store) Park(ctx context.Context, queue string, ids []string, fallback t
 		args = append(args, id)
 	}
 	v, err := script.Run(ctx, s.client, scriptPark, "asynq park", []string{p + "pending", p + "retry"}, args...)
-	n, _ := v.(int64)
-	return int(n), err
+	vals, _ := v.([]any)
+	var moved []string
+	for _, x := range vals {
+		if id, ok := x.(string); ok {
+			moved = append(moved, id)
+		}
+	}
+	return moved, err
 }

@@ -91,6 +91,7 @@ func (s *Server) fairDecide(ctx context.Context, spec *Spec, job Job, payload an
 	case f.Run:
 		return nil
 	}
+	s.metrics.FairWaits.WithLabelValues(job.Type).Inc()
 	s.log.Debug("task waits for its tenant's fair share", "type", job.Type, "id", job.ID, "tenant", tenant)
 	return &FairWaitError{Tenant: tenant, Delay: fairFallback}
 }
@@ -114,9 +115,17 @@ func (s *Server) fair(ctx context.Context, typ, queue string, a lock.FairAsk) (l
 	}
 	started := f.Started
 	if len(park) > 0 {
-		if _, err := s.store.Park(ctx, queue, park, time.Now().Add(fairFallback)); err != nil {
+		moved, err := s.store.Park(ctx, queue, park, time.Now().Add(fairFallback))
+		if err != nil {
 			s.log.Warn("parking tasks for their fair share failed; they run in their queue's order", "type", typ, "err", err)
 		}
+		waits := 0
+		for _, id := range moved {
+			if slices.Contains(f.Park, id) {
+				waits++
+			}
+		}
+		s.metrics.FairWaits.WithLabelValues(typ).Add(float64(waits))
 		// A decision of another slot may have started one of them between
 		// this decision and its park, and found it still pending: it is
 		// brought back now (a second wake of a task already back does

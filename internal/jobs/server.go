@@ -154,6 +154,7 @@ func NewServer(p Params) *Server {
 			s.metrics.JobContended.WithLabelValues(t)
 			s.metrics.JobsRecovered.WithLabelValues(t)
 			s.metrics.RateLimited.WithLabelValues(t)
+			s.metrics.FairWaits.WithLabelValues(t)
 			for _, r := range []string{ResultSuccess, ResultFailure, ResultLockLost, ResultInvalid, ResultSkipped} {
 				s.metrics.JobsProcessed.WithLabelValues(t, r)
 			}

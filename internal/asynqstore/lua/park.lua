@@ -15,15 +15,15 @@
 -- ARGV[2]  the fallback retry time, Unix seconds
 -- ARGV[3..] task ids
 --
--- Returns the number of tasks moved.
-local moved = 0
+-- Returns the ids of the tasks moved.
+local moved = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   local task = ARGV[1] .. id
   if redis.call('HGET', task, 'state') == 'pending' and redis.call('LREM', KEYS[1], -1, id) == 1 then
     redis.call('ZADD', KEYS[2], ARGV[2], id)
     redis.call('HSET', task, 'state', 'retry')
-    moved = moved + 1
+    moved[#moved + 1] = id
   end
 end
 return moved
