@@ -254,9 +254,14 @@ func (s *Server) fairDone(ctx context.Context, typ, queue, id string) {
 	}
 }
 
+// fairKickEvery is how often an idle server starts waiting tasks for its
+// idle slots (at least its poll interval).
+const fairKickEvery = 200 * time.Millisecond
+
 // fairKick starts waiting tasks of every fair scope for this server's idle
-// slots, at each poll: the first tasks after a restart, and any whose start
-// was lost.
+// slots, every fairKickEvery: the first tasks after a restart, those for
+// the idle slots of a server whose queue another's read-ahead emptied, and
+// any whose start was lost.
 func (s *Server) fairKick(ctx context.Context) {
 	var types []string
 	for _, t := range s.registry.Types() {
@@ -267,7 +272,7 @@ func (s *Server) fairKick(ctx context.Context) {
 	if len(types) == 0 {
 		return
 	}
-	tick := time.NewTicker(s.cfg.PollInterval)
+	tick := time.NewTicker(max(s.cfg.PollInterval, fairKickEvery))
 	defer tick.Stop()
 	for {
 		select {
