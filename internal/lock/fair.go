@@ -69,8 +69,10 @@ type FairAsk struct {
 	Seen []FairTask
 	// Done is a task whose run ended ("" none): it is no longer started.
 	Done string
-	// Release is how many waiting tasks to start for free worker slots
-	// (one more when Self waits: its slot frees).
+	// Release is the caller's free worker slots (one more when Self
+	// waits: its slot frees): as many waiting tasks are started as that
+	// exceeds the starts still on their way to a worker; with Done, at
+	// least one, for the slot the run's end frees.
 	Release int
 	// TTL is the scope's keys' life after the call: longer than a parked
 	// task waits for its fallback.

@@ -48,6 +48,17 @@ func TestFairTurnsFollowTheWeights(t *testing.T) {
 		t.Fatalf("the first 6 starts: %v; want A's first 4 and B's first 2, each in order", f.Started)
 	}
 
+	// Started tasks on their way to a worker hold further starts back, so
+	// that they do not pile up: none starts until they are delivered.
+	if f, err := l.Fair(ctx, scope, lock.FairAsk{Release: 3, TTL: time.Minute}); err != nil || len(f.Started) != 0 {
+		t.Fatalf("release 3 with 6 started on their way: %+v, %v; want none started", f, err)
+	}
+	for _, id := range f.Started {
+		if f, err := l.Fair(ctx, scope, lock.FairAsk{Self: id, TTL: time.Minute}); err != nil || !f.Run {
+			t.Fatalf("%s delivered on its turn: %+v, %v; want it to run", id, f, err)
+		}
+	}
+
 	// C, new with 3 tasks, comes in at the virtual time (a3's tag, 1.5):
 	// it saved no credit while it had nothing waiting, so it gets its
 	// share of the next starts (c0, then A's a4 and B's b2 at 2), not all.
@@ -56,7 +67,7 @@ func TestFairTurnsFollowTheWeights(t *testing.T) {
 	if err != nil || !slices.Equal(f.Started, []string{"c0", "a4", "b2"}) {
 		t.Fatalf("C comes in: %+v, %v; want c0, a4, b2 started next", f, err)
 	}
-	for _, k := range []string{":fair", ":fair:queue", ":fair:tasks", ":fair:started"} {
+	for _, k := range []string{":fair", ":fair:queue", ":fair:tasks", ":fair:started", ":fair:onway"} {
 		key := "lockstep:{" + scope + "}" + k
 		if ttl := srv.Client().PTTL(ctx, key).Val(); ttl <= 0 || ttl > time.Minute {
 			t.Errorf("%s: TTL %v, want within a minute (it expires once idle)", key, ttl)

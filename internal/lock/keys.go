@@ -51,7 +51,7 @@ func (k keys) rateKey() string { return k.base + ":rate" }
 // yet ended.
 func (k keys) fairKeys() []string {
 	f := k.base + ":fair"
-	return []string{f, f + ":queue", f + ":tasks", f + ":started"}
+	return []string{f, f + ":queue", f + ":tasks", f + ":started", f + ":onway"}
 }
 
 // turnKey is the turn a rate limit on the resource gave task (lua/rate.lua, Reserve).
@@ -163,7 +163,8 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	prefix{R}:fair           a fair scope R = FairScope(queue, type) (lua/fair.lua): its virtual
 //	                         time and each waiting tenant's finish, backlog and stride; with
 //	                         :fair:queue (waiting tasks by tag), :fair:tasks (their tenants)
-//	                         and :fair:started (started tasks not yet ended)
+//	                         :fair:started (started tasks not yet ended) and :fair:onway
+//	                         (started tasks not yet delivered)
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).

@@ -25,10 +25,15 @@
 --          start, ...:fair:started: on their way to a worker or running,
 --          until 5 s after their run ends (ARGV[3]); one whose worker died
 --          goes after ARGV[1]
+-- KEYS[5]  started tasks not yet delivered, zset task id -> start (ms),
+--          ...:fair:onway: a start counts as on its way for 10 s at most
 -- ARGV[1]  the keys' life after this call, ms (they outlive the parked
 --          tasks they order)
--- ARGV[2]  release: how many waiting tasks to start for free worker slots
---          (one more when the asking task waits: its slot frees)
+-- ARGV[2]  free: the caller's free worker slots (one more when the asking
+--          task waits: its slot frees); as many waiting tasks are started
+--          as that exceeds the starts on their way to a worker, so that
+--          starts do not pile up behind tasks not yet seen; a run's end
+--          (ARGV[3]) starts at least one, for the slot it frees
 -- ARGV[3]  a task whose run ended ("" for none)
 -- ARGV[4]  the task asking to run ("" for none)
 -- ARGV[5]  "1": it runs now whatever its turn (it cannot wait: no retries
@@ -50,6 +55,7 @@ local ttl = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - 10000)
 if ARGV[3] ~= '' then
   -- kept a few seconds more, while asynq records its result: a task still
   -- in its active list is not tagged again
@@ -86,12 +92,14 @@ local function start()
     redis.call('HSET', KEYS[1], 'v', string.format('%.0f', v))
   end
   redis.call('ZADD', KEYS[4], now, id)
+  redis.call('ZADD', KEYS[5], now, id)
   return id
 end
 
 local self = ARGV[4]
 local run = -1
 if self ~= '' and redis.call('ZSCORE', KEYS[4], self) then
+  redis.call('ZREM', KEYS[5], self)
   run = 1
 elseif self ~= '' and ARGV[5] == '1' then
   if redis.call('ZSCORE', KEYS[2], self) then
@@ -112,6 +120,7 @@ end
 if self ~= '' and run == -1 then
   if redis.call('ZRANGE', KEYS[2], 0, 0)[1] == self then
     start()
+    redis.call('ZREM', KEYS[5], self) -- delivered already
     run = 1
   else
     run = 0
@@ -121,6 +130,10 @@ local out = {run, 0}
 local release = tonumber(ARGV[2])
 if run == 0 then
   release = release + 1
+end
+release = release - redis.call('ZCARD', KEYS[5])
+if ARGV[3] ~= '' and release < 1 then
+  release = 1 -- a run's end starts one for the slot it frees, whatever is on its way
 end
 for _ = 1, release do
   local id = start()
@@ -135,7 +148,7 @@ for i = 6, #ARGV, 3 do
     out[#out + 1] = ARGV[i]
   end
 end
-for i = 1, 4 do
+for i = 1, 5 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
