@@ -25,11 +25,12 @@ import (
 //  2. The delivered task runs if it was started for it before (woken on its
 //     turn) or its tag is the smallest; otherwise it waits: it returns a
 //     *FairWaitError (no failure, no attempt) and asynq parks it.
-//  3. Every decision also starts the smallest tags for the worker slots it
-//     frees or finds free, and every run's end for the slot it frees; a
-//     started task is brought back to the head of its queue (Wake), and
-//     runs on that delivery without asking again. A server with idle slots
-//     starts tasks for them at each poll (fairKick).
+//  3. Every run's end starts the smallest tag for the slot it frees, a
+//     delivery that waits one for its slot, and a server with idle slots
+//     starts tasks for them (fairKick); starts for free slots go beyond
+//     those still on their way to a worker only. A started task goes back
+//     to the end of its queue (WakeLast), in the order started, and runs
+//     on that delivery without asking again.
 //
 // A task parked for its turn is dequeued once to run (once more when it
 // was delivered before the read-ahead saw it). A task that cannot go back
@@ -47,11 +48,12 @@ const (
 // given (the scope's state lost); the scope's keys live twice as long.
 const fairFallback = time.Minute
 
-// fairTurn applies spec's fair share to job: nil runs it now (counted, ran
-// says so: its run's end starts the next turn); otherwise the task's result
+// fairTurn applies spec's fair share to job: a nil error runs it now (with
+// counted, its run's end starts the next turn: fairDone); otherwise the
+// task's result
 // (a *FairWaitError parks it, an invalid payload is archived, a Redis error
 // is retried soon).
-func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any) (ran bool, err error) {
+func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any) (counted bool, err error) {
 	if spec.Resource != nil && s.handsOff {
 		// A task among its lock's waiters had its turn before it joined
 		// them (it may hold a grant of the lock now): it is not held back.
