@@ -222,3 +222,55 @@ func fairCheck(runs []fairRun) fairChecked {
 	}
 	return c
 }
+
+// A worker killed (SIGKILL) while two workers share a fair scope: its
+// running tasks are recovered as any task without a lock, the tasks
+// parked for their turn and those started on their way are run by the
+// live worker (its runs' ends and its idle kicks start them, and its kicks
+// wake a start whose wake died with the worker), and every task completes
+// within 30 s of the kill (a parked task's fallback is a minute away),
+// none archived, each recorded run once but for the killed worker's two
+// slots (a run whose result asynq had not recorded).
+func TestFairSurvivesAKilledWorker(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, redistest.Start(t), testYAML)
+	const a, b = 300, 20
+	for i := range a {
+		r.enqueue("test:fair", fmt.Sprintf("a-%04d", i), `{"key":"A","work_ms":20,"weight":1}`)
+	}
+	for i := range b {
+		r.enqueue("test:fair", fmt.Sprintf("b-%04d", i), `{"key":"B","work_ms":20,"weight":1}`)
+	}
+	var ws []*proc
+	for range 2 {
+		w := r.start(bins["ignorer"], []string{"LOCKSTEP_WORKER_CONCURRENCY=2"})
+		w.waitLog(20*time.Second, "worker started", func(m map[string]any) bool { return m["msg"] == "worker started" })
+		ws = append(ws, w)
+	}
+	waitFor(t, 60*time.Second, "40 runs recorded", func() bool { return r.admin.XLen(context.Background(), "test:fair:runs").Val() >= 40 })
+	killed := time.Now()
+	ws[0].Kill()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d tasks completed", a+b), func() bool {
+		q, err := r.insp.GetQueueInfo("default")
+		if err == nil && q.Archived > 0 {
+			t.Fatalf("%d tasks archived", q.Archived)
+		}
+		return err == nil && q.Completed == a+b
+	})
+	t.Logf("every task completed %v after the kill", time.Since(killed).Round(time.Millisecond))
+	runs := readFairRuns(t, r, "test:fair:runs")
+	n := map[string]int{}
+	for _, x := range runs {
+		n[x.id]++
+	}
+	twice := 0
+	for id, c := range n {
+		if c > 1 {
+			twice += c - 1
+			t.Logf("%s recorded %d times", id, c)
+		}
+	}
+	if len(n) != a+b || twice > 2 {
+		t.Fatalf("%d tasks recorded (want %d), %d runs more than once (want at most the killed worker's 2 slots)", len(n), a+b, twice)
+	}
+}

@@ -260,10 +260,16 @@ func (s *Server) fairDone(ctx context.Context, typ, queue, id string) {
 // idle slots (at least its poll interval).
 const fairKickEvery = 200 * time.Millisecond
 
+// fairLate is how long after its start a task not yet delivered is woken
+// again by a kick: its wake may have died with its worker.
+const fairLate = 2 * time.Second
+
 // fairKick starts waiting tasks of every fair scope for this server's idle
 // slots, every fairKickEvery: the first tasks after a restart, those for
 // the idle slots of a server whose queue another's read-ahead emptied, and
-// any whose start was lost.
+// any whose start was lost. It also wakes again the tasks started more than
+// fairLate ago and not yet delivered (a wake does nothing to a task no
+// longer parked).
 func (s *Server) fairKick(ctx context.Context) {
 	var types []string
 	for _, t := range s.registry.Types() {
@@ -284,12 +290,18 @@ func (s *Server) fairKick(ctx context.Context) {
 		}
 		for queue := range s.cfg.Queues {
 			for _, t := range types {
-				idle := s.idleSlots()
-				if idle == 0 {
-					break
-				}
 				kctx, cancel := context.WithTimeout(ctx, time.Second)
-				_, _ = s.fair(kctx, t, queue, lock.FairAsk{Release: idle})
+				late, err := s.runLocker().FairLate(kctx, lock.FairScope(queue, t), fairLate)
+				if err == nil {
+					for _, id := range late {
+						if w, _ := s.store.WakeLast(kctx, queue, id); w == asynqstore.WokenMoved {
+							s.log.Info("fair turn's task brought back: started and not delivered (its wake lost?)", "type", t, "id", id)
+						}
+					}
+				}
+				if idle := s.idleSlots(); idle > 0 {
+					_, _ = s.fair(kctx, t, queue, lock.FairAsk{Release: idle})
+				}
 				cancel()
 			}
 		}

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
 // A task both fair-shared and locked: its turn comes first, then its lock,
@@ -85,5 +88,54 @@ func TestFairAndLockedGoesThroughTheLocksQueue(t *testing.T) {
 	}
 	if e.contended("t:fairlocked") == 0 {
 		t.Errorf("no task joined the lock's queue: the lock was never contended")
+	}
+}
+
+// A turn started by a worker that died before it woke the task (parked in
+// asynq's retry set, its fallback a minute away) is brought back by a live
+// server's kick within seconds of its start, and runs once.
+func TestFairLostWakeIsWokenAgain(t *testing.T) {
+	t.Parallel()
+	ran := make(chan string, 2)
+	spec := Spec{
+		Type:   "t:fair",
+		Decode: func(b []byte) (any, error) { return string(b), nil },
+		Fair:   func(any) (string, int) { return "A", 1 },
+		Run:    func(_ context.Context, job Job, _ any) error { ran <- job.ID; return nil },
+	}
+	e := newEnv(t, testConfig(), spec)
+	ctx := context.Background()
+	// The dead worker's part, the queue paused so that the live server
+	// takes nothing meanwhile: it saw the task, parked it, started its
+	// turn, and died before the wake.
+	if err := e.insp.PauseQueue("default"); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue("t:fair", "lost", []byte("lost"), asynq.MaxRetry(5))
+	scope := lock.FairScope("default", "t:fair")
+	if _, err := e.locker.Fair(ctx, scope, lock.FairAsk{Seen: []lock.FairTask{{ID: "lost", Tenant: "A", Weight: 1}}, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := asynqstore.New(e.admin).Park(ctx, "default", []string{"lost"}, time.Now().Add(time.Minute)); err != nil || len(moved) != 1 {
+		t.Fatalf("park: %v, %v", moved, err)
+	}
+	started := time.Now()
+	if f, err := e.locker.Fair(ctx, scope, lock.FairAsk{Release: 1, TTL: time.Minute}); err != nil || len(f.Started) != 1 {
+		t.Fatalf("start: %+v, %v", f, err)
+	}
+	if err := e.insp.UnpauseQueue("default"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-ran:
+		t.Logf("%s ran %v after its start", id, time.Since(started).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the started task did not run within 10s (its fallback is a minute): state %s", e.info("lost").State)
+	}
+	e.waitState("lost", asynq.TaskStateCompleted, 10*time.Second)
+	select {
+	case id := <-ran:
+		t.Fatalf("%s ran twice", id)
+	default:
 	}
 }

@@ -151,6 +151,26 @@ func (l *Locker) FairStarted(ctx context.Context, scope string, ids []string) ([
 	return out, nil
 }
 
+// FairLate returns the tasks of scope started more than after ago and not
+// yet delivered (their wake may have died with its worker), oldest first.
+// One round trip.
+func (l *Locker) FairLate(ctx context.Context, scope string, after time.Duration) ([]string, error) {
+	b, ok := l.be.(*single)
+	if !ok {
+		return nil, nil
+	}
+	now, err := b.client.Time(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("lock: fair %q: %w", scope, err)
+	}
+	ids, err := b.client.ZRangeByScore(ctx, l.keysFor(scope).fairKeys()[4], &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(now.Add(-after).UnixMilli(), 10)}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("lock: fair %q: %w", scope, err)
+	}
+	return ids, nil
+}
+
 // FairTenant is one tenant of a fair scope with tasks waiting.
 type FairTenant struct {
 	Tenant  string
