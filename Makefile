@@ -67,8 +67,9 @@ bench: deps
 # dependencies of Lockstep): uncontended cycles at 1 and 64 goroutines, 16
 # contenders on one key, interleaved repetitions, medians with their spread,
 # commands and Redis CPU per cycle; and the rate limit beside
-# go-redis/redis_rate (admissions/s, Redis CPU, over-grant). About three
-# minutes on 2 cores.
+# go-redis/redis_rate (admissions/s, Redis CPU, over-grant); and issue 39's
+# fairness scenario, FairBy beside plain asynq (B's last completion, Jain's
+# index). About three minutes on 2 cores.
 REPS ?= 5
 bench-peers: deps
 	cd bench/peers && $(GO) run . -reps $(REPS)

@@ -161,6 +161,38 @@ func ExampleHandlerOf_Rate() {
 	worker.Main(handler)
 }
 
+// ExportPayload is the payload of "tenant.export" tasks, e.g.
+// {"tenant_id":"t7","plan":"premium"}.
+type ExportPayload struct {
+	TenantID string `json:"tenant_id"`
+	Plan     string `json:"plan"`
+}
+
+func exportTenant(ctx context.Context, job worker.Job, p ExportPayload) error {
+	return ledger.Charge(ctx, p.TenantID, 0, job.Fence)
+}
+
+// FairBy: the workers are shared equally among the tenants with tasks
+// waiting, so one tenant's burst of 10,000 tasks does not hold up the
+// others; each tenant's tasks start in the order they were enqueued.
+func ExampleHandlerOf_FairBy() {
+	handler := worker.Handle("tenant.export", exportTenant).
+		FairBy(func(p ExportPayload) string { return p.TenantID })
+	worker.Main(handler)
+}
+
+// FairByWeighted: a premium tenant gets twice a standard one's share.
+func ExampleHandlerOf_FairByWeighted() {
+	handler := worker.Handle("tenant.export", exportTenant).
+		FairByWeighted(func(p ExportPayload) (string, int) {
+			if p.Plan == "premium" {
+				return p.TenantID, 2
+			}
+			return p.TenantID, 1
+		})
+	worker.Main(handler)
+}
+
 // ledger stands for the store the handler writes to.
 var ledger interface {
 	Charge(ctx context.Context, orderID string, cents, fence int64) error

@@ -66,6 +66,7 @@ type HandlerOf[T any] struct {
 	maxHold    *time.Duration                       // MaxHold's d, if called
 	rate       func(T) (string, lockstep.RateLimit) // Rate's or RateBy's
 	rateFixed  *lockstep.RateLimit                  // Rate's limit, checked at registration
+	fair       func(T) (string, int)                // FairBy's or FairByWeighted's
 }
 
 // Handle returns the handler of taskType. The task's payload is JSON,
@@ -174,6 +175,37 @@ func (h HandlerOf[T]) Rate(key func(payload T) string, r lockstep.RateLimit) Han
 // Burst < 0) is an invalid payload.
 func (h HandlerOf[T]) RateBy(f func(payload T) (key string, r lockstep.RateLimit)) HandlerOf[T] {
 	h.rate, h.rateFixed = f, nil
+	return h
+}
+
+// FairBy shares the workers fairly among tenants: tenant names a task's
+// tenant from the payload (e.g. func(p Sync) string { return p.TenantID }),
+// and the tasks of the type in one queue start in turns across the tenants
+// that have tasks waiting, each getting an equal share of the starts
+// whatever order the tasks were enqueued in: a tenant's burst of 10,000
+// tasks no longer makes every other tenant wait behind it. Within a tenant,
+// tasks start in the order they were enqueued. It works on tasks enqueued
+// with asynq's own client, across every worker and process, and is decided
+// before the handler's Rate, its Lock and fn: a task whose tenant has had
+// its share waits in asynq's retry set, never failed and never counted as
+// an attempt, and no worker slot waits meanwhile. A tenant with nothing
+// waiting saves up no credit. A task with no retries left, or run as a
+// schedule's run, starts at once. An empty tenant is an invalid payload.
+// The turns live in the queue's Redis, whatever lock.backend is; see
+// lockstep fair for each tenant's backlog and share.
+func (h HandlerOf[T]) FairBy(tenant func(payload T) string) HandlerOf[T] {
+	h.fair = func(p T) (string, int) { return tenant(p), 1 }
+	return h
+}
+
+// FairByWeighted is FairBy with a weight per tenant, from the payload: a
+// tenant of weight w gets w / (the sum of the weights of the tenants with
+// tasks waiting) of the starts, e.g. a premium tenant of weight 2 twice a
+// standard one's. Tasks of one tenant should agree on its weight; while
+// they differ, each task counts by its own. A weight outside 1 to 1000 is an
+// invalid payload.
+func (h HandlerOf[T]) FairByWeighted(f func(payload T) (tenant string, weight int)) HandlerOf[T] {
+	h.fair = f
 	return h
 }
 
@@ -355,6 +387,10 @@ func (h HandlerOf[T]) spec() (jobs.Spec, error) {
 			key, r := rate(p.(T))
 			return key, lock.Rate(r)
 		}
+	}
+	if h.fair != nil {
+		fair := h.fair
+		s.Fair = func(p any) (string, int) { return fair(p.(T)) }
 	}
 	if h.resource != nil {
 		resource := h.resource

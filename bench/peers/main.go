@@ -434,6 +434,9 @@ func main() {
 	report(names, results)
 	reportLimited(names, results)
 	reportRate(names, results)
+	if *only == "" || *only == "fair" {
+		reportFair(fairScenario(addr))
+	}
 }
 
 // processCPU returns this process's user+sys CPU time.

@@ -18,7 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockstep-dev/lockstep"
-	_ "github.com/lockstep-dev/lockstep/internal/asynqstore"
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	_ "github.com/lockstep-dev/lockstep/internal/overlap"
@@ -453,6 +453,27 @@ func TestJobsOnCluster(t *testing.T) {
 	}
 	if wait, err := l.Allow(ctx, "api:cluster", lockstep.RateLimit{N: 1, Per: time.Hour}); wait != 0 || err != nil {
 		t.Errorf("Allow: %v, %v; want admitted", wait, err)
+	}
+
+	// A fair share's decision (fair.lua, in its scope's slot) and its park
+	// (park.lua, in the queue's): a task seen waits, parked, then started.
+	fenq := "fair:cluster"
+	if _, err := enq.Enqueue(asynq.NewTask("fair:test", []byte(`{}`)), asynq.TaskID(fenq), asynq.Queue("fairq")); err != nil {
+		t.Fatal(err)
+	}
+	scope := lock.FairScope("fairq", "fair:test")
+	f, err := lock.New(client).Fair(ctx, scope, lock.FairAsk{Seen: []lock.FairTask{{ID: fenq, Tenant: "t", Weight: 1}}, TTL: time.Minute})
+	if err != nil || len(f.Park) != 1 {
+		t.Fatalf("fair on the Cluster: %+v, %v; want the task seen to wait", f, err)
+	}
+	if moved, err := asynqstore.New(client).Park(ctx, "fairq", f.Park, time.Now().Add(time.Minute)); len(moved) != 1 || err != nil {
+		t.Fatalf("park on the Cluster: %v, %v; want the task parked", moved, err)
+	}
+	if info, err := insp.GetTaskInfo("fairq", fenq); err != nil || info.State != asynq.TaskStateRetry {
+		t.Errorf("asynq's Inspector: the parked task %+v, %v; want it in the retry set", info, err)
+	}
+	if f, err := lock.New(client).Fair(ctx, scope, lock.FairAsk{Release: 1, TTL: time.Minute}); err != nil || len(f.Started) != 1 {
+		t.Errorf("fair on the Cluster: %+v, %v; want the task started", f, err)
 	}
 
 	// Every script of the program ran on the Cluster, none across slots,

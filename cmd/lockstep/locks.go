@@ -96,3 +96,29 @@ func cmdRates(ctx context.Context, a *app, args []string) int {
 		return fmt.Sprintf("%s\t%v\t%d/%d\t%s", r.Key, time.Duration(r.IntervalUs)*time.Microsecond, r.BurstLeft, r.Burst, next)
 	})
 }
+
+const fairAbout = `Lists each tenant that has tasks waiting for their turn in a fair share
+(HandlerOf.FairBy, FairByWeighted), by queue, task type and tenant: its weight, its
+backlog (tasks waiting for their turn) and its share of the starts while these wait
+(its weight over the weights of the tenants waiting). Exit 1 when no tenant waits.
+
+Fair shares live in the queue's Redis whatever lock.backend says.
+
+JSON: an array of objects with queue, type, tenant, weight, backlog, share (0 to 1),
+started (the type's tasks started and not yet ended in that queue) and backend.`
+
+func cmdFair(ctx context.Context, a *app, args []string) int {
+	fs := a.flags("fair", "fair [--prefix P] [--json]", fairAbout)
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if _, code, done := parseN(a, fs, args, 0, ""); done {
+		return code
+	}
+	tenants, err := listFair(ctx, a)
+	if err != nil {
+		fmt.Fprintln(a.stderr, "lockstep fair:", err)
+		return exitUsage
+	}
+	return printList(a, *asJSON, tenants, "no tenant waits for a fair share", "QUEUE\tTYPE\tTENANT\tWEIGHT\tBACKLOG\tSHARE", func(f fairView) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%.1f%%", f.Queue, f.Type, f.Tenant, f.Weight, f.Backlog, 100*f.Share)
+	})
+}

@@ -26,6 +26,7 @@ var commands = []struct {
 	{"locks", "list every held lock: holder, job, fence, TTL left, time held, waiters", cmdLocks},
 	{"waiters", "list the tasks waiting for a lock, in the order they will be served", cmdWaiters},
 	{"rates", "list every live rate key: burst left and when it allows the next one", cmdRates},
+	{"fair", "list each tenant with tasks waiting for its fair share: weight, backlog, share", cmdFair},
 	{"unlock", "break a lock (--force): its holder is cancelled, the next holder gets a higher fence", cmdUnlock},
 	{"schedules", "list schedules; add, rm, pause, resume, trigger run-time schedules", cmdSchedules},
 	{"ticks", "list a schedule's recent ticks", cmdTicks},

@@ -126,6 +126,43 @@ func listRates(ctx context.Context, a *app) ([]rateView, error) {
 	return out, nil
 }
 
+// fairView is one tenant with tasks waiting for their fair share, as
+// `lockstep fair --json` prints it.
+type fairView struct {
+	Queue   string  `json:"queue"`
+	Type    string  `json:"type"`
+	Tenant  string  `json:"tenant"`
+	Weight  int     `json:"weight"`
+	Backlog int     `json:"backlog"` // its tasks waiting for their turn
+	Share   float64 `json:"share"`   // its share of the starts while these wait: 0 to 1
+	Started int     `json:"started"` // the type's tasks started and not yet ended in the queue
+	Backend string  `json:"backend"` // redis: fair shares live in the queue's Redis
+}
+
+// listFair returns each tenant waiting in a fair share, by queue, type and
+// tenant, read by the lock package (Locker.Fairs) from the queue's Redis.
+func listFair(ctx context.Context, a *app) ([]fairView, error) {
+	l := a.locker
+	if l.Backend() != "single" {
+		l = lock.New(a.client, lock.WithPrefix(a.prefix))
+	}
+	fs, err := l.Fairs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []fairView{}
+	for _, f := range fs {
+		for _, t := range f.Tenants {
+			out = append(out, fairView{Queue: f.Queue, Type: f.Type, Tenant: t.Tenant, Weight: t.Weight, Backlog: t.Backlog,
+				Share: t.Share, Started: f.Started, Backend: "redis"})
+		}
+	}
+	slices.SortFunc(out, func(x, y fairView) int {
+		return cmp.Or(strings.Compare(x.Queue, y.Queue), strings.Compare(x.Type, y.Type), strings.Compare(x.Tenant, y.Tenant))
+	})
+	return out, nil
+}
+
 // serverTime is Redis's clock: held_ms is measured against it, not against
 // the operator's machine.
 func serverTime(ctx context.Context, c redis.UniversalClient) (time.Time, error) {

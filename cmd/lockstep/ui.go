@@ -27,9 +27,9 @@ var uiFiles embed.FS
 const defaultUIAddr = "127.0.0.1:8089"
 
 const uiAbout = `Serves one live page (refreshed every second) of the held locks, their waiters, the
-live rate keys, the schedules and their recent ticks, and the recent lock losses with their reason; each
+live rate keys, the tenants waiting for a fair share, the schedules and their recent ticks, and the recent lock losses with their reason; each
 job links to its asynq task (to asynqmon with --asynqmon). The page needs no outside
-network. It reads the JSON endpoints /api/overview, /api/locks, /api/rates, /api/waiters?resource=R,
+network. It reads the JSON endpoints /api/overview, /api/locks, /api/rates, /api/fair, /api/waiters?resource=R,
 /api/schedules, /api/ticks?schedule=S, /api/losses and /api/tasks/ID (see docs/operations.md).`
 
 func cmdUI(ctx context.Context, a *app, args []string) int {
@@ -94,6 +94,7 @@ func newUI(a *app, asynqmon string, hidePayloads bool) http.Handler {
 	mux.HandleFunc("GET /api/overview", u.overview)
 	mux.HandleFunc("GET /api/locks", u.locks)
 	mux.HandleFunc("GET /api/rates", u.rates)
+	mux.HandleFunc("GET /api/fair", u.fair)
 	mux.HandleFunc("GET /api/waiters", u.waiters)
 	mux.HandleFunc("GET /api/schedules", u.schedules)
 	mux.HandleFunc("GET /api/ticks", u.ticks)
@@ -146,6 +147,11 @@ func (u *ui) locks(w http.ResponseWriter, r *http.Request) {
 func (u *ui) rates(w http.ResponseWriter, r *http.Request) {
 	rs, err := listRates(r.Context(), u.a)
 	replyOr(w, rs, err, http.StatusBadGateway)
+}
+
+func (u *ui) fair(w http.ResponseWriter, r *http.Request) {
+	fs, err := listFair(r.Context(), u.a)
+	replyOr(w, fs, err, http.StatusBadGateway)
 }
 
 func (u *ui) waiters(w http.ResponseWriter, r *http.Request) {
@@ -310,6 +316,8 @@ type overview struct {
 	LocksError     string                     `json:"locks_error,omitempty"`
 	Rates          []rateView                 `json:"rates"`
 	RatesError     string                     `json:"rates_error,omitempty"`
+	Fair           []fairView                 `json:"fair"`
+	FairError      string                     `json:"fair_error,omitempty"`
 	Waiters        map[string][]waiterView    `json:"waiters"` // resource -> waiters, for locks with waiters
 	Schedules      json.RawMessage            `json:"schedules"`
 	SchedulesError string                     `json:"schedules_error,omitempty"`
@@ -323,7 +331,7 @@ type overview struct {
 func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	o := overview{Waiters: map[string][]waiterView{}, Ticks: map[string]json.RawMessage{}, Asynqmon: u.asynqmon,
-		Schedules: json.RawMessage("[]"), Locks: []lockView{}, Rates: []rateView{}, Losses: []lossView{}}
+		Schedules: json.RawMessage("[]"), Locks: []lockView{}, Rates: []rateView{}, Fair: []fairView{}, Losses: []lossView{}}
 	if now, err := serverTime(ctx, u.a.client); err == nil {
 		o.ServerTimeMs = now.UnixMilli()
 	}
@@ -336,6 +344,11 @@ func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 		o.RatesError = err.Error()
 	} else {
 		o.Rates = rs
+	}
+	if fs, err := listFair(ctx, u.a); err != nil {
+		o.FairError = err.Error()
+	} else {
+		o.Fair = fs
 	}
 	for _, l := range o.Locks {
 		if l.Waiters > 0 {

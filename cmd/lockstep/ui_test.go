@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -202,9 +203,14 @@ func TestUIInChromium(t *testing.T) {
 	c := startCluster(t, srv)
 	base := startUI(t, srv.Addr)
 	setScene(t, c)
+	// A tenant waiting for its fair share: a task of it seen, not started.
+	if _, err := lock.New(srv.Client()).Fair(context.Background(), lock.FairScope("default", "tenant.export"),
+		lock.FairAsk{Seen: []lock.FairTask{{ID: "export-7", Tenant: "t7", Weight: 2}}, TTL: 5 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
 
 	var dom string
-	waitFor(t, 60*time.Second, "lock:order:42 with its waiters and the lost lock in the page's DOM", func() bool {
+	waitFor(t, 60*time.Second, "lock:order:42 with its waiters, the lost lock and tenant t7 in the page's DOM", func() bool {
 		dom, err = chromium(t, bin, "--dump-dom", base+"/")
 		if err != nil {
 			t.Logf("chromium: %v", err)
@@ -214,7 +220,8 @@ func TestUIInChromium(t *testing.T) {
 			strings.Contains(dom, `data-task="hold-42"`) &&
 			strings.Contains(dom, `<div class="waiters" data-resource="lock:order:42">`) &&
 			strings.Contains(dom, `data-task="wait-2"`) &&
-			strings.Contains(dom, `<td class="reason">expired</td>`)
+			strings.Contains(dom, `<td class="reason">expired</td>`) &&
+			strings.Contains(dom, `<tr data-tenant="t7">`)
 	})
 	if strings.Contains(dom, "cannot reach") {
 		t.Fatalf("page reports an error:\n%s", dom)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -251,6 +252,59 @@ func TestContractWake(t *testing.T) {
 	})
 	w.waitState("park-2", "gone")
 	w.waitState("park-1", "retry retried=0")
+}
+
+// next, park pending and wake last (a fair share): Next reads the tasks a
+// worker took last and the next pending ones in enqueue order, with their
+// messages; Park moves pending tasks to the retry set (asynq reports them
+// retry, unretried, and does not run them), leaving one that is not pending
+// alone; WakeLast brings them back behind every pending task, in the order
+// woken, and asynq runs them unretried.
+func TestContractNextParkWakeLast(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.active("hold-1")
+	w.pause()
+	for _, id := range []string{"fair-1", "fair-2", "fair-3", "other-1"} {
+		w.enqueue(id)
+	}
+	seen, err := w.store.Next(t.Context(), "default", 4, 3, nil)
+	var got []string
+	for _, x := range seen {
+		got = append(got, fmt.Sprintf("%s/%s/%v", x.ID, x.Msg.Payload, x.Active))
+	}
+	if want := []string{"hold-1/hold-1/true", "fair-1/fair-1/false", "fair-2/fair-2/false", "fair-3/fair-3/false"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("Next = %v %v, want %v", got, err, want)
+	}
+	moved, err := w.store.Park(t.Context(), "default", []string{"fair-1", "fair-2", "fair-3", "hold-1"}, time.Now().Add(time.Hour))
+	if err != nil || !slices.Equal(moved, []string{"fair-1", "fair-2", "fair-3"}) {
+		t.Errorf("Park = %v %v, want the 3 pending ones", moved, err)
+	}
+	for id, want := range map[string]string{"fair-1": "retry retried=0", "fair-3": "retry retried=0", "hold-1": "active retried=0", "other-1": "pending retried=0"} {
+		if s := w.state(id); s != want {
+			t.Errorf("after Park asynq reports %s %q, want %q", id, s, want)
+		}
+	}
+	for _, id := range []string{"fair-2", "fair-1"} {
+		if got, err := w.store.WakeLast(t.Context(), "default", id); err != nil || got != WokenMoved {
+			t.Errorf("WakeLast(%s) = %v %v, want moved", id, got, err)
+		}
+	}
+	p, err := w.insp.ListPendingTasks("default")
+	var ids []string
+	for _, info := range p {
+		ids = append(ids, info.ID)
+	}
+	if want := []string{"other-1", "fair-2", "fair-1"}; err != nil || !slices.Equal(ids, want) {
+		t.Errorf("asynq's pending tasks %v %v, want %v: woken behind the pending one, in the order woken", ids, err, want)
+	}
+	w.unpause()
+	redistest.WaitFor(t, 10*time.Second, "woken tasks run", func() bool { return w.runs("fair-1") == 1 && w.runs("fair-2") == 1 })
+	if w.runs("fair-3") != 0 {
+		t.Errorf("fair-3, parked and not woken, ran")
+	}
+	w.waitState("fair-1", "gone")
+	w.waitState("fair-3", "retry retried=0")
 }
 
 // claim, extend and complete: a chain claims a parked task (its retry score

@@ -118,9 +118,20 @@ const (
 // retry state moves, so a task that completed, was archived or runs is
 // never run again by a wake.
 func (s *Store) Wake(ctx context.Context, queue, id string) (Woken, error) {
+	return s.wake(ctx, queue, id, "")
+}
+
+// WakeLast is Wake to the end of the task's queue, behind every pending
+// task, where asynq's enqueue puts a task: so tasks woken one after the
+// other are dequeued in that order.
+func (s *Store) WakeLast(ctx context.Context, queue, id string) (Woken, error) {
+	return s.wake(ctx, queue, id, "last")
+}
+
+func (s *Store) wake(ctx context.Context, queue, id, where string) (Woken, error) {
 	p := queuePrefix(queue)
 	v, err := script.Run(ctx, s.client, scriptWake, "asynq wake", []string{p + "t:" + id, p + "retry", p + "pending"},
-		id, time.Now().UnixNano())
+		id, time.Now().UnixNano(), where)
 	n, _ := v.(int64)
 	return Woken(n), err
 }

@@ -70,6 +70,7 @@ func observeAll(m *metrics.Metrics) {
 	m.JobContended.WithLabelValues("demo:order.pay").Inc()
 	m.JobsRecovered.WithLabelValues("demo:order.pay").Inc()
 	m.RateLimited.WithLabelValues("demo:order.pay").Inc()
+	m.FairWaits.WithLabelValues("demo:order.pay").Inc()
 	m.RateDelay.Observe(0.2)
 	for _, r := range []string{"enqueued", "follower", "duplicate", "missed", "caught_up"} {
 		m.SchedulerTicks.WithLabelValues("settle-orders", r).Inc()

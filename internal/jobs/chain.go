@@ -294,13 +294,19 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 // still active (on its way to the retry set after its handler returned), for
 // at most within. It reports whether the task was still active then.
 func (s *Server) wakeOnceParked(ctx context.Context, queue, id string, within time.Duration) bool {
+	return s.wakeParked(ctx, queue, id, within, s.store.Wake)
+}
+
+// wakeParked is wakeOnceParked with the wake to use (Wake, WakeLast).
+func (s *Server) wakeParked(ctx context.Context, queue, id string, within time.Duration,
+	wake func(context.Context, string, string) (asynqstore.Woken, error)) bool {
 	wctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	var wait time.Duration
 	for wctx.Err() == nil {
 		wait = parking.Next(wait)
 		backoff.Sleep(wctx, wait)
-		if w, err := s.store.Wake(wctx, queue, id); err != nil || w != asynqstore.WokenActive {
+		if w, err := wake(wctx, queue, id); err != nil || w != asynqstore.WokenActive {
 			return false
 		}
 	}

@@ -76,6 +76,13 @@ type Spec struct {
 	// the moment it may run, never failed (rate.go). An empty key or a bad
 	// limit is an invalid payload.
 	Rate func(payload any) (key string, r lock.Rate)
+	// Fair names the tenant a task belongs to and the tenant's weight, from
+	// the decoded payload; nil means none. The tasks of the type in one
+	// queue share the workers among their tenants in proportion to the
+	// weights, decided before the rate and the lock (fair.go). An empty
+	// tenant or a weight outside 1 to lock.MaxFairWeight is an invalid
+	// payload.
+	Fair func(payload any) (tenant string, weight int)
 	// Run is the handler. Its context is cancelled, with a cause matching
 	// lock.ErrLockLost, when the lock is lost.
 	Run func(ctx context.Context, job Job, payload any) error

@@ -43,6 +43,19 @@ func (e *RateLimitedError) Error() string {
 	return fmt.Sprintf("rate limit %q: delayed %v", e.Key, e.Delay.Round(time.Millisecond))
 }
 
+// FairWaitError is returned to asynq when a task waits for its tenant's
+// fair share: as for ContendedError, IsFailure says it is no failure (the
+// retry count stays). Its turn brings it back (fair.go); Delay is the
+// fallback, should no turn come.
+type FairWaitError struct {
+	Tenant string
+	Delay  time.Duration
+}
+
+func (e *FairWaitError) Error() string {
+	return fmt.Sprintf("tenant %q waits for its fair share", e.Tenant)
+}
+
 // lostError is the result of a failed run during which the lock was lost:
 // it is retried soon. errors.Is(err, lock.ErrLockLost) holds. (A run that
 // returned nil is done, lock or no lock: see Server.run.)
@@ -65,12 +78,13 @@ type soonError struct{ err error }
 func (e *soonError) Error() string { return e.err.Error() }
 func (e *soonError) Unwrap() error { return e.err }
 
-// isFailure is asynq's Config.IsFailure: everything but contention and a
-// rate limit's delay is one.
+// isFailure is asynq's Config.IsFailure: everything but contention, a
+// rate limit's delay and a wait for a fair share is one.
 func isFailure(err error) bool {
 	var c *ContendedError
 	var r *RateLimitedError
-	return !errors.As(err, &c) && !errors.As(err, &r)
+	var f *FairWaitError
+	return !errors.As(err, &c) && !errors.As(err, &r) && !errors.As(err, &f)
 }
 
 // retryDelay is asynq's Config.RetryDelayFunc. n is the task's retry count
@@ -80,7 +94,10 @@ func retryDelay(b backoff.Jitter) asynq.RetryDelayFunc {
 		var c *ContendedError
 		var r *RateLimitedError
 		var soon *soonError
+		var f *FairWaitError
 		switch {
+		case errors.As(err, &f):
+			return asynqstore.RetryDelay(f.Delay, time.Now())
 		case errors.As(err, &c):
 			return asynqstore.RetryDelay(c.Delay, time.Now())
 		case errors.As(err, &r):

@@ -108,6 +108,11 @@ type Server struct {
 
 	hooks hooks // zero outside tests
 
+	// fairSeen: the tasks this server showed a fair decision lately, by
+	// queue and id (fair.go).
+	fairMu   sync.Mutex
+	fairSeen map[string]time.Time
+
 	// runLock holds schedules' run locks when locker is no single Redis.
 	runOnce sync.Once
 	runLock *lock.Locker
@@ -149,6 +154,7 @@ func NewServer(p Params) *Server {
 			s.metrics.JobContended.WithLabelValues(t)
 			s.metrics.JobsRecovered.WithLabelValues(t)
 			s.metrics.RateLimited.WithLabelValues(t)
+			s.metrics.FairWaits.WithLabelValues(t)
 			for _, r := range []string{ResultSuccess, ResultFailure, ResultLockLost, ResultInvalid, ResultSkipped} {
 				s.metrics.JobsProcessed.WithLabelValues(t, r)
 			}
@@ -210,6 +216,7 @@ func (s *Server) Start(context.Context) error {
 		}
 		if s.recovers {
 			s.bg.Go(func() { s.runRecovery(ctx) })
+			s.bg.Go(func() { s.fairKick(ctx) })
 		}
 		if err := s.srv.Start(s.handler()); err != nil {
 			s.grants()
@@ -330,6 +337,15 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	payload, err := spec.Decode(t.Payload())
 	if err != nil {
 		return s.invalid(job, err)
+	}
+	if spec.Fair != nil && s.recovers {
+		counted, err := s.fairTurn(ctx, spec, job, payload)
+		if err != nil {
+			return err // waits for its turn (no failure), or its result
+		}
+		if counted {
+			defer s.fairDone(ctx, spec.Type, job.Queue, job.ID)
+		}
 	}
 	if spec.Rate != nil {
 		if err := s.admit(ctx, spec, &job, payload); err != nil {

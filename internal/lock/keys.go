@@ -46,6 +46,14 @@ func (k keys) progressKey() string { return k.lock + ":progress" }
 // theoretical arrival time, under the resource's hash tag.
 func (k keys) rateKey() string { return k.base + ":rate" }
 
+// fairKeys are the keys of a fair scope (lua/fair.lua): its state hash,
+// its waiting tasks (zset by tag), their tenants and the started tasks not
+// yet ended.
+func (k keys) fairKeys() []string {
+	f := k.base + ":fair"
+	return []string{f, f + ":queue", f + ":tasks", f + ":started", f + ":onway"}
+}
+
 // turnKey is the turn a rate limit on the resource gave task (lua/rate.lua, Reserve).
 func (k keys) turnKey(task string) string { return k.base + ":rate:task:" + task }
 
@@ -152,6 +160,11 @@ func (l *Locker) FenceKey(resource string) string { return l.keysFor(resource).f
 //	                         counted under; it expires once that time has passed
 //	prefix{R}:rate:task:<t>  the turn a rate limit on R gave task t (Reserve): Unix µs; it
 //	                         expires shortly after that turn
+//	prefix{R}:fair           a fair scope R = FairScope(queue, type) (lua/fair.lua): its virtual
+//	                         time and each waiting tenant's finish, backlog and stride; with
+//	                         :fair:queue (waiting tasks by tag), :fair:tasks (their tenants)
+//	                         :fair:started (started tasks not yet ended) and :fair:onway
+//	                         (started tasks not yet delivered)
 //
 // The waiter queue's members are goroutine waiters (16 hex digits) and
 // parked tasks, "t:" + JSON ["<queue>", "<task id>"] (TaskWaiter).

@@ -38,6 +38,8 @@ var (
 	rateLua string
 	//go:embed lua/front.lua
 	frontLua string
+	//go:embed lua/fair.lua
+	fairLua string
 
 	scriptAcquire    = script.New("lock/acquire.lua", libLua+acquireLua)
 	scriptRelease    = script.New("lock/release.lua", libLua+releaseLua)
@@ -51,6 +53,7 @@ var (
 	scriptClaim      = script.New("lock/claim.lua", claimLua)
 	scriptRate       = script.New("lock/rate.lua", rateLua)
 	scriptFront      = script.New("lock/front.lua", libLua+frontLua)
+	scriptFair       = script.New("lock/fair.lua", fairLua)
 )
 
 // run calls one script through the project's one runner (internal/script);

@@ -57,6 +57,7 @@ type Metrics struct {
 	JobContended  *prometheus.CounterVec // type
 	JobsRecovered *prometheus.CounterVec // type
 	RateLimited   *prometheus.CounterVec // type
+	FairWaits     *prometheus.CounterVec // type
 	RateDelay     prometheus.Histogram
 
 	SchedulerTicks         *prometheus.CounterVec // schedule, result
@@ -104,6 +105,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			"Locked jobs of a dead worker brought back once their lock had expired, by task type.", "type"),
 		RateLimited: c.counterVec("lockstep_rate_limited_total",
 			"Tasks found over their rate limit and delayed to the moment they may run (no failure, no attempt used), by task type.", "type"),
+		FairWaits: c.counterVec("lockstep_fair_waits_total",
+			"Tasks parked to wait for their tenant's fair share (FairBy): seen ahead in their queue or delivered before their turn, by task type.", "type"),
 		RateDelay: c.histogram("lockstep_rate_limit_delay_seconds",
 			"The delay given to a task over its rate limit: the time until its key admits one.",
 			prometheus.ExponentialBuckets(0.001, 4, 10)),

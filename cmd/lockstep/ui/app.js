@@ -63,6 +63,17 @@ function renderRates(o) {
   if (o.rates_error) { $("rates-empty").hidden = false; $("rates-empty").textContent = o.rates_error; }
 }
 
+function renderFair(o) {
+  const rows = o.fair.map((f) =>
+    el("tr", { "data-tenant": f.tenant },
+      el("td", {}, f.queue), el("td", {}, f.type), el("td", {}, f.tenant), el("td", { class: "num" }, f.weight),
+      el("td", { class: "num" }, f.backlog), el("td", { class: "num" }, (100 * f.share).toFixed(1) + "%")));
+  fill($("fair").tBodies[0], rows);
+  $("fair-count").textContent = o.fair_error ? "" : "(" + o.fair.length + ")";
+  $("fair-empty").hidden = o.fair.length > 0;
+  if (o.fair_error) { $("fair-empty").hidden = false; $("fair-empty").textContent = o.fair_error; }
+}
+
 function renderWaiters(o) {
   const blocks = Object.keys(o.waiters).sort().map((res) =>
     el("div", { class: "waiters", "data-resource": res },
@@ -127,6 +138,7 @@ async function refresh() {
     const o = await r.json();
     renderLocks(o);
     renderRates(o);
+    renderFair(o);
     renderWaiters(o);
     renderSchedules(o);
     renderTicks(o);

@@ -13,6 +13,8 @@
 -- KEYS[3]  pending list  asynq:{<queue>}:pending
 -- ARGV[1]  task id
 -- ARGV[2]  now, Unix nanoseconds (pending_since)
+-- ARGV[3]  "last": to the end of its queue instead (behind every pending
+--          task, as asynq's enqueue puts a task)
 --
 -- Returns
 --    1  moved: the next dequeue takes it
@@ -37,7 +39,11 @@ if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
 -- asynq dequeues from the right: RPUSH puts the task first in line, since the
--- resource it waits for is free now.
-redis.call('RPUSH', KEYS[3], ARGV[1])
+-- resource it waits for is free now; LPUSH last, as an enqueue does.
+if ARGV[3] == 'last' then
+  redis.call('LPUSH', KEYS[3], ARGV[1])
+else
+  redis.call('RPUSH', KEYS[3], ARGV[1])
+end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'pending_since', ARGV[2])
 return 1

@@ -16,7 +16,10 @@
 // each run's end and fence. Its handler test:rated takes no lock and is
 // rate limited per key (ratedLimit, key "rate:<key>"): it records each
 // run's start (the Redis server's clock, the limit's, as start_us) and
-// works for work_ms.
+// works for work_ms. Its handlers test:fair (FairBy, the tenant is key)
+// and test:fairw (FairByWeighted, the tenant key of weight weight) take no
+// lock: each records its run's tenant, start and end (Unix µs, this
+// process's clock) and works for work_ms.
 package main
 
 import (
@@ -38,6 +41,7 @@ import (
 type payload struct {
 	Key    string `json:"key"`
 	WorkMS int    `json:"work_ms"`
+	Weight int    `json:"weight"`
 }
 
 func main() {
@@ -45,7 +49,17 @@ func main() {
 	record := func(ctx context.Context, stream string, values ...any) error {
 		return rdb.XAdd(context.WithoutCancel(ctx), &redis.XAddArgs{Stream: stream, Values: values}).Err()
 	}
+	fair := func(stream string) func(context.Context, worker.Job, payload) error {
+		return func(ctx context.Context, job worker.Job, p payload) error {
+			start := time.Now()
+			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
+			return record(ctx, stream, "task_id", job.ID, "tenant", p.Key, "start_us", start.UnixMicro(),
+				"end_us", time.Now().UnixMicro(), "attempt", job.Attempt)
+		}
+	}
 	handlers := []worker.Handler{
+		worker.Handle("test:fair", fair("test:fair:runs")).FairBy(func(p payload) string { return p.Key }),
+		worker.Handle("test:fairw", fair("test:fairw:runs")).FairByWeighted(func(p payload) (string, int) { return p.Key, p.Weight }),
 		worker.Handle("test:ignore", func(ctx context.Context, job worker.Job, p payload) error {
 			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond) // ignores ctx
 			return record(ctx, "test:ignorer:runs", "task_id", job.ID, "fence", job.Fence)
