@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
+	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -114,10 +117,26 @@ func TestKilledChainRunsNoTaskTwice(t *testing.T) {
 	r.enqueueDemo("first", "hot", 1500)
 	chainer.started("first", 10*time.Second)
 	waiters := names("c", 6)
-	r.park("hot", 400, waiters...)
+	r.park("hot", 1500, waiters...)
 	other := r.worker() // only now: the chain is chainer's
 
 	chainer.started("c01", 20*time.Second) // the second hand-off
+	// The live worker judges others once its own beats have landed for a
+	// while (recovery.go, judging): it must before the kill, or c01's
+	// recovery waits for that too and c02.. may run first (one make test
+	// run in four, where the worker came up slowly).
+	beats, last := 0, 0.0
+	waitFor(t, 10*time.Second, "the live worker's beats to land", func() bool {
+		if s := r.admin.ZScore(context.Background(), lock.New(r.admin).ProcessesKey(), procid.Of(other.Pid())).Val(); s != last {
+			beats, last = beats+1, s
+		}
+		return beats >= 6
+	})
+	for _, x := range readExecutions(t, r.admin) {
+		if x.TaskID == "c01" {
+			t.Fatalf("c01 ended (%s) before the kill: make it work longer", x.Outcome)
+		}
+	}
 	killed := time.Now()
 	chainer.Kill()
 	for _, id := range waiters {
