@@ -25,7 +25,7 @@ deps:
 #
 # Four tests of a package at once (-parallel 4; the default is the number of
 # CPUs): most of them wait on real servers, ticks and TTLs, not on the CPU.
-# internal/lock runs on its own with two at once: its Cluster, Sentinel,
+# internal/lock runs on its own with three at once: its Cluster, Sentinel,
 # Redlock and etcd fault tests on short leases starved one another beside
 # the other packages (leases lost while healthy, in make test only).
 #
@@ -40,7 +40,7 @@ test: deps
 	$(GO) vet -race $(PKGS)
 	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet -race ./... && $(GO) build -race ./...) || exit 1; done
 	$(GO) test -race -count=1 -parallel 4 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v -e '/internal/chaos$$' -e '/internal/lock$$')
-	$(GO) test -race -count=1 -parallel 2 -timeout 8m $(TESTFLAGS) ./internal/lock
+	$(GO) test -race -count=1 -parallel 3 -timeout 8m $(TESTFLAGS) ./internal/lock
 	GOTOOLCHAIN=go$(GO_MIN) $(GO) test -count=1 $(TESTFLAGS) $(LIBPKGS)
 	$(GO) test -race -count=1 -timeout 8m $(TESTFLAGS) ./internal/chaos
 
