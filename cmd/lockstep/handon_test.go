@@ -185,14 +185,14 @@ func TestLocksNameTheTaskRunningAfterHandOffs(t *testing.T) {
 	startProc(t, "worker", []string{"LOCKSTEP_REDIS_ADDR=" + srv.Addr}, "--config", proctest.WriteFile(t, "worker.yaml", workerYAML))
 	c := &cluster{addr: srv.Addr, enq: asynq.NewClientFromRedisClient(srv.Client())}
 	resource := demo.Resource("chain")
-	c.enqueueDemo(t, "head", "chain", 500)
-	waitFor(t, 10*time.Second, "head holding "+resource, func() bool { return lockOf(t, srv.Addr, resource) != nil })
 	// Each hold lasts a few of the loop's looks below (a lockstep locks and
 	// a read of the executions), as long as one takes on this machine now.
 	look := time.Now()
 	lockOf(t, srv.Addr, resource)
 	_, _ = demo.ReadExecutions(context.Background(), srv.Client(), lock.DefaultPrefix)
 	work := max(500*time.Millisecond, 4*time.Since(look))
+	c.enqueueDemo(t, "head", "chain", int(work.Milliseconds())+2000) // and while the others park
+	waitFor(t, 10*time.Second, "head holding "+resource, func() bool { return lockOf(t, srv.Addr, resource) != nil })
 	ids := []string{"next 1", "next|2", "next/3", "next%4", "next:5"} // ids a token must escape
 	for _, id := range ids {
 		c.enqueueDemo(t, id, "chain", int(work.Milliseconds()))
