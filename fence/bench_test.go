@@ -4,12 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/lockstep-dev/lockstep/fence"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
 // BenchmarkFencedWrite is a write transaction (BEGIN, INSERT an order,
@@ -79,59 +78,16 @@ func BenchmarkFencedWrite(b *testing.B) {
 					}
 				}
 				b.Run(fmt.Sprintf("%s/sync=%s/spread=%v/conns=%d", s.name, syncing, m.spread, conns), func(b *testing.B) {
-					var spent [2]time.Duration // unfenced, fenced
-					var writers [2][]func() error
+					var unfenced, fenced []func() error
 					for range conns {
-						writers[0] = append(writers[0], holder(nil))
-						writers[1] = append(writers[1], holder(tbl))
+						unfenced = append(unfenced, holder(nil))
+						fenced = append(fenced, holder(tbl))
 					}
-					const rounds = 10
-					for r := range rounds {
-						n := b.N/rounds + btoi(r < b.N%rounds)
-						for k := range 2 {
-							fenced := (r + k) % 2 // the first of a round alternates
-							start := time.Now()
-							if err := writeAll(writers[fenced], n); err != nil {
-								b.Fatal(err)
-							}
-							spent[fenced] += time.Since(start)
-						}
-					}
-					b.ReportMetric(float64(spent[0].Nanoseconds())/float64(b.N), "unfenced-ns")
-					b.ReportMetric(float64(spent[1].Nanoseconds())/float64(b.N), "fenced-ns")
-					b.ReportMetric(float64(spent[1])/float64(spent[0]), "x-unfenced")
+					sqltest.InTurns(b, unfenced, fenced)
 				})
 			}
 		}
 	}
-}
-
-// writeAll runs n writes over the writers, one goroutine each, and returns
-// the first error.
-func writeAll(writers []func() error, n int) error {
-	errs := make(chan error, len(writers))
-	var wg sync.WaitGroup
-	for i, w := range writers {
-		share := n/len(writers) + btoi(i < n%len(writers))
-		wg.Go(func() {
-			for range share {
-				if err := w(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // spreadResources is how many resources a connection of

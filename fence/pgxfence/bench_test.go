@@ -3,10 +3,8 @@ package pgxfence_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -74,56 +72,13 @@ func BenchmarkQueuedWrite(b *testing.B) {
 				}
 			}
 			b.Run(fmt.Sprintf("sync=%v/conns=%d", map[bool]string{true: "on", false: "off"}[syncing], conns), func(b *testing.B) {
-				var writers [2][]func() error // unfenced, fenced
+				var unfenced, fenced []func() error
 				for range conns { // a connection each, for both in turn
 					c := connect(b, db)
-					writers[0] = append(writers[0], writer(c, false))
-					writers[1] = append(writers[1], writer(c, true))
+					unfenced, fenced = append(unfenced, writer(c, false)), append(fenced, writer(c, true))
 				}
-				var spent [2]time.Duration
-				const rounds = 10
-				for r := range rounds {
-					n := b.N / rounds
-					if r < b.N%rounds {
-						n++
-					}
-					for k := range 2 {
-						fenced := (r + k) % 2 // the first of a round alternates
-						start := time.Now()
-						if err := writeAll(writers[fenced], n); err != nil {
-							b.Fatal(err)
-						}
-						spent[fenced] += time.Since(start)
-					}
-				}
-				b.ReportMetric(float64(spent[0].Nanoseconds())/float64(b.N), "unfenced-ns")
-				b.ReportMetric(float64(spent[1].Nanoseconds())/float64(b.N), "fenced-ns")
-				b.ReportMetric(float64(spent[1])/float64(spent[0]), "x-unfenced")
+				sqltest.InTurns(b, unfenced, fenced)
 			})
 		}
 	}
-}
-
-// writeAll runs n writes over the writers, one goroutine each, and returns
-// the first error.
-func writeAll(writers []func() error, n int) error {
-	errs := make(chan error, len(writers))
-	var wg sync.WaitGroup
-	for i, w := range writers {
-		share := n / len(writers)
-		if i < n%len(writers) {
-			share++
-		}
-		wg.Go(func() {
-			for range share {
-				if err := w(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }
