@@ -732,7 +732,7 @@ func (r *run) resourcesOn(m *redistest.Server) []string {
 func (r *run) holdsOf(worker string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	recs, err := r.rc.SMembers(ctx, lock.New(r.rc).HoldsKey(worker)).Result()
+	recs, err := lock.New(r.rc).Registry(r.rc, "").Records(ctx, worker)
 	if err != nil {
 		return nil
 	}

@@ -117,6 +117,12 @@ func scanLocks(ctx context.Context, l *Locker, node redis.UniversalClient, fn fu
 		}
 		return fn(ctx, n, batch)
 	}
+	return onEveryMaster(ctx, node, each)
+}
+
+// onEveryMaster calls each with every master of a Cluster (at once), or
+// with node itself.
+func onEveryMaster(ctx context.Context, node redis.UniversalClient, each func(context.Context, redis.Cmdable) error) error {
 	if cc, ok := node.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return each(ctx, n) })
 	}

@@ -205,12 +205,7 @@ func (l *Locker) Rates(ctx context.Context) ([]RateState, error) {
 		}
 		return nil
 	}
-	var err error
-	if cc, ok := b.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return each(ctx, n) })
-	} else {
-		err = each(ctx, b.client)
-	}
+	err := onEveryMaster(ctx, b.client, each)
 	return out, err
 }
 
