@@ -428,7 +428,9 @@ func TestDeletedLockEndsExecution(t *testing.T) {
 
 // SIGTERM: the worker stops taking tasks, lets a short handler finish,
 // cancels a long one at the shutdown timeout (its task goes back to the
-// queue), releases every lock and exits 0 within the shutdown timeout. The
+// queue), releases every lock and exits 0 within the shutdown timeout. A
+// slot running a handed-on task gives asynq the result of the task it was
+// delivered, which finished: asynq completes it, not pushes it back. The
 // HTTP endpoints answer until then. On the way: Redis with a password read
 // from a file, which appears in no log line and no metric, and --http-addr
 // winning over LOCKSTEP_HTTP_ADDR.
@@ -460,6 +462,12 @@ func TestSIGTERMDrainsAndReleases(t *testing.T) {
 	r.enqueueDemo("long", "long", 60_000)
 	w.started("short", 10*time.Second)
 	w.started("long", 10*time.Second)
+	// A chain: "first" holds order "chain" while "next" parks behind it;
+	// first's release hands the lock on to next, which runs in first's slot.
+	r.enqueueDemo("first", "chain", 1000)
+	w.started("first", 10*time.Second)
+	r.enqueueDemo("next", "chain", 60_000)
+	w.started("next", 10*time.Second)
 
 	begin := time.Now()
 	code, exited := w.Term(testShutdownTimeout + 10*time.Second)
@@ -483,8 +491,16 @@ func TestSIGTERMDrainsAndReleases(t *testing.T) {
 	if outcomes["short"] != demo.OutcomeOK || outcomes["long"] != demo.OutcomeCanceled {
 		t.Fatalf("outcomes %v, want short ok and long canceled", outcomes)
 	}
-	if info, err := r.insp.GetTaskInfo(demo.Queue, "long"); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
-		t.Fatalf("long task after shutdown: %+v, %v; want pending again, not retried", info, err)
+	for _, id := range []string{"long", "next"} {
+		if info, err := r.insp.GetTaskInfo(demo.Queue, id); err != nil || info.State != asynq.TaskStatePending || info.Retried != 0 {
+			t.Errorf("%s task after shutdown: %+v, %v; want pending again, not retried", id, info, err)
+		}
+	}
+	if info, err := r.insp.GetTaskInfo(demo.Queue, "first"); err == nil && info.State != asynq.TaskStateCompleted {
+		t.Errorf("task first, done before the shutdown, is %v after it: asynq pushed it back to its queue", info.State)
+	}
+	if strings.Contains(w.allLogs(), "Pushed task id=first") {
+		t.Errorf("asynq pushed the finished task first back to its queue at shutdown")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -102,6 +103,52 @@ func (s *Server) chaining(ctx context.Context) bool {
 	}
 	d, ok := ctx.Deadline()
 	return !ok || time.Until(d) > time.Minute
+}
+
+// followChain runs chain in this slot for the task asynq delivered, which
+// has finished. While the worker runs, it returns when the chain ends, and
+// the delivered task's result goes to asynq then. When the worker stops
+// first, it returns at once: asynq completes the delivered task rather than
+// push it back to its queue when its shutdown timeout passes (the done
+// marker would keep it from running twice, but the next worker would
+// dequeue it for nothing). The chain runs on, counted among the running
+// handlers that Stop waits for; its task's context ends when asynq's share
+// of the grace does, as a delivered task's would, so that an interrupted
+// task goes back to its queue before Stop ends the holds left.
+func (s *Server) followChain(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string) {
+	var left atomic.Bool
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	cancelAt := cancel
+	if d, ok := ctx.Deadline(); ok {
+		cctx, cancelAt = context.WithDeadline(cctx, d) // the delivered task's deadline bounds its chain
+	}
+	unlink := context.AfterFunc(ctx, func() {
+		if !left.Load() {
+			cancel() // asynq ended the delivered task's run (its deadline, or the end of its grace)
+		}
+	})
+	s.enter()
+	done := make(chan struct{})
+	go func() {
+		defer s.leave()
+		defer close(done)
+		defer cancel()
+		defer cancelAt()
+		s.chain(cctx, g, from, keep)
+	}()
+	select {
+	case <-done:
+		unlink()
+	case <-s.stopping:
+		left.Store(true)
+		s.mu.Lock()
+		giveUp := s.giveUp
+		s.mu.Unlock()
+		stop := time.AfterFunc(time.Until(giveUp), cancel)
+		go func() { <-done; stop.Stop() }()
+		s.log.Info("worker stopping: the delivered task's result goes to asynq; its slot's handed-on task runs on within the grace",
+			"resource", g.Resource, "next", g.ID)
+	}
 }
 
 // chain runs the tasks the lock is handed on to, starting with g, in this

@@ -464,3 +464,62 @@ func heldHot(t *testing.T) (*env, *atomic.Int32, chan struct{}) {
 	waitFor(t, 10*time.Second, "holder running", func() bool { return runs.Load() == 1 })
 	return e, runs, release
 }
+
+// A worker that stops while its slot runs a handed-on task gives asynq the
+// delivered task's result at once: that task finished, and asynq completes
+// it instead of pushing it back to its queue when its shutdown timeout
+// passes. The handed-on task runs on within the grace; interrupted at its
+// end, it goes back to its queue with its retry count unchanged, and no
+// lock is left behind.
+func TestStopCompletesTheDeliveredTaskOfAChain(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.ShutdownTimeout = time.Second
+	cfg.Backoff.Min, cfg.Backoff.Max = 3*time.Second, 10*time.Second // parked until handed on
+	release := make(chan struct{})
+	chained := make(chan struct{})
+	var interrupted atomic.Bool
+	spec := lockedSpec("t:hot", "hot", func(ctx context.Context, job Job) error {
+		switch job.ID {
+		case "holder":
+			<-release
+			return nil
+		case "next":
+			close(chained)
+			<-ctx.Done()
+			interrupted.Store(true)
+			return ctx.Err()
+		}
+		return nil
+	})
+	e := newEnv(t, cfg, spec)
+	e.enqueue("t:hot", "holder", nil)
+	waitFor(t, 10*time.Second, "holder running", func() bool { return e.info("holder").State == asynq.TaskStateActive })
+	e.enqueue("t:hot", "next", nil)
+	e.waitState("next", asynq.TaskStateRetry, 10*time.Second) // parked behind holder
+	close(release)
+	<-chained // handed on, running in holder's slot
+
+	begin := time.Now()
+	if err := e.srv.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d > cfg.ShutdownTimeout+200*time.Millisecond {
+		t.Errorf("stop took %v, want within the shutdown timeout %v", d, cfg.ShutdownTimeout)
+	}
+	if info := e.info("holder"); info.State != asynq.TaskStateCompleted {
+		t.Errorf("the delivered task, finished before the stop, is %v after it (retried %d), want completed: asynq pushed it back",
+			info.State, info.Retried)
+	}
+	if !interrupted.Load() {
+		t.Error("the handed-on task's context was not cancelled by the stop")
+	}
+	if info := e.info("next"); info.State != asynq.TaskStatePending || info.Retried != 0 {
+		t.Errorf("the interrupted handed-on task is %v with %d retries, want pending again with 0", info.State, info.Retried)
+	}
+	if keys := e.admin.Keys(context.Background(), "lockstep:{hot}*").Val(); slices.ContainsFunc(keys, func(k string) bool {
+		return k == "lockstep:{hot}" || strings.HasPrefix(k, "lockstep:{hot}:permit")
+	}) {
+		t.Errorf("the lock is still held after the stop: %v", keys)
+	}
+}

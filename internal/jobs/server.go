@@ -120,8 +120,10 @@ type Server struct {
 	life     lifecycle.Machine
 	mu       sync.Mutex
 	holds    map[*watchdog.Hold]struct{}
-	inflight int           // ProcessTask calls running; guarded by mu
+	inflight int           // ProcessTask calls and detached chains running; guarded by mu
 	idle     chan struct{} // closed when inflight drops to 0; guarded by mu
+	stopping chan struct{} // closed when Stop begins
+	giveUp   time.Time     // when Stop gives up on running handlers (asynq's share of the grace); set before stopping closes
 }
 
 // NewServer returns a server; it touches Redis only once started.
@@ -137,6 +139,7 @@ func NewServer(p Params) *Server {
 		trace:    tracing.New(p.Tracing),
 		cfg:      c,
 		holds:    map[*watchdog.Hold]struct{}{},
+		stopping: make(chan struct{}),
 		store:    asynqstore.New(p.Client),
 		grants:   func() {},
 		recovery: newRecovery(p.Locker, p.Client),
@@ -237,8 +240,13 @@ func (s *Server) Start(context.Context) error {
 func (s *Server) Stop(ctx context.Context) error { return s.life.Stop(ctx, s.stop) }
 
 func (s *Server) stop(ctx context.Context) error {
-	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
+	begin := time.Now()
+	deadline := begin.Add(s.cfg.ShutdownTimeout)
 	s.log.Info("worker stopping: no new tasks; waiting for running handlers", "timeout", s.cfg.ShutdownTimeout)
+	s.mu.Lock()
+	s.giveUp = begin.Add(asynqShutdownTimeout(s.cfg.ShutdownTimeout))
+	s.mu.Unlock()
+	close(s.stopping) // chains hand their delivered task's result to asynq now (followChain)
 
 	shutdown := make(chan struct{})
 	go func() { s.srv.Shutdown(); close(shutdown) }()
@@ -405,7 +413,7 @@ func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, le
 		keep = s.locker.DoneKey(job.Resource, job.Queue, job.ID)
 	}
 	if h.next != nil {
-		s.chain(ctx, h.next, h.from, keep)
+		s.followChain(ctx, h.next, h.from, keep)
 	}
 	s.recovery.left(job.Resource, job.Queue, job.ID) // asynq records it as this returns
 	if keep != "" {
