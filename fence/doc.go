@@ -24,9 +24,10 @@
 //     and its successor take turns: once a transaction that accepted fence n
 //     commits, no transaction accepts a fence below n, and one that rolls back
 //     leaves the fence where it was.
-//   - The verdict comes from the row read under that lock (MySQL: a locking
-//     read, which sees the latest version, not the REPEATABLE READ snapshot),
-//     never from affected-row counts.
+//   - The verdict comes from the row judged under that lock, in its latest
+//     version, not the REPEATABLE READ snapshot (MySQL: the upsert returns
+//     it through LAST_INSERT_ID(expr) in its own answer), never from
+//     affected-row counts.
 //   - A fence of 0 or less is refused (ErrNoFence): the caller holds no lock.
 //   - Fences of two locks are never compared: a check whose lock name (see
 //     LockName) differs from the recorded one is refused (ErrOtherLock).

@@ -183,6 +183,14 @@ func (r sqlRunner) Exec(ctx context.Context, query string, args ...any) error {
 	return err
 }
 
+func (r sqlRunner) execID(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := r.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
+}
+
 func (r sqlRunner) QueryRow(ctx context.Context, query string, args ...any) bridge.Row {
 	return r.q.QueryRowContext(ctx, query, args...)
 }

@@ -11,8 +11,13 @@ import (
 // changes the latest version (not the REPEATABLE READ snapshot) only when the
 // fence is not lower and the lock name is the same. Its affected-row count
 // (0, 1 or 2, and 1 for an unchanged row under clientFoundRows) says too
-// little, so the verdict comes from a locking read of the row, which sees the
-// latest version and, the row being locked by now, the one that stays.
+// little, so the statement says its verdict in the insert id of its own
+// answer, through LAST_INSERT_ID(expr), from the row it judged under the
+// row's lock: 0 when it inserted the row (the table has no AUTO_INCREMENT),
+// the token when it accepted it, and something else when it refused (the
+// higher fence it found, or the token + 1 for another lock's row). One round
+// trip then decides an accepted check; only a refusal reads the locked row
+// again, for the fence and lock name its error reports.
 //
 // resource and lock_name are VARBINARY: compared byte for byte, without the
 // case folding and trailing-space padding of the default collations, which
@@ -36,7 +41,9 @@ func (mysql) statements(table string) statements {
 	PRIMARY KEY (resource, permit)
 ) ENGINE=InnoDB`, table, mysqlMaxResource, mysqlMaxLock),
 		accept: fmt.Sprintf(`INSERT INTO %s (resource, permit, lock_name, fence) VALUES (?, ?, ?, ?)
-ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name) AND fence <= VALUES(fence), VALUES(fence), fence)`, table),
+ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name),
+	IF(fence <= VALUES(fence), LAST_INSERT_ID(VALUES(fence)), LAST_INSERT_ID(fence)),
+	fence + 0 * LAST_INSERT_ID(VALUES(fence) + 1))`, table),
 		read: fmt.Sprintf(`SELECT fence, lock_name FROM %s WHERE resource = ? AND permit = ? FOR UPDATE`, table),
 	}
 }
@@ -54,7 +61,15 @@ func (mysql) validate(resource, lock string) error {
 }
 
 func (mysql) check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (int64, string, error) {
-	if err := r.Exec(ctx, s.accept, resource, permit, lock, token); err != nil {
+	if x, ok := r.(resulter); ok {
+		id, err := x.execID(ctx, s.accept, resource, permit, lock, token)
+		if err != nil {
+			return 0, "", err
+		}
+		if id == 0 || id == token {
+			return token, lock, nil // inserted, or accepted
+		}
+	} else if err := r.Exec(ctx, s.accept, resource, permit, lock, token); err != nil {
 		return 0, "", err
 	}
 	var current int64
@@ -63,4 +78,9 @@ func (mysql) check(ctx context.Context, r runner, s statements, resource string,
 		return 0, "", err
 	}
 	return current, string(recorded), nil
+}
+
+// resulter is a runner that gives a statement's insert id (database/sql's).
+type resulter interface {
+	execID(ctx context.Context, query string, args ...any) (int64, error)
 }
