@@ -328,10 +328,18 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 			defer s.recovery.left("", job.Queue, job.ID)
 		}
 	}
+	var err error
 	if schedule := t.Headers()[overlap.HeaderSchedule]; schedule != "" {
-		return s.processRun(ctx, t, schedule) // under the schedule's run lock (runs.go)
+		err = s.processRun(ctx, t, schedule) // under the schedule's run lock (runs.go)
+	} else {
+		err = s.process(ctx, t)
 	}
-	return s.process(ctx, t)
+	if soon := (*soonError)(nil); errors.As(err, &soon) && ctx.Err() == nil {
+		// The lock's back end (or the queue's Redis) failed before the
+		// handler ran: asynq logs nothing of a retried task's error.
+		s.log.Warn("taking the task's lock failed; task retried soon", "type", t.Type(), "id", jobOf(ctx, t.Type()).ID, "err", soon.err)
+	}
+	return err
 }
 
 // process runs one task under its handler's lock.
