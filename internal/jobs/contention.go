@@ -41,7 +41,7 @@ func (s *Server) markerTTL() time.Duration { return s.chainLease() + asynqstore.
 // hand-off, already done, or busy (then, with join, the task is among the
 // waiters).
 func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool) (lock.Taken, error) {
-	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1))
+	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1), nil)
 	if err != nil {
 		return r, err
 	}
