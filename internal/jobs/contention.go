@@ -39,9 +39,10 @@ func (s *Server) markerTTL() time.Duration { return s.chainLease() + asynqstore.
 
 // take asks for job's lock in one call (Locker.Take): acquired, granted by a
 // hand-off, already done, or busy (then, with join, the task is among the
-// waiters).
-func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool) (lock.Taken, error) {
-	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1), nil)
+// waiters); with rate, its rate limit is decided in the same call (over it,
+// the task is to be delayed to its turn).
+func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool, rate *lock.TaskRate) (lock.Taken, error) {
+	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1), rate)
 	if err != nil {
 		return r, err
 	}
