@@ -337,7 +337,7 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 		return nil, trace.SpanContext{}, nil
 	}
 	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.Resource}
-	if spec.Rate != nil && !s.chainAdmit(ctx, spec, &job, payload) {
+	if spec.Rate != nil && !s.chainAdmit(ctx, spec, &job, payload, g.TTL/3-time.Since(g.Sent)) {
 		// Its rate turn is further off: left to asynq with the lock granted
 		// to it, it is delayed to its turn by its take (one admission).
 		s.log.Debug("handed-on task over its rate limit; left to asynq with its lock", "resource", g.Resource, "id", g.ID)

@@ -135,11 +135,13 @@ func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) (*lock.T
 // chainAdmit asks the rate of a task handed the lock by a hand-off, as it
 // starts, when its take would have decided its rate with its lock
 // (taskRate): it runs now, or after a short wait for its turn in this slot
-// (the lock held: it is the first waiter anyway), admitted at the returned
-// time. ok is false when it should not run here: its turn is further than
-// a delivery would bring it, or the rate could not be asked; the caller
-// leaves it to asynq with the lock granted to it, and its take decides.
-func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any) (ok bool) {
+// (the lock held: it is the first waiter anyway), admitted then. The wait
+// is at most what a delivery would cost (turnLate) and maxWait, which keeps
+// it within the lock's first renewal interval: the lock is not renewed
+// until the task runs. ok is false when it should not run here: its turn
+// is further, or the rate could not be asked; the caller leaves it to
+// asynq with the lock granted to it, and its take decides.
+func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, maxWait time.Duration) (ok bool) {
 	tr, err := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
 	if err != nil || tr == nil {
 		return err == nil // an invalid rate: its take archives it
@@ -151,11 +153,16 @@ func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload a
 	case wait == 0:
 		s.admitted(ctx, job, tr.Key, at)
 		return true
-	case wait > s.turnLate():
+	case wait > min(s.turnLate(), maxWait):
 		return false
 	}
 	s.rateLimited(job.Type, wait)
-	if at, err = s.locker.WaitAllow(ctx, tr.Key, tr.Rate); err != nil {
+	// Its turn is the next one free: later than wait if another took that
+	// one meanwhile, and then, past maxWait, counted and left unused.
+	wctx, cancel := context.WithTimeout(ctx, min(s.turnLate(), maxWait))
+	at, err = s.locker.WaitAllow(wctx, tr.Key, tr.Rate)
+	cancel()
+	if err != nil {
 		return false
 	}
 	s.admitted(ctx, job, tr.Key, at)
