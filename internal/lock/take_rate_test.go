@@ -147,9 +147,18 @@ func TestOneAdmissionNeedsOneSlot(t *testing.T) {
 	if lc.OneAdmission("tenant:a", "order:1") {
 		t.Fatal("a Cluster, keys in different slots: OneAdmission is true")
 	}
-	_, err := lc.Take(context.Background(), "order:1", "default", "t1", time.Minute, time.Minute, true, "", 1,
+	ctx := context.Background()
+	_, err := lc.Take(ctx, "order:1", "default", "t1", time.Minute, time.Minute, true, "", 1,
 		&lock.TaskRate{Key: "tenant:a", Rate: lock.Rate{N: 1, Per: time.Second}})
 	if err == nil || !strings.Contains(err.Error(), "another Cluster slot") {
 		t.Fatalf("Take with a rate key in another slot: %v, want refused", err)
+	}
+	tk, err := lc.Take(ctx, "order:1", "default", "t1", time.Minute, time.Minute, true, "", 1,
+		&lock.TaskRate{Key: "order:1", Rate: lock.Rate{N: 1, Per: time.Second}})
+	if err != nil || tk.Lease == nil || tk.Admitted.IsZero() {
+		t.Fatalf("Take with a rate key in the resource's slot: %+v, %v; want the lock and the admission", tk, err)
+	}
+	if err := tk.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
