@@ -99,11 +99,15 @@ func (s *Server) watchGrants(ctx context.Context) error {
 // The take that parked the task recorded its bare record (recovery.go):
 // should this worker die before asynq has the task back, a recoverer brings
 // it back. It goes a whole beat after the task left.
+//
+// With a rate decided with its lock (job.turn), the waiters ahead start at
+// least one emission interval apart, and the fallback allows for it: a
+// task far back in a rate-limited queue is not brought back to wait again.
 func (s *Server) requeue(job Job, r lock.Taken) error {
 	s.recovery.left("", job.Queue, job.ID)
 	d := max(r.PTTL, 0) + s.cfg.Backoff.Nth(1)
 	if r.Ahead > 0 {
-		d += time.Second + s.cfg.Backoff.Nth(1+r.Ahead)
+		d += time.Second + s.cfg.Backoff.Nth(1+r.Ahead) + time.Duration(r.Ahead)*job.turn
 	}
 	s.log.Debug("lock busy; task waits for a hand-off", "type", job.Type, "id", job.ID, "resource", job.Resource,
 		"joined", r.Joined, "ahead", r.Ahead, "delay", d)

@@ -136,12 +136,12 @@ func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) (*lock.T
 // starts, when its take would have decided its rate with its lock
 // (taskRate): it runs now, or after a short wait for its turn in this slot
 // (the lock held: it is the first waiter anyway), admitted then. The wait
-// is at most what a delivery would cost (turnLate) and maxWait, which keeps
-// it within the lock's first renewal interval: the lock is not renewed
-// until the task runs. ok is false when it should not run here: its turn
-// is further, or the rate could not be asked; the caller leaves it to
-// asynq with the lock granted to it, and its take decides.
-func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, maxWait time.Duration) (ok bool) {
+// is at most what a delivery would cost (turnLate) and half the lock's TTL:
+// the watchdog renews the lock only once the task runs, so lease is renewed
+// once before the wait. ok is false when it should not run here: its turn
+// is further, or the rate or the lock could not be asked; the caller leaves
+// it to asynq with the lock granted to it, and its take decides.
+func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, lease *lock.Lease) (ok bool) {
 	tr, err := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
 	if err != nil || tr == nil {
 		return err == nil // an invalid rate: its take archives it
@@ -153,13 +153,16 @@ func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload a
 	case wait == 0:
 		s.admitted(ctx, job, tr.Key, at)
 		return true
-	case wait > min(s.turnLate(), maxWait):
+	case wait > min(s.turnLate(), lease.TTL()/2):
+		return false
+	}
+	if lease.Renew(ctx) != nil {
 		return false
 	}
 	s.rateLimited(job.Type, wait)
 	// Its turn is the next one free: later than wait if another took that
-	// one meanwhile, and then, past maxWait, counted and left unused.
-	wctx, cancel := context.WithTimeout(ctx, min(s.turnLate(), maxWait))
+	// one meanwhile, and then, past the bound, counted and left unused.
+	wctx, cancel := context.WithTimeout(ctx, min(s.turnLate(), lease.TTL()/2))
 	at, err = s.locker.WaitAllow(wctx, tr.Key, tr.Rate)
 	cancel()
 	if err != nil {

@@ -203,37 +203,45 @@ func (d *deliveries) wrap(s Spec) Spec {
 // Issue 39: a task over its rate is dequeued at most twice, once to be
 // admitted or given its time and once to run. 20 tasks of one key (10 a
 // second, burst 2) on two servers; each task's dequeues are counted at its
-// decode, and asynq's Inspector says each completed with Retried 0.
+// decode, and asynq's Inspector says each completed with Retried 0. Under a
+// lock as well (one admission), a task either takes its turn with its lock
+// kept for it, or parks for its lock without spending a turn and is run by
+// the hand-off (its second decode), waiting there for its turn.
 func TestOverLimitTaskDequeuedAtMostTwice(t *testing.T) {
 	t.Parallel()
-	r := lock.Rate{N: 10, Per: time.Second, Burst: 2}
-	var log startLog
-	var d deliveries
-	spec := d.wrap(ratedSpec("t:rated", "", r, &log))
-	e := newEnv(t, testConfig(), spec)
-	e.addWorker(testConfig(), spec)
-	const n = 20
-	for i := range n {
-		e.enqueueID("t:rated", fmt.Sprintf("r%d", i), asynq.MaxRetry(1), asynq.Retention(time.Hour))
-	}
-	for i := range n {
-		if info := e.waitState(fmt.Sprintf("r%d", i), asynq.TaskStateCompleted, 30*time.Second); info.Retried != 0 {
-			t.Errorf("task %s: retried %d, want 0", info.ID, info.Retried)
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var counts []int
-	over := 0
-	for i := range n {
-		c := d.n[fmt.Sprintf("r%d", i)]
-		counts = append(counts, c)
-		if c > 2 {
-			over++
-		}
-	}
-	t.Logf("dequeues per task: %v", counts)
-	if over > 0 {
-		t.Fatalf("%d of %d tasks dequeued more than twice: %v", over, n, counts)
+	for _, resource := range []string{"", "res"} {
+		t.Run("lock="+resource, func(t *testing.T) {
+			t.Parallel()
+			r := lock.Rate{N: 10, Per: time.Second, Burst: 2}
+			var log startLog
+			var d deliveries
+			spec := d.wrap(ratedSpec("t:rated", resource, r, &log))
+			e := newEnv(t, testConfig(), spec)
+			e.addWorker(testConfig(), spec)
+			const n = 20
+			for i := range n {
+				e.enqueueID("t:rated", fmt.Sprintf("r%d", i), asynq.MaxRetry(1), asynq.Retention(time.Hour))
+			}
+			for i := range n {
+				if info := e.waitState(fmt.Sprintf("r%d", i), asynq.TaskStateCompleted, 30*time.Second); info.Retried != 0 {
+					t.Errorf("task %s: retried %d, want 0", info.ID, info.Retried)
+				}
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			var counts []int
+			over := 0
+			for i := range n {
+				c := d.n[fmt.Sprintf("r%d", i)]
+				counts = append(counts, c)
+				if c > 2 {
+					over++
+				}
+			}
+			t.Logf("dequeues per task: %v", counts)
+			if over > 0 {
+				t.Fatalf("%d of %d tasks dequeued more than twice: %v", over, n, counts)
+			}
+		})
 	}
 }

@@ -352,6 +352,9 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 		if rate, err = s.taskRate(spec, job, payload, ctx.Value(inRunKey{}) != nil); err != nil {
 			return err
 		}
+		if rate != nil {
+			job.turn = rate.Rate.Per / time.Duration(rate.Rate.N)
+		}
 	}
 	if spec.Rate != nil && rate == nil {
 		if err := s.admit(ctx, spec, &job, payload); err != nil {
