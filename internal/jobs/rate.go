@@ -46,9 +46,12 @@ import (
 // lock's waiters); otherwise the task's result (a *RateLimitedError delays
 // it, an invalid payload is archived, a Redis error is retried soon).
 func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) error {
-	key, r, err := s.rateOf(spec, *job, payload)
-	if err != nil {
-		return err
+	key, r := spec.Rate(payload)
+	if key == "" {
+		return s.invalid(*job, errors.New("the rate limit's key is empty"))
+	}
+	if err := r.Check(); err != nil {
+		return s.invalid(*job, err)
 	}
 	if spec.Resource != nil && s.handsOff {
 		// A task that joined its lock's waiters was admitted before it did.
@@ -96,40 +99,25 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 	}
 }
 
-// rateOf returns the rate limit of job's payload, or the task's result when
-// it has none that holds (archived as invalid).
-func (s *Server) rateOf(spec *Spec, job Job, payload any) (string, lock.Rate, error) {
-	key, r := spec.Rate(payload)
-	if key == "" {
-		return "", r, s.invalid(job, errors.New("the rate limit's key is empty"))
-	}
-	if err := r.Check(); err != nil {
-		return "", r, s.invalid(job, err)
-	}
-	return key, r, nil
-}
-
 // taskRate returns job's rate limit for its lock's take to decide with the
 // lock (one admission), or nil when the rate is asked first (admit): a
 // handler without a lock, a lock back end other than the queue's Redis, a
 // task that does not park among its lock's waiters (Wait, Skip, no retries
-// left, a schedule's run), or a rate key in another Cluster slot than the
-// resource. chainAdmit asks the same question of a handed-on task, so a
-// task's rate is counted by one path only.
-func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) (*lock.TaskRate, error) {
+// left, a schedule's run), a rate key in another Cluster slot than the
+// resource, or an invalid limit or name (admit or process archives it).
+// chainAdmit asks the same question of a handed-on task, so a task's rate
+// is counted by one path only.
+func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) *lock.TaskRate {
 	if spec.Rate == nil || spec.Resource == nil || !s.handsOff || spec.Contention != Requeue ||
 		job.Attempt > job.MaxRetry || inRun {
-		return nil, nil
+		return nil
 	}
 	resource := spec.Resource(payload)
-	if resource == "" {
-		return nil, nil // archived by process
+	key, r := spec.Rate(payload)
+	if resource == "" || key == "" || r.Check() != nil || !s.locker.OneAdmission(key, resource) {
+		return nil
 	}
-	key, r, err := s.rateOf(spec, job, payload)
-	if err != nil || !s.locker.OneAdmission(key, resource) {
-		return nil, err
-	}
-	return &lock.TaskRate{Key: key, Rate: r, Late: s.turnLate()}, nil
+	return &lock.TaskRate{Key: key, Rate: r, Late: s.turnLate()}
 }
 
 // chainAdmit asks the rate of a task handed the lock by a hand-off, as it
@@ -142,9 +130,9 @@ func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) (*lock.T
 // is further, or the rate or the lock could not be asked; the caller leaves
 // it to asynq with the lock granted to it, and its take decides.
 func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, lease *lock.Lease) (ok bool) {
-	tr, err := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
-	if err != nil || tr == nil {
-		return err == nil // an invalid rate: its take archives it
+	tr := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
+	if tr == nil {
+		return true // its rate was asked before it parked (admit)
 	}
 	wait, at, err := s.locker.AllowAt(ctx, tr.Key, tr.Rate)
 	switch {
