@@ -19,7 +19,9 @@ import (
 //     turn and the lock is granted to it until then, so that another task
 //     finds it busy (and spends no turn either); asked again on its turn,
 //     it takes the grant over, admitted on that turn, without a second
-//     count.
+//     count;
+//   - a release's grant to a waiter over its rate: kept for it until its
+//     turn, nothing taken.
 func TestTakeDecidesTheRateWithTheLock(t *testing.T) {
 	t.Parallel()
 	for _, limit := range []int{1, 2} {
@@ -120,7 +122,27 @@ func TestTakeDecidesTheRateWithTheLock(t *testing.T) {
 		if v := rateOf("rate:firsta"); v != counted {
 			t.Fatalf("limit %d: back on its turn, the rate was counted again: %q, was %q", limit, v, counted)
 		}
-		for _, h := range append(held, back) {
+
+		// A release hands the lock to the waiter, whose rate is over now:
+		// its take keeps the grant for it until its turn and takes nothing.
+		if _, err := l.Allow(ctx, "rate:other", slow); err != nil {
+			t.Fatal(err)
+		}
+		if err := back.Lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		granted := take("free", "other", "rate:other")
+		if granted.Lease != nil || granted.RateWait <= 0 {
+			t.Fatalf("limit %d: a grant to a task over its rate: %+v, want no lease and a wait", limit, granted)
+		}
+		key := l.PermitKey("free", back.Lease.Permit())
+		if v := admin.Get(ctx, key).Val(); !strings.HasPrefix(v, "g:"+lock.TaskWaiter("default", "other")+":") {
+			t.Fatalf("limit %d: the grant to a task over its rate became %q, want it kept", limit, v)
+		}
+		if pttl := admin.PTTL(ctx, key).Val(); pttl < granted.RateWait+time.Minute-time.Second {
+			t.Fatalf("limit %d: the grant kept for %v, want its wait %v + the ttl", limit, pttl, granted.RateWait)
+		}
+		for _, h := range held {
 			if err := h.Lease.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
