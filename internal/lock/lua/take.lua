@@ -68,7 +68,7 @@
 --                       expires: the delivery that reads it may itself be lost
 --                       (its worker killed before asynq completed the task),
 --                       and the next delivery must read it again.
--- (time, nextfence, retire, own and handoff: lua/lib.lua, prepended by scripts.go)
+-- (time, nextfence, retire, own, handoff and rate: lua/lib.lua, prepended by scripts.go)
 local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 floorkey = KEYS[6]
 local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
