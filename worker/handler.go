@@ -152,13 +152,15 @@ func (h HandlerOf[T]) MaxHold(d time.Duration) HandlerOf[T] {
 // func(p Sync) string { return "rate:partner:" + p.PartnerID }), and over
 // any window of w at most r.N·w/r.Per + r.Burst tasks of one key start
 // (Burst 0 is N), across every worker and process (G11 in the README's
-// guarantees). The limit is decided before fn runs, and before its Lock is
-// taken: a task over its rate is delayed to the moment its key admits one,
-// never failed and never counted as an attempt (its retry count stays), and
-// no worker waits meanwhile. It asks again when it comes back, so every
-// start is an admission (with a Lock, a start may follow its admission by
-// its wait for the lock: one admission for both is still to do). A task
-// with no retries left waits in the worker
+// guarantees). The limit is decided before fn runs: a task over its rate is
+// delayed to the moment its key admits one, never failed and never counted
+// as an attempt (its retry count stays), and no worker waits meanwhile.
+// With a Lock (or Limit), one admission decides both, in one script when
+// the lock is taken: the rate is asked only when the lock would be given
+// to the task, so a wait for the lock spends no turn and every start
+// follows its admission at once (on the single Redis back end with the
+// default Requeue policy; elsewhere the rate is asked first, then the lock:
+// docs/workers.md). A task with no retries left waits in the worker
 // instead (asynq would archive it). Its key lives in the queue's Redis,
 // whatever lock.backend is. Delays count in lockstep_rate_limited_total and
 // lockstep_rate_limit_delay_seconds. An empty key is an invalid payload.

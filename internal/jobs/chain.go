@@ -386,6 +386,13 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.Resource}
 	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL)
 	lease := s.locker.Adopt(g, ttl)
+	if spec.Rate != nil && !s.chainAdmit(ctx, spec, &job, payload, lease) {
+		// Its rate turn is further off: left to asynq with the lock granted
+		// to it, it is delayed to its turn by its take (one admission).
+		s.log.Debug("handed-on task over its rate limit; left to asynq with its lock", "resource", g.Resource, "id", g.ID)
+		s.deliver(ctx, g)
+		return nil, trace.SpanContext{}, nil
+	}
 	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := m.Context(ctx) // its own timeout and deadline, as asynq bounds a run
 	rctx, span := s.trace.StartJob(rctx, tracing.JobRun{ID: job.ID, Type: job.Type, Queue: job.Queue, Attempt: job.Attempt,

@@ -39,9 +39,10 @@ func (s *Server) markerTTL() time.Duration { return s.chainLease() + asynqstore.
 
 // take asks for job's lock in one call (Locker.Take): acquired, granted by a
 // hand-off, already done, or busy (then, with join, the task is among the
-// waiters).
-func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool) (lock.Taken, error) {
-	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1))
+// waiters); with rate, its rate limit is decided in the same call (over it,
+// the task is to be delayed to its turn).
+func (s *Server) take(ctx context.Context, job Job, ttl time.Duration, join bool, rate *lock.TaskRate) (lock.Taken, error) {
+	r, err := s.locker.Take(ctx, job.Resource, job.Queue, job.ID, ttl, s.waitersTTL(), join, s.holdsFor(ctx), max(job.limit, 1), rate)
 	if err != nil {
 		return r, err
 	}
@@ -98,11 +99,15 @@ func (s *Server) watchGrants(ctx context.Context) error {
 // The take that parked the task recorded its bare record (recovery.go):
 // should this worker die before asynq has the task back, a recoverer brings
 // it back. It goes a whole beat after the task left.
+//
+// With a rate decided with its lock (job.turn), the waiters ahead start at
+// least one emission interval apart, and the fallback allows for it: a
+// task far back in a rate-limited queue is not brought back to wait again.
 func (s *Server) requeue(job Job, r lock.Taken) error {
 	s.recovery.left("", job.Queue, job.ID)
 	d := max(r.PTTL, 0) + s.cfg.Backoff.Nth(1)
 	if r.Ahead > 0 {
-		d += time.Second + s.cfg.Backoff.Nth(1+r.Ahead)
+		d += time.Second + s.cfg.Backoff.Nth(1+r.Ahead) + time.Duration(r.Ahead)*job.turn
 	}
 	s.log.Debug("lock busy; task waits for a hand-off", "type", job.Type, "id", job.ID, "resource", job.Resource,
 		"joined", r.Joined, "ahead", r.Ahead, "delay", d)

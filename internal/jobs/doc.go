@@ -68,11 +68,12 @@
 //
 // # Rate limits (G11)
 //
-// A Spec with a Rate asks its key's limit (lock.Locker.Allow, GCRA on the
-// server's clock) after the payload decodes and before the lock: over the
-// rate, the task returns a *RateLimitedError, which like ContendedError is
-// no failure and carries its delay, and the worker wakes it at that moment
-// (rate.go).
+// A Spec with a Rate asks its key's limit (GCRA on the server's clock)
+// after the payload decodes: with a lock it parks for, in the lock's own
+// take (one admission: lock.Locker.Take with a TaskRate), else before the
+// lock (lock.Locker.Reserve). Over the rate, the task returns a
+// *RateLimitedError, which like ContendedError is no failure and carries
+// its delay, and the worker wakes it at that moment (rate.go).
 //
 // # Contention policies
 //

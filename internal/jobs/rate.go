@@ -9,11 +9,18 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/backoff"
+	"github.com/lockstep-dev/lockstep/internal/lock"
 )
 
-// Rate limits (G11), decided before the handler runs and before its lock is
-// taken (the one admission script for both is still to do, docs/design.md
-// §3a):
+// Rate limits (G11), decided before the handler runs. A task that also
+// takes a lock has its rate decided with its lock, in one admission
+// (taskRate, Locker.Take with a TaskRate: docs/design.md §3a), when the lock
+// back end is the queue's Redis and the keys allow it, and it parks among
+// its lock's waiters (Requeue): its rate is asked only when the lock would
+// be given to it, so a wait for the lock spends no turn. Over the rate, it
+// is delayed to its turn as below, its lock granted to it until then. A
+// task handed the lock by a hand-off (chain.go) asks its rate as it starts
+// (chainAdmit). Every other task asks its rate first, then takes its lock:
 //
 //  1. Locker.Reserve on the queue's Redis (GCRA on the server's clock): 0
 //     runs the task now, its admission counted.
@@ -78,24 +85,101 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		case err != nil:
 			return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
 		case wait == 0:
-			job.Admitted = at
-			if s.log.Enabled(ctx, slog.LevelDebug) {
-				s.log.Debug("rate limit admitted", "type", job.Type, "id", job.ID, "rate_key", key, "admitted_us", at.UnixMicro())
-			}
+			s.admitted(ctx, job, key, at)
 			return nil
 		}
-		s.metrics.RateLimited.WithLabelValues(job.Type).Inc()
-		s.metrics.RateDelay.Observe(wait.Seconds())
 		if delays {
-			s.log.Debug("over its rate limit; task delayed", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
-			s.wakeAfter(job.Queue, job.ID, wait)
-			return &RateLimitedError{Key: key, Delay: wait}
+			return s.rateDelayed(*job, key, wait)
 		}
+		s.rateLimited(job.Type, wait)
 		s.log.Debug("over its rate limit; task waits in the worker", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
 		if !backoff.Sleep(ctx, wait) {
 			return ctx.Err()
 		}
 	}
+}
+
+// taskRate returns job's rate limit for its lock's take to decide with the
+// lock (one admission), or nil when the rate is asked first (admit): a
+// handler without a lock, a lock back end other than the queue's Redis, a
+// task that does not park among its lock's waiters (Wait, Skip, no retries
+// left, a schedule's run), a rate key in another Cluster slot than the
+// resource, or an invalid limit or name (admit or process archives it).
+// chainAdmit asks the same question of a handed-on task, so a task's rate
+// is counted by one path only.
+func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) *lock.TaskRate {
+	if spec.Rate == nil || spec.Resource == nil || !s.handsOff || spec.Contention != Requeue ||
+		job.Attempt > job.MaxRetry || inRun {
+		return nil
+	}
+	resource := spec.Resource(payload)
+	key, r := spec.Rate(payload)
+	if resource == "" || key == "" || r.Check() != nil || !s.locker.OneAdmission(key, resource) {
+		return nil
+	}
+	return &lock.TaskRate{Key: key, Rate: r, Late: s.turnLate()}
+}
+
+// chainAdmit asks the rate of a task handed the lock by a hand-off, as it
+// starts, when its take would have decided its rate with its lock
+// (taskRate): it runs now, or after a short wait for its turn in this slot
+// (the lock held: it is the first waiter anyway), admitted then. The wait
+// is at most what a delivery would cost (turnLate) and half the lock's TTL:
+// the watchdog renews the lock only once the task runs, so lease is renewed
+// once before the wait. ok is false when it should not run here: its turn
+// is further, or the rate or the lock could not be asked; the caller leaves
+// it to asynq with the lock granted to it, and its take decides.
+func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, lease *lock.Lease) (ok bool) {
+	tr := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
+	if tr == nil {
+		return true // its rate was asked before it parked (admit)
+	}
+	wait, at, err := s.locker.AllowAt(ctx, tr.Key, tr.Rate)
+	switch {
+	case err != nil:
+		return false
+	case wait == 0:
+		s.admitted(ctx, job, tr.Key, at)
+		return true
+	case wait > min(s.turnLate(), lease.TTL()/2):
+		return false
+	}
+	if lease.Renew(ctx) != nil {
+		return false
+	}
+	s.rateLimited(job.Type, wait)
+	// Its turn is the next one free: later than wait if another took that
+	// one meanwhile, and then, past the bound, counted and left unused.
+	wctx, cancel := context.WithTimeout(ctx, min(s.turnLate(), lease.TTL()/2))
+	at, err = s.locker.WaitAllow(wctx, tr.Key, tr.Rate)
+	cancel()
+	if err != nil {
+		return false
+	}
+	s.admitted(ctx, job, tr.Key, at)
+	return true
+}
+
+// admitted records job's admission by its rate, at at on the limit's schedule.
+func (s *Server) admitted(ctx context.Context, job *Job, key string, at time.Time) {
+	job.Admitted = at
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.Debug("rate limit admitted", "type", job.Type, "id", job.ID, "rate_key", key, "admitted_us", at.UnixMicro())
+	}
+}
+
+func (s *Server) rateLimited(typ string, wait time.Duration) {
+	s.metrics.RateLimited.WithLabelValues(typ).Inc()
+	s.metrics.RateDelay.Observe(wait.Seconds())
+}
+
+// rateDelayed returns the result that delays job, over its rate, to its
+// turn (taken, wait from now), and brings it back on it.
+func (s *Server) rateDelayed(job Job, key string, wait time.Duration) error {
+	s.rateLimited(job.Type, wait)
+	s.log.Debug("over its rate limit; task delayed", "type", job.Type, "id", job.ID, "rate_key", key, "delay", wait)
+	s.wakeAfter(job.Queue, job.ID, wait)
+	return &RateLimitedError{Key: key, Delay: wait}
 }
 
 // turnLate is how long after its turn a task that took one (Reserve) is

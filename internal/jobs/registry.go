@@ -26,6 +26,10 @@ type Job struct {
 	Admitted time.Time
 
 	limit int // the Spec's Limit (1: a lock), for the take
+	// turn is the emission interval of a rate decided with the lock (one
+	// admission): each waiter ahead starts at least that long after the
+	// one before it, which the fallback of a parked task allows for.
+	turn time.Duration
 }
 
 // Contention is what a handler's task does when its lock is busy.

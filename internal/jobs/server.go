@@ -363,7 +363,13 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 			defer s.fairDone(ctx, spec.Type, job.Queue, job.ID)
 		}
 	}
+	var rate *lock.TaskRate // decided with the lock (one admission), else asked first
 	if spec.Rate != nil {
+		if rate = s.taskRate(spec, job, payload, ctx.Value(inRunKey{}) != nil); rate != nil {
+			job.turn = rate.Rate.Per / time.Duration(rate.Rate.N)
+		}
+	}
+	if spec.Rate != nil && rate == nil {
 		if err := s.admit(ctx, spec, &job, payload); err != nil {
 			return err // delayed to its turn (no failure), or its result
 		}
@@ -392,12 +398,14 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	// A task that waits in its worker (Wait, or no retries left to requeue
 	// with) waits as a goroutine waiter of the queue: its first take does
 	// not park it.
-	r, err := s.take(ctx, job, ttl, spec.Contention == Requeue && job.Attempt <= job.MaxRetry)
+	r, err := s.take(ctx, job, ttl, spec.Contention == Requeue && job.Attempt <= job.MaxRetry, rate)
 	switch {
 	case err != nil:
 		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
 	case r.Done:
 		return s.replay(job, r.Outcome)
+	case r.RateWait > 0:
+		return s.rateDelayed(job, rate.Key, r.RateWait) // the lock granted to it until its turn
 	case r.Granted:
 		s.trace.WaitGranted(ctx) // tracing
 	case r.Lease == nil:
@@ -407,6 +415,9 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 			return err
 		}
 		s.trace.WaitGranted(ctx) // tracing: a waiter's lock comes from the release before it
+	}
+	if rate != nil {
+		s.admitted(ctx, &job, rate.Key, r.Admitted) // by the take, with its lock
 	}
 	return s.serve(ctx, spec, job, payload, r.Lease)
 }
@@ -505,7 +516,7 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 			return nil, ctx.Err()
 		case job.Attempt <= job.MaxRetry:
 			// Waited long enough: parked from now on, at the end of the queue.
-			r, err := s.take(ctx, job, ttl, true)
+			r, err := s.take(ctx, job, ttl, true, nil)
 			switch {
 			case err != nil:
 				return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}

@@ -139,7 +139,7 @@ func TestReleasesRetireCountersIntoTheSlotFloor(t *testing.T) {
 	ctx := context.Background()
 	take := func(id string) lock.Taken {
 		t.Helper()
-		r, err := l.Take(ctx, "retire", "default", id, time.Minute, time.Minute, true, "", 2)
+		r, err := l.Take(ctx, "retire", "default", id, time.Minute, time.Minute, true, "", 2, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,7 +23,7 @@ func TestFrontServesARecoveredTaskFirst(t *testing.T) {
 		r := "front"
 		take := func(id string) lock.Taken {
 			t.Helper()
-			tk, err := l.Take(ctx, r, "default", id, time.Minute, time.Minute, true, "", limit)
+			tk, err := l.Take(ctx, r, "default", id, time.Minute, time.Minute, true, "", limit, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,8 +10,8 @@ import (
 
 var (
 	// lib.lua holds the functions the scripts that take or hand on a lock
-	// share (acquire, release, take, handon); it is prepended to each, so
-	// they run one copy of the code.
+	// share (acquire, release, take, handon), and the rate limit's GCRA
+	// (rate, take); it is prepended to each, so they run one copy of the code.
 	//go:embed lua/lib.lua
 	libLua string
 	//go:embed lua/acquire.lua
@@ -51,7 +51,7 @@ var (
 	scriptHandOn     = script.New("lock/handon.lua", libLua+handOnLua)
 	scriptGrant      = script.New("lock/grant.lua", grantLua)
 	scriptClaim      = script.New("lock/claim.lua", claimLua)
-	scriptRate       = script.New("lock/rate.lua", rateLua)
+	scriptRate       = script.New("lock/rate.lua", libLua+rateLua)
 	scriptFront      = script.New("lock/front.lua", libLua+frontLua)
 	scriptFair       = script.New("lock/fair.lua", fairLua)
 )

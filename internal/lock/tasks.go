@@ -52,6 +52,35 @@ type Taken struct {
 	Ahead  int           // waiters before this task
 	Joined time.Time     // the task joined the queue now, at this server time (zero: it had its place)
 	Head   string        // this call granted the free lock to this task waiter ahead (to be woken)
+
+	// With a TaskRate: Admitted is the admission's time on the limit's
+	// schedule (now, or the turn the task took) when it got the lock; over
+	// the rate, RateWait > 0 is the wait until its turn at RateTurn (the
+	// lock or a permit is granted to the task until then, nothing taken).
+	Admitted time.Time
+	RateWait time.Duration
+	RateTurn time.Time
+}
+
+// TaskRate is a task's rate limit, decided with its lock by Take (one
+// admission, lua/take.lua): the limit Rate on Key, the task's turn (taken
+// when over it) admitted up to Late after it, as Reserve's.
+type TaskRate struct {
+	Key  string
+	Rate Rate
+	Late time.Duration
+}
+
+// OneAdmission reports whether Take can decide a rate limit on key together
+// with resource's lock in one call: the single back end with the waiter
+// queue, on one server (Sentinel too), or on a Cluster when the rate's key
+// and the resource's share a slot (one hash tag, for instance).
+func (l *Locker) OneAdmission(key, resource string) bool {
+	b, err := l.redis()
+	if err != nil {
+		return false
+	}
+	return b.oneNode() || hashSlot(l.keysFor(key).rateKey()) == hashSlot(l.keysFor(resource).lock)
 }
 
 // Take asks for resource's lock for the task id of queue, in one call: it
@@ -62,13 +91,27 @@ type Taken struct {
 // task's hold record to it (HoldRecord), and a task that joins the queue
 // its bare record (HoldRecord with no resource), for a recoverer to find. limit is
 // the task's limit (1: a lock; see Permits); the lease says which permit.
-func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string, limit int) (Taken, error) {
+//
+// With rate (not nil; OneAdmission must hold), the task's rate limit is
+// decided in the same call, only when the lock would be given to the task:
+// a task that waits for its lock spends no turn of its rate, and one over
+// its rate takes no lock but its turn (RateWait), the lock granted to it
+// until then so that it takes both over when it asks again on that turn.
+func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queueTTL time.Duration, join bool, holds string, limit int, rate *TaskRate) (Taken, error) {
 	b, err := l.redis()
 	if err != nil {
 		return Taken{}, err
 	}
 	if err := l.CheckLimit(limit); err != nil {
 		return Taken{}, fmt.Errorf("lock: acquire %q: %w", resource, err)
+	}
+	if rate != nil {
+		if err := rate.Rate.Check(); err != nil {
+			return Taken{}, fmt.Errorf("lock: acquire %q: %w", resource, err)
+		}
+		if !l.OneAdmission(rate.Key, resource) {
+			return Taken{}, fmt.Errorf("lock: acquire %q: its rate key %q is in another Cluster slot: ask the rate first (Reserve)", resource, rate.Key)
+		}
 	}
 	k := l.keysFor(resource)
 	sent := time.Now()
@@ -79,11 +122,16 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 	}
 	keys := []string{k.lock, k.fence, k.owners, k.queue, l.DoneKey(resource, queue, id), k.floor}
 	record := HoldRecord(resource, queue, id)
+	args := []any{token, ttl.Milliseconds(), counterTTL(ttl, b.fenceTTL), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record, limit}
+	if rate != nil {
+		rk := l.keysFor(rate.Key)
+		keys = append(keys, rk.rateKey(), rk.turnKey(queue+":"+id))
+		args = append(args, rate.Rate.interval(), rate.Rate.burst(), max(rate.Late.Microseconds(), 0))
+	}
 	if holds != "" && b.oneNode() {
 		keys = append(keys, holds)
 	}
-	v, err := run(ctx, b.client, scriptTake, keys,
-		token, ttl.Milliseconds(), counterTTL(ttl, b.fenceTTL), TaskWaiter(queue, id), queueTTL.Milliseconds(), mode, record, limit)
+	v, err := run(ctx, b.client, scriptTake, keys, args...)
 	l.metrics.LockAcquireDuration.Observe(time.Since(sent).Seconds())
 	if err != nil {
 		l.failed.Inc()
@@ -107,6 +155,13 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 		if len(vals) > 4 { // a permit's grant taken over: the task waited since its arrival
 			l.observeWait(vals[4])
 		}
+		var admitted time.Time
+		if len(vals) > 5 {
+			if s, _ := vals[5].(string); s != "" {
+				us, _ := strconv.ParseInt(s, 10, 64)
+				admitted = time.UnixMicro(us)
+			}
+		}
 		l.acquired.Inc()
 		if holds != "" && !b.oneNode() {
 			// On a Cluster the holds set lives in another slot than the
@@ -119,10 +174,14 @@ func (l *Locker) Take(ctx context.Context, resource, queue, id string, ttl, queu
 				return Taken{}, fmt.Errorf("lock: record the hold of %q: %w", resource, err)
 			}
 		}
-		return Taken{Lease: l.adopt(resource, int(permit), tok, fence, ttl, sent), Granted: vals[0] == int64(2)}, nil
+		return Taken{Lease: l.adopt(resource, int(permit), tok, fence, ttl, sent), Granted: vals[0] == int64(2), Admitted: admitted}, nil
 	case int64(3):
 		out, _ := vals[1].(string)
 		return Taken{Done: true, Outcome: out}, nil
+	case int64(5):
+		wait, _ := vals[1].(int64)
+		turn, _ := vals[2].(int64)
+		return Taken{RateWait: time.Duration(wait) * time.Microsecond, RateTurn: time.UnixMicro(turn)}, nil
 	case int64(0), int64(4):
 		l.busy.Inc()
 		if join && holds != "" && !b.oneNode() {

@@ -1,5 +1,6 @@
 -- lib: the functions acquire.lua and release.lua share (the fence, the
--- reentrancy hash, the hand-off to the first waiter). It is not a script of
+-- reentrancy hash, the hand-off to the first waiter), and the rate limit's
+-- GCRA that rate.lua and take.lua share. It is not a script of
 -- its own: scripts.go prepends it to each of them, so both run the same code.
 --
 -- The fence is max(counter + 1, floor + 1, the server's TIME in
@@ -296,4 +297,45 @@ local function serve(base, fencekey, owners, q, fencettl, ttl, nexttoken, n, h, 
     keeplimit(base .. ':limit', fencettl)
   end
   return chain or first, v
+end
+
+-- rate is one admission under a rate limit per key, by GCRA on the server's
+-- clock: rate.lua's (Allow, Reserve, WaitAllow), and take.lua's for a task
+-- whose rate is decided with its lock (one admission). ratekey holds
+-- "<TAT> <T> <B>"; turnkey (nil: none) the turn a task took, in µs; late is
+-- how long after its turn a task is still admitted on it (µs); reserve takes
+-- the next turn when over the rate (counted now) instead of counting nothing.
+-- Returns {wait, at, now} as rate.lua's header says.
+local function rate(ratekey, turnkey, interval, burst, late, reserve)
+  local t = time()
+  if turnkey then
+    local turn = redis.call('GET', turnkey)
+    if turn then
+      turn = tonumber(turn)
+      if t < turn then
+        return {turn - t, turn, t}
+      end
+      redis.call('DEL', turnkey)
+      if t - turn <= late then
+        return {0, turn, t}
+      end
+    end
+  end
+  local tat = tonumber(string.match(redis.call('GET', ratekey) or '0', '^%d+')) or 0
+  if tat < t then
+    tat = t
+  end
+  local nextTat = tat + interval
+  local at = nextTat - burst * interval
+  if at > t and not reserve then
+    return {at - t, t, t}
+  end
+  redis.call('SET', ratekey, string.format('%.0f %.0f %d', nextTat, interval, burst), 'PX', math.ceil((nextTat - t) / 1000))
+  if at <= t then
+    return {0, t, t}
+  end
+  if turnkey then
+    redis.call('SET', turnkey, string.format('%.0f', at), 'PX', math.ceil((at - t + late) / 1000) + 1000)
+  end
+  return {at - t, at, t}
 end

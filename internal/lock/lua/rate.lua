@@ -37,39 +37,10 @@
 --           admission that much later would be allowed; with it, the task's
 --           turn is at (now + wait), counted now; with "wait", the caller's
 --   now     the server's time of the decision (TIME)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local reserve = KEYS[2] ~= nil or ARGV[3] == 'wait'
+-- (time and rate: lua/lib.lua, prepended by scripts.go; take.lua decides a
+-- task's rate with its lock through the same function)
+local late = 0
 if KEYS[2] then
-  local turn = redis.call('GET', KEYS[2])
-  if turn then
-    turn = tonumber(turn)
-    if now < turn then
-      return {turn - now, turn, now}
-    end
-    redis.call('DEL', KEYS[2])
-    if now - turn <= tonumber(ARGV[3]) then
-      return {0, turn, now}
-    end
-  end
+  late = tonumber(ARGV[3])
 end
-local tat = tonumber(string.match(redis.call('GET', KEYS[1]) or '0', '^%d+')) or 0
-if tat < now then
-  tat = now
-end
-local nextTat = tat + interval
-local at = nextTat - burst * interval
-if at > now and not reserve then
-  return {at - now, now, now}
-end
-redis.call('SET', KEYS[1], string.format('%.0f %.0f %d', nextTat, interval, burst), 'PX', math.ceil((nextTat - now) / 1000))
-if at <= now then
-  return {0, now, now}
-end
-if not KEYS[2] then
-  return {at - now, at, now}
-end
-redis.call('SET', KEYS[2], string.format('%.0f', at), 'PX', math.ceil((at - now + tonumber(ARGV[3])) / 1000) + 1000)
-return {at - now, at, now}
+return rate(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), late, KEYS[2] ~= nil or ARGV[3] == 'wait')

@@ -16,7 +16,7 @@
 -- ARGV[5]  ttl of the queue in milliseconds, set when a task joins
 -- ARGV[6]  when busy: "q" join the queue, "n" do not wait
 -- KEYS[6]  fence floor       lockstep:fences:{<tag of R's slot>} (lib.lua)
--- KEYS[7]  (optional) the holds set of the taking process (lockstep:holds:<process>):
+-- KEYS[7]  (optional; KEYS[9] with a rate) the holds set of the taking process (lockstep:holds:<process>):
 --          the task's hold record, ARGV[7], replaces its bare record ("\n" ..
 --          ARGV[4], no resource: written as asynq handed the task over) when it
 --          gets the lock, and the bare record is added when it joins the queue to
@@ -28,6 +28,27 @@
 --          queue ({s, token, fence, k, arrival}: server µs, "" for a task
 --          that did not wait), and the
 --          lock's pttl of a busy reply is the shortest of the held permits'
+--
+-- With a rate limit (ARGV[9]): one admission decides the task's rate and its
+-- lock (docs/design.md §3a). The rate is asked only when the lock (or a
+-- permit) would be given to this task now, in this call, so a task that
+-- waits for its lock spends no turn of its rate, and one over its rate takes
+-- no lock:
+-- KEYS[7]  the rate key      prefix{K}:rate (lib.lua's rate; in R's slot on a Cluster)
+-- KEYS[8]  the task's turn   prefix{K}:rate:task:<queue>:<id>
+-- ARGV[9]  the emission interval T = Per/N, µs; ARGV[10] the burst B;
+-- ARGV[11] late: how long after its turn the task is still admitted on it, µs
+-- Admitted (counted now, or on the turn it took before), the replies {1..}
+-- and {2..} carry the admission's time (server µs) at index 6: a lock's are
+-- {s, token, fence, 0, "", at}. Over the rate, the task takes its turn
+-- (counted now, rate.lua's Reserve) and the lock or the permit is granted
+-- to it until then, as a hand-off grants ("g:<member>:<fence>"), for the
+-- wait, the lateness allowed and the ttl: no one takes it meanwhile (the
+-- task was first), and the task, brought back on its turn, takes it over on
+-- that turn. A task granted the lock by a hand-off asks its rate when it
+-- takes the grant over, the same way.
+--   {5, wait, at}       over the rate: its turn is at (server µs), wait µs
+--                       from now; the lock or a permit is granted to it
 --
 -- Returns
 --   {1, token, fence}   acquired afresh (same fence rule as acquire.lua)
@@ -47,16 +68,56 @@
 --                       expires: the delivery that reads it may itself be lost
 --                       (its worker killed before asynq completed the task),
 --                       and the next delivery must read it again.
--- (time, nextfence, retire, own and handoff: lua/lib.lua, prepended by scripts.go)
+-- (time, nextfence, retire, own, handoff and rate: lua/lib.lua, prepended by scripts.go)
 local lock, fencekey, owners, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 floorkey = KEYS[6]
 local token, ttl, fencettl, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local rated = ARGV[9] ~= nil
+local holdskey = KEYS[7]
+if rated then
+  holdskey = KEYS[9]
+end
 
 local function held()
-  if KEYS[7] then
-    redis.call('SADD', KEYS[7], ARGV[7])
-    redis.call('SREM', KEYS[7], '\n' .. me)
+  if holdskey then
+    redis.call('SADD', holdskey, ARGV[7])
+    redis.call('SREM', holdskey, '\n' .. me)
   end
+end
+
+-- admit asks the task's rate, if it has one, now that the lock (or a
+-- permit) would be given to it: true when admitted (admittedat says when,
+-- on the limit's schedule), false when over the rate (overrate is the
+-- reply of lib.lua's rate: the task's turn taken).
+local admittedat, overrate = '', nil
+local function admit()
+  if not rated then
+    return true
+  end
+  local r = rate(KEYS[7], KEYS[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), true)
+  if r[1] == 0 then
+    admittedat = string.format('%.0f', r[2])
+    return true
+  end
+  overrate = r
+  return false
+end
+
+-- keep holds permit pl (fence counter pf) for this task until its rate
+-- turn, and the lateness and ttl after it: granted to it (g, or the grant
+-- it has already), out of the queue.
+local function keep(pl, pf, g)
+  local px = math.ceil((overrate[1] + tonumber(ARGV[11])) / 1000) + tonumber(ttl)
+  if g then
+    redis.call('SET', pl, g, 'PX', px)
+  else
+    redis.call('PEXPIRE', pl, px)
+  end
+  if redis.call('PTTL', pf) < px then
+    redis.call('PEXPIRE', pf, px)
+  end
+  redis.call('ZREM', q, me)
+  return {5, overrate[1], overrate[2]}
 end
 
 local function join()
@@ -70,8 +131,8 @@ local function join()
   if redis.call('PTTL', q) < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', q, ARGV[5])
   end
-  if KEYS[7] then
-    redis.call('SADD', KEYS[7], '\n' .. me)
+  if holdskey then
+    redis.call('SADD', holdskey, '\n' .. me)
   end
   return since, redis.call('ZRANK', q, me)
 end
@@ -92,7 +153,30 @@ local function takepermit(k, status, fresh)
     redis.call('ZREM', q, me)
   end
   held()
+  if rated then
+    return {status, token, fence, k, arrival or '', admittedat}
+  end
   return {status, token, fence, k, arrival or ''}
+end
+
+-- grantself grants the free permit k to this task while it waits for its
+-- rate turn (keep), as serve's hand-off would: with a fresh fence, and on a
+-- limited resource its arrival (in the queue, or now).
+local function grantself(k, limited)
+  local pl, pf = permit(lock, fencekey, owners, k)
+  local g = 'g:' .. me .. ':' .. string.format('%.0f', nextfence(pf, fencettl))
+  if limited then
+    local arrival = tonumber(redis.call('ZSCORE', q, me)) or time()
+    g = g .. '/' .. k .. '/' .. string.format('%.0f', arrival)
+    keeplimit(lock .. ':limit', fencettl)
+  end
+  return keep(pl, pf, g)
+end
+
+-- keepgrant keeps permit k, granted to this task, for it until its rate turn.
+local function keepgrant(k)
+  local pl, pf = permit(lock, fencekey, owners, k)
+  return keep(pl, pf, nil)
 end
 
 local function minpttl(h)
@@ -159,6 +243,9 @@ if limit > 1 or redis.call('EXISTS', lock .. ':limit') == 1 then
   local n, h = declare(lock, limit, fencettl)
   local k, arrival = grantedto(h)
   if k then
+    if not admit() then
+      return keepgrant(k)
+    end
     local r = takepermit(k, 2, false)
     r[5] = arrival or r[5]
     return r
@@ -167,6 +254,9 @@ if limit > 1 or redis.call('EXISTS', lock .. ':limit') == 1 then
   if count < n and free then
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head or head == me then
+      if not admit() then
+        return grantself(free, true)
+      end
       return takepermit(free, 1, true)
     end
     -- Others wait longer (their holders died, so no one handed on): the
@@ -174,11 +264,17 @@ if limit > 1 or redis.call('EXISTS', lock .. ':limit') == 1 then
     local r = serve(lock, fencekey, owners, q, fencettl, ttl, '', n, h, nil)
     k = grantedto(h)
     if k then
+      if not admit() then
+        return keepgrant(k)
+      end
       return takepermit(k, 1, false)
     end
     count, free = holders(lock, n, h)
     head = redis.call('ZRANGE', q, 0, 0)[1]
     if count < n and free and (not head or head == me) then
+      if not admit() then
+        return grantself(free, true)
+      end
       return takepermit(free, 1, true)
     end
     local since, ahead = join()
@@ -195,9 +291,12 @@ local cur = redis.call('GET', lock)
 if cur then
   local granted = 'g:' .. me .. ':'
   if string.sub(cur, 1, #granted) == granted then
+    if not admit() then
+      return keepgrant(0)
+    end
     redis.call('SET', lock, token, 'PX', ttl)
     held()
-    return {2, token, tonumber(redis.call('GET', fencekey))}
+    return {2, token, tonumber(redis.call('GET', fencekey)), 0, '', admittedat}
   end
   local since, ahead = join()
   return {0, redis.call('PTTL', lock), since, ahead}
@@ -210,9 +309,12 @@ if head and head ~= me then
   local h = handoff(lock, fencekey, owners, q, fencettl, ttl, '')
   if h == me then
     -- Every waiter ahead was gone: the grant is this task's own.
+    if not admit() then
+      return keepgrant(0)
+    end
     redis.call('SET', lock, token, 'PX', ttl)
     held()
-    return {1, token, tonumber(redis.call('GET', fencekey))}
+    return {1, token, tonumber(redis.call('GET', fencekey)), 0, '', admittedat}
   elseif h then
     local since, ahead = join()
     if h == true then
@@ -221,10 +323,16 @@ if head and head ~= me then
     return {4, redis.call('PTTL', lock), since, ahead, h}
   end
 end
+if not admit() then
+  return grantself(0, false)
+end
 redis.call('SET', lock, token, 'PX', ttl)
 local fence = nextfence(fencekey, fencettl)
 if head then
   redis.call('ZREM', q, me)
 end
 held()
+if rated then
+  return {1, token, fence, 0, '', admittedat}
+end
 return {1, token, fence}

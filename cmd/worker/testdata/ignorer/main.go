@@ -16,7 +16,9 @@
 // each run's end and fence. Its handler test:rated takes no lock and is
 // rate limited per key (ratedLimit, key "rate:<key>"): it records each
 // run's start (the Redis server's clock, the limit's, as start_us) and
-// works for work_ms. Its handlers test:fair (FairBy, the tenant is key)
+// works for work_ms. Its handler test:ratedlock is test:rated under the
+// lock lock:rated:<key> as well, limited by ratedLockLimit, and records each
+// run's end too (end_us). Its handlers test:fair (FairBy, the tenant is key)
 // and test:fairw (FairByWeighted, the tenant key of weight weight) take no
 // lock: each records its run's tenant, start and end (Unix µs, this
 // process's clock) and works for work_ms.
@@ -101,6 +103,20 @@ func main() {
 			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
 			return nil
 		}).Rate(func(p payload) string { return "rate:" + p.Key }, ratedLimit),
+		worker.Handle("test:ratedlock", func(ctx context.Context, job worker.Job, p payload) error {
+			start, err := rdb.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			time.Sleep(time.Duration(p.WorkMS) * time.Millisecond)
+			end, err := rdb.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			return record(ctx, "test:ratedlock:runs", "task_id", job.ID, "start_us", start.UnixMicro(), "end_us", end.UnixMicro(),
+				"fence", job.Fence, "attempt", job.Attempt)
+		}).Lock(func(p payload) string { return "lock:rated:" + p.Key }, 0).
+			Rate(func(p payload) string { return "rate:" + p.Key }, ratedLockLimit),
 		worker.Handle("test:free", func(ctx context.Context, job worker.Job, p payload) error {
 			if err := record(ctx, "test:free:runs", "task_id", job.ID, "event", "start", "at_ms", time.Now().UnixMilli()); err != nil {
 				return err
@@ -153,6 +169,10 @@ func main() {
 // ratedLimit is test:rated's rate limit per key: one every 200 ms, one at
 // once.
 var ratedLimit = lockstep.RateLimit{N: 5, Per: time.Second, Burst: 1}
+
+// ratedLockLimit is test:ratedlock's rate limit per key: one every 200 ms,
+// three at once.
+var ratedLockLimit = lockstep.RateLimit{N: 5, Per: time.Second, Burst: 3}
 
 // stallAfter is the stall bound of test:stallpay and test:steady.
 const stallAfter = 2 * time.Second
