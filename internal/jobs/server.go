@@ -164,7 +164,7 @@ func NewServer(p Params) *Server {
 	if _, cluster := p.Client.(*redis.ClusterClient); s.recovery != nil && !cluster {
 		// Every task is recorded for a recoverer as asynq hands it over
 		// (recovery.go); on a Cluster the holds set lies in another slot.
-		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.reg.Holds(), func(queue, id string) string { return lock.HoldRecord("", queue, id) })
+		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.reg.Holds(), s.recovery.reg.Process(), func(queue, id string) string { return lock.HoldRecord("", queue, id) })
 		s.recovery.dequeues = true
 	}
 	s.srv = asynq.NewServerFromRedisClient(asynqClient, asynq.Config{
