@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -290,5 +291,9 @@ func TestParkingWorkerKilledTaskComesBack(t *testing.T) {
 	if n := testutil.ToFloat64(e.metrics.JobsRecovered.WithLabelValues("t:parked")); n != 1 {
 		t.Errorf("lockstep_jobs_recovered_total{t:parked} = %v, want 1", n)
 	}
+	// The release that handed the lock on said what it saw: the task was
+	// still active when the grant's TTL passed.
+	e.logs.Wait(t, 0, 5*time.Second, nil, "the hand-off's log of a task still active",
+		proctest.Msg("granted task still active when its grant expired; the next waiter takes the lock", "id", "parked"))
 	t.Logf("back in its queue %v after its worker's death", back.Round(time.Millisecond))
 }
