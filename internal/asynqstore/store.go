@@ -11,7 +11,8 @@
 //   - enqueue: PipelineEnqueues (enqueue.go) lets the scheduler's replicas
 //     pipeline asynq's enqueues with their own script calls;
 //   - dequeue: RecordDequeues (dequeue.go) records each task for the job
-//     server's recovery as asynq hands it over;
+//     server's recovery as asynq hands it over, and notes in the task
+//     which worker took it;
 //   - park: RetryDelay (timing.go) is the delay that keeps a task parked in
 //     asynq's retry set for at least as long as asked;
 //   - wake: Wake brings a parked task back at once;
@@ -206,7 +207,7 @@ func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Ti
 }
 
 // Recover brings the task id of queue back now, to the head of its queue,
-// when it is active in dead process's hands (its worker died running it) or
+// when it is active in the hands of process (dead: it died running it) or
 // claimed by a chain in the retry set, and returns its message; nil when it
 // left the task alone. An active task whose last dequeue (RecordDequeues)
 // was another process's is that process's, and is left alone; one no such
