@@ -182,6 +182,48 @@ func TestContractDequeue(t *testing.T) {
 	}
 }
 
+// dequeue on a Cluster, where the holds set lies in another slot than the
+// queue: RecordDequeues with no holds set only notes the worker in the task
+// (Holds reads it), and asynq runs the task as its own (its Inspector sees
+// it active, then processed).
+func TestContractDequeueOnACluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3).Client()
+	running, release := make(chan string, 1), make(chan struct{})
+	w := asynq.NewServerFromRedisClient(RecordDequeues(c, "", "worker:1", nil), asynq.Config{Concurrency: 1, LogLevel: asynq.FatalLevel})
+	if err := w.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		running <- id
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Shutdown)
+	enq := asynq.NewClientFromRedisClient(c)
+	t.Cleanup(func() { _ = enq.Close() })
+	if _, err := enq.Enqueue(asynq.NewTask("t:rec", nil), asynq.TaskID("on-cluster")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("asynq did not run the task")
+	}
+	insp := asynq.NewInspectorFromRedisClient(c)
+	if info, err := insp.GetTaskInfo("default", "on-cluster"); err != nil || info.State != asynq.TaskStateActive {
+		t.Errorf("on-cluster: %v %v, want active", info, err)
+	}
+	if held, err := New(c).Holds(t.Context(), []Task{{Queue: "default", ID: "on-cluster"}}); err != nil || !held[0].Active || held[0].By != "worker:1" {
+		t.Errorf("Holds %+v %v, want it active, delivered by worker:1", held, err)
+	}
+	close(release)
+	redistest.WaitFor(t, 10*time.Second, "the task processed", func() bool {
+		q, err := insp.GetQueueInfo("default")
+		return err == nil && q.Processed == 1 && q.Active == 0
+	})
+}
+
 // park: a task returned to asynq with RetryDelay(d) waits in the retry set,
 // no failure counted, and asynq delivers it again no earlier than d after.
 func TestContractPark(t *testing.T) {

@@ -211,7 +211,7 @@ func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Ti
 // claimed by a chain in the retry set, and returns its message; nil when it
 // left the task alone. An active task whose last dequeue (RecordDequeues)
 // was another process's is that process's, and is left alone; one no such
-// dequeue delivered (a Cluster's, an older worker's) is not checked so.
+// dequeue delivered (an older worker's) is not checked so.
 // Its retry count is left as it is: a crash is not the task's failure.
 func (s *Store) Recover(ctx context.Context, queue, id, process string) (*TaskMsg, error) {
 	return s.recover(ctx, queue, id, process, "")

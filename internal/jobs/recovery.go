@@ -431,8 +431,9 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 			// its new worker, and a live process's record of a task that
 			// left its hands (kept while asynq has the task active, or a
 			// hand-off's to a task that was still on its way back) holds
-			// nothing back. A task no such dequeue delivered (a Cluster's)
-			// is left alone while a live process has a record of it.
+			// nothing back. A task no such dequeue delivered (an older
+			// worker's) is left alone while a live process has a record of
+			// it.
 			if !s.stillDead(ctx, p) {
 				return
 			}

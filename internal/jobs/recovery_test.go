@@ -152,6 +152,10 @@ func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
 	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
 		return client.SIsMember(ctx, srv.recovery.reg.Holds(), rec).Val()
 	})
+	// asynq's dequeue noted the worker in the task on a Cluster too.
+	if held, err := asynqstore.New(client).Holds(ctx, []asynqstore.Task{{Queue: queue, ID: "kept"}}); err != nil || held[0].By != srv.recovery.reg.Process() {
+		t.Errorf("the running task: %+v %v, want it delivered by %s", held, err, srv.recovery.reg.Process())
+	}
 	// As if the handler had returned: every beat now asks asynq, on the
 	// queue's master, whether it still has the task.
 	srv.recovery.left("slow", queue, "kept")
