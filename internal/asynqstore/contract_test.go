@@ -111,7 +111,7 @@ func TestContractDequeue(t *testing.T) {
 	record := func(queue, id string) string { return "rec:" + queue + ":" + id + ":end" }
 	running := make(chan string, 2)
 	release := make(chan struct{})
-	w := asynq.NewServerFromRedisClient(RecordDequeues(c, holds, record), asynq.Config{Concurrency: 2, LogLevel: asynq.FatalLevel})
+	w := asynq.NewServerFromRedisClient(RecordDequeues(c, holds, "worker:1", record), asynq.Config{Concurrency: 2, LogLevel: asynq.FatalLevel})
 	if err := w.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		running <- id
@@ -152,6 +152,10 @@ func TestContractDequeue(t *testing.T) {
 		if err := c.ZScore(t.Context(), queuePrefix("default")+"lease", id).Err(); err != nil {
 			t.Errorf("%s dequeued without a lease: %v", id, err)
 		}
+		// Whose delivery it is, recorded or not.
+		if held, err := New(c).Holds(t.Context(), []Task{{Queue: "default", ID: id}}); err != nil || held[0].By != "worker:1" {
+			t.Errorf("%s: Holds %+v %v, want it delivered by worker:1", id, held, err)
+		}
 	}
 	close(release)
 	redistest.WaitFor(t, 10*time.Second, "both tasks processed", func() bool {
@@ -168,7 +172,7 @@ func TestContractDequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := queuePrefix("default")
-	err = RecordDequeues(c, holds, record).EvalSha(t.Context(), "asynq's sha", []string{p + "pending", p + "paused", p + "active", p + "lease"},
+	err = RecordDequeues(c, holds, "worker:1", record).EvalSha(t.Context(), "asynq's sha", []string{p + "pending", p + "paused", p + "active", p + "lease"},
 		time.Now().Add(30*time.Second).Unix(), p+"t:").Err()
 	if !errors.Is(err, redis.Nil) {
 		t.Errorf("dequeue from a paused queue: %v, want nothing", err)
@@ -176,6 +180,48 @@ func TestContractDequeue(t *testing.T) {
 	if info, err := insp.GetTaskInfo("default", "paused-1"); err != nil || info.State != asynq.TaskStatePending {
 		t.Errorf("paused-1: %v %v, want pending", info, err)
 	}
+}
+
+// dequeue on a Cluster, where the holds set lies in another slot than the
+// queue: RecordDequeues with no holds set only notes the worker in the task
+// (Holds reads it), and asynq runs the task as its own (its Inspector sees
+// it active, then processed).
+func TestContractDequeueOnACluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3).Client()
+	running, release := make(chan string, 1), make(chan struct{})
+	w := asynq.NewServerFromRedisClient(RecordDequeues(c, "", "worker:1", nil), asynq.Config{Concurrency: 1, LogLevel: asynq.FatalLevel})
+	if err := w.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		running <- id
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Shutdown)
+	enq := asynq.NewClientFromRedisClient(c)
+	t.Cleanup(func() { _ = enq.Close() })
+	if _, err := enq.Enqueue(asynq.NewTask("t:rec", nil), asynq.TaskID("on-cluster")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("asynq did not run the task")
+	}
+	insp := asynq.NewInspectorFromRedisClient(c)
+	if info, err := insp.GetTaskInfo("default", "on-cluster"); err != nil || info.State != asynq.TaskStateActive {
+		t.Errorf("on-cluster: %v %v, want active", info, err)
+	}
+	if held, err := New(c).Holds(t.Context(), []Task{{Queue: "default", ID: "on-cluster"}}); err != nil || !held[0].Active || held[0].By != "worker:1" {
+		t.Errorf("Holds %+v %v, want it active, delivered by worker:1", held, err)
+	}
+	close(release)
+	redistest.WaitFor(t, 10*time.Second, "the task processed", func() bool {
+		q, err := insp.GetQueueInfo("default")
+		return err == nil && q.Processed == 1 && q.Active == 0
+	})
 }
 
 // park: a task returned to asynq with RetryDelay(d) waits in the retry set,
@@ -412,13 +458,15 @@ func TestContractClaimExtendComplete(t *testing.T) {
 
 // recover: a dead worker's active task, and a task claimed by a dead chain,
 // go back to the head of their queue, pending, their retry count as it was;
-// RecoverActive leaves a task in the retry set; any other state is left as
-// it is. asynq then runs the recovered tasks as its own.
+// RecoverActive leaves a task in the retry set; an active task that
+// another worker's dequeue delivered is left to it; any other state is
+// left as it is. asynq then runs the recovered tasks as its own.
 func TestContractRecover(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.active("hold-1") // its handler never returns: a frozen worker
 	w.active("hold-2")
+	w.active("hold-3")
 	w.parked("park-claimed")
 	w.parked("park-1")
 	w.completed("done-1")
@@ -431,23 +479,27 @@ func TestContractRecover(t *testing.T) {
 	for _, c := range []struct {
 		id         string
 		activeOnly bool
+		by         string // the dead worker
 		recovered  bool
 		state      string
 	}{
-		{"hold-1", false, true, "pending retried=0"},
-		{"hold-1", false, false, "pending retried=0"},
-		{"hold-2", true, true, "pending retried=0"},
-		{"park-1", true, false, "retry retried=0"},
-		{"park-claimed", false, true, "pending retried=0"},
-		{"done-1", false, false, "completed retried=0"},
-		{"pending-1", false, false, "pending retried=0"},
-		{"nothing", false, false, "gone"},
+		{"hold-1", false, worldWorker, true, "pending retried=0"},
+		{"hold-1", false, worldWorker, false, "pending retried=0"},
+		{"hold-2", true, worldWorker, true, "pending retried=0"},
+		{"hold-3", true, "other:2", false, "active retried=0"}, // a leftover record of a dead worker
+		{"hold-3", false, "other:2", false, "active retried=0"},
+		{"hold-3", true, "", true, "pending retried=0"}, // not checked
+		{"park-1", true, worldWorker, false, "retry retried=0"},
+		{"park-claimed", false, "other:2", true, "pending retried=0"}, // not active: the claim's
+		{"done-1", false, worldWorker, false, "completed retried=0"},
+		{"pending-1", false, worldWorker, false, "pending retried=0"},
+		{"nothing", false, worldWorker, false, "gone"},
 	} {
 		recover := w.store.Recover
 		if c.activeOnly {
 			recover = w.store.RecoverActive
 		}
-		m, err := recover(ctx, "default", c.id)
+		m, err := recover(ctx, "default", c.id, c.by)
 		switch {
 		case err != nil:
 			t.Errorf("recover %s: %v", c.id, err)
@@ -460,21 +512,21 @@ func TestContractRecover(t *testing.T) {
 			t.Errorf("after recovering %s asynq reports %q, want %q", c.id, s, c.state)
 		}
 	}
-	if q := w.queue(); q.Active != 0 || q.Pending != 4 || q.Retry != 1 {
-		t.Errorf("asynq reports %d active, %d pending and %d retry; want 0, 4 and 1", q.Active, q.Pending, q.Retry)
+	if q := w.queue(); q.Active != 0 || q.Pending != 5 || q.Retry != 1 {
+		t.Errorf("asynq reports %d active, %d pending and %d retry; want 0, 5 and 1", q.Active, q.Pending, q.Retry)
 	}
 	// The Inspector does not show leases: a recovered task's lease left
 	// behind would have asynq's recoverer take the task back as failed.
-	for _, id := range []string{"hold-1", "hold-2"} {
+	for _, id := range []string{"hold-1", "hold-2", "hold-3"} {
 		if err := w.c.ZScore(ctx, queuePrefix("default")+"lease", id).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("%s recovered with its lease left: %v", id, err)
 		}
 	}
 	w.unpause()
 	redistest.WaitFor(t, 10*time.Second, "the recovered tasks run again", func() bool {
-		return w.runs("hold-1") == 2 && w.runs("hold-2") == 2 && w.runs("park-claimed") == 2
+		return w.runs("hold-1") == 2 && w.runs("hold-2") == 2 && w.runs("hold-3") == 2 && w.runs("park-claimed") == 2
 	})
-	for _, id := range []string{"hold-1", "hold-2", "park-claimed", "pending-1"} {
+	for _, id := range []string{"hold-1", "hold-2", "hold-3", "park-claimed", "pending-1"} {
 		w.waitState(id, "gone")
 	}
 }
@@ -519,9 +571,12 @@ func TestContractHolds(t *testing.T) {
 	if ahead := time.Until(got[0].Lease); ahead <= Lease-7*time.Second || ahead > Lease+time.Second {
 		t.Errorf("the running task's lease ends %v from now, want about %v (asynq's, pushed on every 5 s)", ahead, Lease)
 	}
+	if got[0].By != worldWorker {
+		t.Errorf("the running task delivered by %q, want %q (RecordDequeues)", got[0].By, worldWorker)
+	}
 	for i := 1; i < len(ids); i++ {
-		if !got[i].Lease.IsZero() {
-			t.Errorf("%s has a lease (%v); only an active task has one", ids[i], got[i].Lease)
+		if !got[i].Lease.IsZero() || got[i].By != "" {
+			t.Errorf("%s has a lease (%v) or a worker (%q); only an active task has them", ids[i], got[i].Lease, got[i].By)
 		}
 	}
 }
@@ -544,6 +599,10 @@ type world struct {
 
 const parkSoon = 1500 * time.Millisecond
 
+// worldWorker is the process a world's server delivers its tasks as
+// (RecordDequeues).
+const worldWorker = "world:1"
+
 var errParked = errors.New("parked")
 
 func newWorld(t *testing.T) *world {
@@ -551,7 +610,7 @@ func newWorld(t *testing.T) *world {
 	w := &world{t: t, c: c, store: New(c), enq: asynq.NewClientFromRedisClient(c), insp: asynq.NewInspectorFromRedisClient(c),
 		run: map[string][]time.Time{}, parkAt: map[string]time.Time{}}
 	release := make(chan struct{})
-	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
+	srv := asynq.NewServerFromRedisClient(RecordDequeues(c, "world:holds", worldWorker, func(queue, id string) string { return queue + ":" + id }), asynq.Config{
 		Concurrency: 8, LogLevel: asynq.FatalLevel,
 		TaskCheckInterval: 20 * time.Millisecond, DelayedTaskCheckInterval: 50 * time.Millisecond,
 		ShutdownTimeout: time.Second,

@@ -18,20 +18,24 @@ var scriptDequeue = script.New("asynqstore/dequeue.lua", dequeueLua)
 // RecordDequeues returns client for an asynq server of its own whose every
 // dequeue also adds the task's record to the set holds, in the same script
 // (lua/dequeue.lua): record(queue, id) is the record, and the task ids that
-// JSON would not escape are recorded. Everything else goes to client as it
-// is. client must be one Redis (not a Cluster: holds lies in another slot).
+// JSON would not escape are recorded. The dequeue also writes process (the
+// worker's host:pid) into the task: while the task is active it is this
+// delivery's, which Recover and Holds tell from a record of it that another
+// process kept after the task left its hands. Everything else goes to client
+// as it is. On a Cluster, where holds lies in another slot than the queue,
+// holds is "" (and record nil): the dequeue only notes the worker.
 //
 // asynq dequeues with EVALSHA of its own script over the queue's pending,
 // paused, active and lease keys (v0.26.0); a call of that shape runs
 // dequeue.lua instead, which does what asynq's does and records.
-func RecordDequeues(client redis.UniversalClient, holds string, record func(queue, id string) string) redis.UniversalClient {
-	return recordingClient{UniversalClient: client, holds: holds, record: record}
+func RecordDequeues(client redis.UniversalClient, holds, process string, record func(queue, id string) string) redis.UniversalClient {
+	return recordingClient{UniversalClient: client, holds: holds, process: process, record: record}
 }
 
 type recordingClient struct {
 	redis.UniversalClient
-	holds  string
-	record func(queue, id string) string
+	holds, process string
+	record         func(queue, id string) string
 }
 
 func (c recordingClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
@@ -39,16 +43,19 @@ func (c recordingClient) EvalSha(ctx context.Context, sha1 string, keys []string
 	if !ok || len(args) != 2 {
 		return c.UniversalClient.EvalSha(ctx, sha1, keys, args...)
 	}
-	// The record's text around the id: where the records of ids "" and "a"
-	// part.
-	empty, one := c.record(queue, ""), c.record(queue, "a")
-	i := 0
-	for i < len(empty) && empty[i] == one[i] {
-		i++
+	keys, before, after := keys[:4:4], "", ""
+	if c.holds != "" {
+		// The record's text around the id: where the records of ids ""
+		// and "a" part.
+		empty, one := c.record(queue, ""), c.record(queue, "a")
+		i := 0
+		for i < len(empty) && empty[i] == one[i] {
+			i++
+		}
+		keys, before, after = append(keys, c.holds), empty[:i], empty[i:]
 	}
-	before, after := empty[:i], empty[i:]
 	v, err := script.Run(ctx, c.UniversalClient, scriptDequeue, "asynq dequeue",
-		append(keys[:4:4], c.holds), args[0], args[1], before, after)
+		keys, args[0], args[1], before, after, c.process)
 	cmd := redis.NewCmd(ctx)
 	if err != nil {
 		cmd.SetErr(err)

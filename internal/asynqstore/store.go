@@ -11,7 +11,8 @@
 //   - enqueue: PipelineEnqueues (enqueue.go) lets the scheduler's replicas
 //     pipeline asynq's enqueues with their own script calls;
 //   - dequeue: RecordDequeues (dequeue.go) records each task for the job
-//     server's recovery as asynq hands it over;
+//     server's recovery as asynq hands it over, and notes in the task
+//     which worker took it;
 //   - park: RetryDelay (timing.go) is the delay that keeps a task parked in
 //     asynq's retry set for at least as long as asked;
 //   - wake: Wake brings a parked task back at once;
@@ -206,24 +207,27 @@ func (s *Store) ExtendClaim(ctx context.Context, queue, id string, until time.Ti
 }
 
 // Recover brings the task id of queue back now, to the head of its queue,
-// when it is active (its worker died running it) or claimed by a chain in
-// the retry set, and returns its message; nil when it left the task alone.
+// when it is active in the hands of process (dead: it died running it) or
+// claimed by a chain in the retry set, and returns its message; nil when it
+// left the task alone. An active task whose last dequeue (RecordDequeues)
+// was another process's is that process's, and is left alone; one no such
+// dequeue delivered (an older worker's) is not checked so.
 // Its retry count is left as it is: a crash is not the task's failure.
-func (s *Store) Recover(ctx context.Context, queue, id string) (*TaskMsg, error) {
-	return s.recover(ctx, queue, id, "")
+func (s *Store) Recover(ctx context.Context, queue, id, process string) (*TaskMsg, error) {
+	return s.recover(ctx, queue, id, process, "")
 }
 
 // RecoverActive is Recover for a task its dead worker held no lock for: it
 // is brought back only while it is active; in the retry set, asynq has it
 // again.
-func (s *Store) RecoverActive(ctx context.Context, queue, id string) (*TaskMsg, error) {
-	return s.recover(ctx, queue, id, "active")
+func (s *Store) RecoverActive(ctx context.Context, queue, id, process string) (*TaskMsg, error) {
+	return s.recover(ctx, queue, id, process, "active")
 }
 
-func (s *Store) recover(ctx context.Context, queue, id, only string) (*TaskMsg, error) {
+func (s *Store) recover(ctx context.Context, queue, id, process, only string) (*TaskMsg, error) {
 	p := queuePrefix(queue)
 	v, err := script.Run(ctx, s.client, scriptRecover, "asynq recover",
-		[]string{p + "t:" + id, p + "active", p + "lease", p + "retry", p + "pending"}, id, time.Now().UnixNano(), only)
+		[]string{p + "t:" + id, p + "active", p + "lease", p + "retry", p + "pending"}, id, time.Now().UnixNano(), only, process)
 	m, ok := v.(string)
 	if err != nil || !ok {
 		return nil, err
@@ -249,16 +253,19 @@ type Held struct {
 	// ahead than that from when the task left a worker's hands is another
 	// delivery's.
 	Lease time.Time
+	// By: the process whose dequeue (RecordDequeues) delivered an active
+	// task; "" when none such did.
+	By string
 }
 
 // Holds reports, for each task, what asynq still does with it (its task
 // hash's state and its lease). One round trip.
 func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
-	cmds := make([]*redis.StringCmd, len(tasks))
+	cmds := make([]*redis.SliceCmd, len(tasks))
 	leases := make([]*redis.FloatCmd, len(tasks))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tasks {
-			cmds[i] = p.HGet(ctx, queuePrefix(t.Queue)+"t:"+t.ID, "state")
+			cmds[i] = p.HMGet(ctx, queuePrefix(t.Queue)+"t:"+t.ID, "state", workerField)
 			leases[i] = p.ZScore(ctx, queuePrefix(t.Queue)+"lease", t.ID)
 		}
 		return nil
@@ -268,9 +275,14 @@ func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
 	}
 	out := make([]Held, len(tasks))
 	for i, c := range cmds {
-		switch c.Val() {
+		var state, by string
+		if v := c.Val(); len(v) == 2 {
+			state, _ = v[0].(string)
+			by, _ = v[1].(string)
+		}
+		switch state {
 		case "active":
-			out[i] = Held{Active: true, Deliverable: true}
+			out[i] = Held{Active: true, Deliverable: true, By: by}
 			if sec, err := leases[i].Result(); err == nil {
 				out[i].Lease = time.Unix(int64(sec), 0)
 			}
@@ -280,6 +292,11 @@ func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
 	}
 	return out, nil
 }
+
+// workerField is the task hash's field in which a dequeue through
+// RecordDequeues writes the worker's process (lua/dequeue.lua): asynq reads
+// only the fields it knows, and deletes the field with the task.
+const workerField = "lockstep_worker"
 
 // completedAtField is TaskMessage's completed_at (asynq's internal/proto).
 const completedAtField = 13

@@ -339,7 +339,8 @@ func (s *Server) deliver(ctx context.Context, g *lock.TaskGrant) {
 
 // wakeOnceParked wakes task id of queue again, paced by parking, while it is
 // still active (on its way to the retry set after its handler returned), for
-// at most within. It reports whether the task was still active then.
+// at most within. It reports whether the task was still active then (its
+// worker died in the moment of parking it: a recoverer brings it back).
 func (s *Server) wakeOnceParked(ctx context.Context, queue, id string, within time.Duration) bool {
 	return s.wakeParked(ctx, queue, id, within, s.store.Wake)
 }
@@ -350,14 +351,15 @@ func (s *Server) wakeParked(ctx context.Context, queue, id string, within time.D
 	wctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	var wait time.Duration
-	for wctx.Err() == nil {
+	for {
 		wait = parking.Next(wait)
-		backoff.Sleep(wctx, wait)
+		if !backoff.Sleep(wctx, wait) {
+			return ctx.Err() == nil // within passed with the task still active
+		}
 		if w, err := wake(wctx, queue, id); err != nil || w != asynqstore.WokenActive {
-			return false
+			return err != nil && wctx.Err() != nil && ctx.Err() == nil // the last look ran out of time
 		}
 	}
-	return true
 }
 
 // runChained runs a claimed task under its granted lock. It returns the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/backoff"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -44,6 +46,7 @@ type env struct {
 	srv     *Server
 	enq     *asynq.Client
 	insp    *asynq.Inspector
+	logs    proctest.Log // every server's JSON log (Info and above)
 }
 
 func newEnv(t *testing.T, cfg Config, specs ...Spec) *env {
@@ -114,7 +117,8 @@ func (e *env) startServer(c *redis.Client, l *lock.Locker, cfg Config, specs []S
 		e.t.Fatal(err)
 	}
 	wd := watchdog.New(watchdog.Options{Metrics: e.metrics, Notifier: watchdog.Tracking(c, l.KeyPrefix(), nil)})
-	srv := NewServer(Params{Client: c, Locker: l, Watchdog: wd, Registry: reg, Metrics: e.metrics, Config: cfg})
+	srv := NewServer(Params{Client: c, Locker: l, Watchdog: wd, Registry: reg, Metrics: e.metrics, Config: cfg,
+		Logger: slog.New(slog.NewJSONHandler(&e.logs, nil))})
 	if err := wd.Start(context.Background()); err != nil {
 		e.t.Fatal(err)
 	}

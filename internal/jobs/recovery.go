@@ -338,12 +338,14 @@ func (s *Server) settled(ctx context.Context, aged map[string]struct{}, markers 
 	now := time.Now()
 	for i, k := range keys {
 		// A record's task that asynq delivered again since it left here
-		// (its lease set further ahead than this delivery's could be) is
-		// another process's now: kept here, it would keep a recoverer from
-		// bringing it back from that process, should it die.
+		// (to another process, as its dequeue wrote; or, where dequeues
+		// do not say, its lease set further ahead than this delivery's
+		// could be) is another process's now: kept here, it would hold
+		// on to a task that is not this process's.
 		left, known := r.leftAt[k]
-		redelivered := i < records && known && held != nil && held[i].Active && !held[i].Lease.IsZero() &&
-			held[i].Lease.After(left.Add(asynqstore.Lease+2*time.Second))
+		redelivered := i < records && held != nil && held[i].Active &&
+			(held[i].By != "" && held[i].By != r.reg.Process() ||
+				known && !held[i].Lease.IsZero() && held[i].Lease.After(left.Add(asynqstore.Lease+2*time.Second)))
 		if err == nil && (i < records && !held[i].Active || i >= records && !held[i].Deliverable) || redelivered {
 			delete(r.kept, k)
 			delete(r.leftAt, k)
@@ -422,18 +424,32 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		}
 		if resource == "" {
 			// A task p held without a lock: back as soon as p is judged
-			// dead, if it is still active and no live process holds it (a
-			// parked task asynq took back and delivered again meanwhile).
+			// dead, if it is still active in p's hands: the last dequeue
+			// of it was p's (asynqstore.RecordDequeues writes that into
+			// the task, and RecoverActive checks it in the same step). A
+			// parked task that asynq delivered again meanwhile is left to
+			// its new worker, and a live process's record of a task that
+			// left its hands (kept while asynq has the task active, or a
+			// hand-off's to a task that was still on its way back) holds
+			// nothing back. A task no such dequeue delivered (an older
+			// worker's) is left alone while a live process has a record of
+			// it.
 			if !s.stillDead(ctx, p) {
 				return
+			}
+			held, err := s.store.Holds(ctx, []asynqstore.Task{{Queue: queue, ID: id}})
+			if err != nil {
+				continue // the record stays for the next look
 			}
 			if won, err := reg.Claim(ctx, p, rec); err != nil || !won {
 				continue
 			}
-			if live, err := s.heldByLive(ctx, queue, id); err != nil || live {
-				continue
+			if held[0].By == "" {
+				if live, err := s.heldByLive(ctx, queue, id); err != nil || live {
+					continue
+				}
 			}
-			m, err := s.store.RecoverActive(ctx, queue, id)
+			m, err := s.store.RecoverActive(ctx, queue, id, p)
 			s.recovered(m, err, id, "", p)
 			continue
 		}
@@ -452,7 +468,7 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 		// TTL + 3 s (G7), not behind them. (A back end whose queue is not
 		// in Redis has no Front: the task takes its turn as it comes.)
 		_, ferr := s.locker.Front(ctx, resource, queue, id, s.waitersTTL())
-		m, err := s.store.Recover(ctx, queue, id)
+		m, err := s.store.Recover(ctx, queue, id, p)
 		if ferr == nil && (err != nil || m == nil) {
 			_ = s.locker.Unfront(ctx, resource, queue, id)
 		}
@@ -466,7 +482,8 @@ func (s *Server) recoverProcess(ctx context.Context, p string) {
 }
 
 // heldByLive reports whether a live process (its beat not overdue) has a
-// record of the task id of queue: it runs or waits there.
+// record of the task id of queue: it may run or wait there. For a task
+// whose dequeue did not say whose it is (asynqstore.Held.By).
 func (s *Server) heldByLive(ctx context.Context, queue, id string) (bool, error) {
 	live, err := s.recovery.reg.Live(ctx, time.Now())
 	if err != nil {

@@ -8,9 +8,12 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lock"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -149,6 +152,10 @@ func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
 	waitFor(t, 10*time.Second, "the running task's hold record", func() bool {
 		return client.SIsMember(ctx, srv.recovery.reg.Holds(), rec).Val()
 	})
+	// asynq's dequeue noted the worker in the task on a Cluster too.
+	if held, err := asynqstore.New(client).Holds(ctx, []asynqstore.Task{{Queue: queue, ID: "kept"}}); err != nil || held[0].By != srv.recovery.reg.Process() {
+		t.Errorf("the running task: %+v %v, want it delivered by %s", held, err, srv.recovery.reg.Process())
+	}
 	// As if the handler had returned: every beat now asks asynq, on the
 	// queue's master, whether it still has the task.
 	srv.recovery.left("slow", queue, "kept")
@@ -181,4 +188,116 @@ func TestBeatLandsWhileAnotherMasterIsPaused(t *testing.T) {
 	if seen < 3 {
 		t.Fatalf("%d beats landed in 5s while the queue's master was paused, want 3 (one each %v)", seen, srv.beatInterval())
 	}
+}
+
+// A worker killed in the moment of parking a task: asynq handed it the task
+// (its dequeue recorded it), its take found the lock busy and put the task
+// among the waiters, and it died before asynq had the task back in its
+// retry set. The holder's release meanwhile handed the lock on to that task
+// and, finding it still active, left it to asynq (chain.go's deliver), with
+// a record of it. Such a record holds nothing back: the releasing worker
+// drops it at its beats although asynq has the task active (another
+// worker's dequeue made it so), and a live process's record of it (here
+// one that parked it earlier and kept its record) does not keep a
+// recoverer from bringing it back. It is back within TTL + 3 s of the
+// death, not by asynq's lease (which the worker's own asynq server, frozen
+// here rather than killed, would even keep extending).
+func TestParkingWorkerKilledTaskComesBack(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	cfg := testConfig()
+	e := newEnv(t, cfg, lockedSpec("t:hold", "parking", func(ctx context.Context, job Job) error {
+		<-release
+		return nil
+	}))
+	ctx := context.Background()
+	e.enqueueID("t:hold", "holder")
+	e.waitState("holder", asynq.TaskStateActive, 10*time.Second)
+	waitFor(t, 10*time.Second, "the holder's lock", func() bool {
+		return e.admin.Exists(ctx, "lockstep:{parking}").Val() == 1
+	})
+
+	// The worker that dies: its own process id, beats and asynq server, on
+	// queue "dying" (the live one serves "default" only). Its handler does
+	// what a job server's does up to the parking, then never returns.
+	const dead, queue = "dying:1", "dying"
+	reg := e.locker.Registry(e.client, dead)
+	if err := reg.Beat(ctx, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	parked, frozen := make(chan string, 1), make(chan struct{})
+	c := e.redis.Client()
+	w := asynq.NewServerFromRedisClient(asynqstore.RecordDequeues(c, reg.Holds(), dead, func(queue, id string) string { return lock.HoldRecord("", queue, id) }),
+		asynq.Config{Concurrency: 1, Queues: map[string]int{queue: 1}, LogLevel: asynq.FatalLevel, TaskCheckInterval: 20 * time.Millisecond})
+	if err := w.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		r, err := e.locker.Take(ctx, "parking", queue, id, cfg.LockTTL, time.Minute, true, reg.Holds(), 1, nil)
+		if err != nil || r.Lease != nil || r.Joined.IsZero() {
+			parked <- fmt.Sprintf("take: %+v %v, want busy and joined", r, err)
+		} else {
+			parked <- ""
+		}
+		<-frozen
+		return errors.New("parked")
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Shutdown(); _ = c.Close() })
+	t.Cleanup(func() { close(frozen) })
+	e.enqueueID("t:parked", "parked", asynq.Queue(queue))
+	select {
+	case msg := <-parked:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dying worker did not take its task")
+	}
+
+	// The holder ends: its release hands the lock on to the parked task,
+	// which the live worker finds still active and leaves to asynq, with a
+	// record of it.
+	close(release)
+	rec := lock.HoldRecord("parking", queue, "parked")
+	waitFor(t, 10*time.Second, "the live worker's record of the task handed on", func() bool {
+		return e.admin.SIsMember(ctx, e.srv.recovery.reg.Holds(), rec).Val()
+	})
+	// Gone within a few beats (one each 100 ms), before asynq's heartbeat
+	// of the frozen worker (5 s after its start) pushed the task's lease on.
+	waitFor(t, 3*time.Second, "the record of the task handed on gone while the task is active", func() bool {
+		return !e.admin.SIsMember(ctx, e.srv.recovery.reg.Holds(), rec).Val()
+	})
+	if info, err := e.insp.GetTaskInfo(queue, "parked"); err != nil || info.State != asynq.TaskStateActive {
+		t.Fatalf("the task is %v (%v), want still active in the dying worker's hands", info, err)
+	}
+	// A live process that had the task before and kept its record.
+	other := e.locker.Registry(e.client, "alive:2")
+	if err := other.Beat(ctx, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Record(ctx, lock.HoldRecord("", queue, "parked")); err != nil {
+		t.Fatal(err)
+	}
+	// The worker dies now: its beat is over.
+	died := time.Now()
+	if err := reg.Beat(ctx, died); err != nil {
+		t.Fatal(err)
+	}
+	var back time.Duration
+	waitFor(t, 15*time.Second, "the dead worker's task back in its queue", func() bool {
+		info, err := e.insp.GetTaskInfo(queue, "parked")
+		back = time.Since(died)
+		return err == nil && info.State == asynq.TaskStatePending
+	})
+	if bound := cfg.LockTTL + 3*time.Second; back > bound {
+		t.Errorf("the dead worker's task came back %v after its death, want within %v", back, bound)
+	}
+	if n := testutil.ToFloat64(e.metrics.JobsRecovered.WithLabelValues("t:parked")); n != 1 {
+		t.Errorf("lockstep_jobs_recovered_total{t:parked} = %v, want 1", n)
+	}
+	// The release that handed the lock on said what it saw: the task was
+	// still active when the grant's TTL passed.
+	e.logs.Wait(t, 0, 5*time.Second, nil, "the hand-off's log of a task still active",
+		proctest.Msg("granted task still active when its grant expired; the next waiter takes the lock", "id", "parked"))
+	t.Logf("back in its queue %v after its worker's death", back.Round(time.Millisecond))
 }

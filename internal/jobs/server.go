@@ -166,9 +166,13 @@ func NewServer(p Params) *Server {
 	asynqClient := p.Client
 	if _, cluster := p.Client.(*redis.ClusterClient); s.recovery != nil && !cluster {
 		// Every task is recorded for a recoverer as asynq hands it over
-		// (recovery.go); on a Cluster the holds set lies in another slot.
-		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.reg.Holds(), func(queue, id string) string { return lock.HoldRecord("", queue, id) })
+		// (recovery.go), and its worker noted in it.
+		asynqClient = asynqstore.RecordDequeues(p.Client, s.recovery.reg.Holds(), s.recovery.reg.Process(), func(queue, id string) string { return lock.HoldRecord("", queue, id) })
 		s.recovery.dequeues = true
+	} else if s.recovery != nil {
+		// On a Cluster the holds set lies in another slot: the dequeue
+		// only notes the worker in the task.
+		asynqClient = asynqstore.RecordDequeues(p.Client, "", s.recovery.reg.Process(), nil)
 	}
 	s.srv = asynq.NewServerFromRedisClient(asynqClient, asynq.Config{
 		Concurrency:              c.Concurrency,

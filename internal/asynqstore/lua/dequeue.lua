@@ -10,11 +10,15 @@
 -- KEYS[2]  paused key     asynq:{<queue>}:paused
 -- KEYS[3]  active list    asynq:{<queue>}:active
 -- KEYS[4]  lease zset     asynq:{<queue>}:lease
--- KEYS[5]  holds set of this worker's process
+-- KEYS[5]  holds set of this worker's process; none on a Cluster (another
+--          slot): the task is then not recorded here, only its worker noted
 -- ARGV[1]  the lease's expiry, Unix seconds
 -- ARGV[2]  the task hash's key prefix, asynq:{<queue>}:t:
 -- ARGV[3]  the record's text before the task id
 -- ARGV[4]  the record's text after the task id
+-- ARGV[5]  the worker's process (host:pid), kept in the task hash's field
+--          lockstep_worker: whose delivery the task is while it is active
+--          (recover.lua, Holds), since only a dequeue makes a task active
 --
 -- Returns the task's encoded message, or nil when the queue is paused or
 -- empty. A task id that JSON would escape is not recorded (the record names
@@ -27,10 +31,10 @@ if not id then
   return nil
 end
 local key = ARGV[2] .. id
-redis.call('HSET', key, 'state', 'active')
+redis.call('HSET', key, 'state', 'active', 'lockstep_worker', ARGV[5])
 redis.call('HDEL', key, 'pending_since')
 redis.call('ZADD', KEYS[4], ARGV[1], id)
-if not string.find(id, '[%c"\\<>&\128-\255]') then
+if KEYS[5] and not string.find(id, '[%c"\\<>&\128-\255]') then
   redis.call('SADD', KEYS[5], ARGV[3] .. id .. ARGV[4])
 end
 return redis.call('HGET', key, 'msg')

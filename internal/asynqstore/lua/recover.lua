@@ -6,6 +6,9 @@
 -- state (completed, archived, pending, scheduled, gone) is left alone, and
 -- so is a task in the retry set when ARGV[3] is "active" (a task its dead
 -- worker held no lock for: in the retry set, asynq has it again).
+-- An active task that a later dequeue delivered to another worker than the
+-- dead one (the task hash's lockstep_worker, dequeue.lua) is that worker's
+-- and is left alone too: the dead worker's record of it was a leftover.
 --
 -- This follows asynq v0.26's layout (internal/rdb): the task hash's state,
 -- the active list, the lease and retry zsets and the pending list, all under
@@ -19,10 +22,16 @@
 -- ARGV[1]  task id
 -- ARGV[2]  now, Unix nanoseconds (pending_since)
 -- ARGV[3]  "active": recover an active task only
+-- ARGV[4]  the dead worker's process (host:pid); an active task stamped by
+--          another process's dequeue is left alone ("" or no stamp: not checked)
 --
 -- Returns the task's encoded message when recovered, 0 when left alone.
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'active' then
+  local by = redis.call('HGET', KEYS[1], 'lockstep_worker')
+  if by and ARGV[4] ~= '' and by ~= ARGV[4] then
+    return 0
+  end
   if redis.call('LREM', KEYS[2], 0, ARGV[1]) == 0 then
     return 0
   end
