@@ -296,7 +296,7 @@ func (s *Store) Holds(ctx context.Context, tasks []Task) ([]Held, error) {
 // workerField is the task hash's field in which a dequeue through
 // RecordDequeues writes the worker's process (lua/dequeue.lua): asynq reads
 // only the fields it knows, and deletes the field with the task.
-const workerField = "lockstep_worker"
+const workerField = "lockstep:worker"
 
 // completedAtField is TaskMessage's completed_at (asynq's internal/proto).
 const completedAtField = 13

@@ -17,7 +17,7 @@
 -- ARGV[3]  the record's text before the task id
 -- ARGV[4]  the record's text after the task id
 -- ARGV[5]  the worker's process (host:pid), kept in the task hash's field
---          lockstep_worker: whose delivery the task is while it is active
+--          lockstep:worker: whose delivery the task is while it is active
 --          (recover.lua, Holds), since only a dequeue makes a task active
 --
 -- Returns the task's encoded message, or nil when the queue is paused or
@@ -31,7 +31,7 @@ if not id then
   return nil
 end
 local key = ARGV[2] .. id
-redis.call('HSET', key, 'state', 'active', 'lockstep_worker', ARGV[5])
+redis.call('HSET', key, 'state', 'active', 'lockstep:worker', ARGV[5])
 redis.call('HDEL', key, 'pending_since')
 redis.call('ZADD', KEYS[4], ARGV[1], id)
 if KEYS[5] and not string.find(id, '[%c"\\<>&\128-\255]') then

@@ -7,7 +7,7 @@
 -- so is a task in the retry set when ARGV[3] is "active" (a task its dead
 -- worker held no lock for: in the retry set, asynq has it again).
 -- An active task that a later dequeue delivered to another worker than the
--- dead one (the task hash's lockstep_worker, dequeue.lua) is that worker's
+-- dead one (the task hash's lockstep:worker, dequeue.lua) is that worker's
 -- and is left alone too: the dead worker's record of it was a leftover.
 --
 -- This follows asynq v0.26's layout (internal/rdb): the task hash's state,
@@ -28,7 +28,7 @@
 -- Returns the task's encoded message when recovered, 0 when left alone.
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'active' then
-  local by = redis.call('HGET', KEYS[1], 'lockstep_worker')
+  local by = redis.call('HGET', KEYS[1], 'lockstep:worker')
   if by and ARGV[4] ~= '' and by ~= ARGV[4] then
     return 0
   end
