@@ -180,7 +180,20 @@ func TestLocksAndUnlockOnRedlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes[0].Del(bg, l.Key("lock:order:2"))
+	// TryAcquire returns once a majority holds it: the third node's write
+	// may still be on its way. Deleted before it lands, the key would come
+	// back.
+	redistest.WaitFor(t, 5*time.Second, "lock:order:2 on every node", func() bool {
+		for _, n := range nodes {
+			if n.Exists(bg, l.Key("lock:order:2")).Val() != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := nodes[0].Del(bg, l.Key("lock:order:2")).Err(); err != nil {
+		t.Fatal(err)
+	}
 	ls = locksJSON(t, env)
 	if len(ls) != 2 || ls[1].Resource != "lock:order:2" || !slices.Equal(ls[1].Nodes, addrs[1:]) || ls[1].Fence != other.Fence() {
 		t.Fatalf("lock held on 2 of 3 nodes: %+v, want lock:order:2 on %v", ls, addrs[1:])
