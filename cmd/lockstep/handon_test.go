@@ -46,14 +46,25 @@ func TestUnlockForceHandsOnToTheFirstWaiter(t *testing.T) {
 				case <-release:
 					return nil
 				}
-			})
+			}, lockstep.Wait(10*time.Second)) // the task before may still be releasing it
 		}()
 		return f, d
+	}
+	// fenceOf is the fence of a hold, or the test's end if it got none.
+	fenceOf := func(t *testing.T, fence <-chan int64, done <-chan error) int64 {
+		t.Helper()
+		select {
+		case f := <-fence:
+			return f
+		case err := <-done:
+			t.Fatalf("the holder did not get the lock: %v", err)
+		}
+		return 0
 	}
 
 	t.Run("WithLock", func(t *testing.T) {
 		fence, done := hold("report:forced", nil)
-		broken := <-fence
+		broken := fenceOf(t, fence, done)
 		type got struct {
 			at    time.Time
 			fence int64
@@ -103,7 +114,7 @@ func TestUnlockForceHandsOnToTheFirstWaiter(t *testing.T) {
 		// until the task is parked in its queue; it returns the holder.
 		park := func(id string, workMS int, release <-chan struct{}) (int64, <-chan error) {
 			fence, done := hold(resource, release)
-			f := <-fence
+			f := fenceOf(t, fence, done)
 			c.enqueueDemo(t, id, "forced", workMS)
 			waitFor(t, 10*time.Second, id+" parked behind the holder", func() bool {
 				ws := waitersOf(t, srv.Addr, resource)
