@@ -56,7 +56,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'MemoryHandOff' -benchtime 200000x -timeout 30m ./internal/jobs
 	$(GO) test -run '^$$' -bench 'MemoryParked' -benchtime 100000x ./internal/jobs
 	$(GO) test -run '^$$' -bench 'LossNotice' -benchtime 1x ./internal/watchdog
-	$(GO) test -run '^$$' -bench 'Backends' -benchtime 2s ./internal/lock
+	$(GO) test -run '^$$' -bench 'Backends/(cycle|handoff|renew1000)/' -benchtime 2s ./internal/lock
+	$(GO) test -run '^$$' -bench 'Backends/limited/' -benchtime 12s ./internal/lock
 	$(GO) test -run '^$$' -bench 'FencedWrite' -benchtime 2s ./fence
 	$(GO) test -run '^$$' -bench 'QueuedWrite' -benchtime 2s ./fence/pgxfence
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 25000x ./internal/jobs

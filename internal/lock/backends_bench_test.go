@@ -44,7 +44,8 @@ import (
 //
 //   - renew1000: one RenewAll of 1,000 held locks per op.
 //
-//     go test -run '^$' -bench Backends -benchtime 2s ./internal/lock
+//     go test -run '^$' -bench 'Backends/(cycle|handoff|renew1000)/' -benchtime 2s ./internal/lock
+//     go test -run '^$' -bench 'Backends/limited/' -benchtime 12s ./internal/lock (limited: about 40 permits per goroutine on etcd, so that the spread is not coarse)
 func BenchmarkBackends(b *testing.B) {
 	type backend struct {
 		name   string
