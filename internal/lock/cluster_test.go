@@ -144,10 +144,12 @@ func TestClusterWatchdogBatchesRenewalsPerNode(t *testing.T) {
 	rec.reset()
 	before := renewed(m)
 	const rounds = 4
-	// Bounded with room for a loaded machine: what is asserted is the round
-	// trips per round, and that no lease was lost meanwhile.
-	eventually(t, (rounds+2)*ttl/3+5*time.Second, fmt.Sprintf("%d rounds", rounds), func() bool {
-		return renewed(m)-before >= rounds*n
+	// What is asserted is the round trips per round, and that no lease was
+	// lost meanwhile, not how soon the rounds come: the wait is long (a make
+	// test beside a CPU hog took over 15 s for these four), and a lost
+	// lease ends it at once, to be reported below.
+	eventually(t, time.Minute, fmt.Sprintf("%d rounds", rounds), func() bool {
+		return renewed(m)-before >= rounds*n || lost.Load() != 0
 	})
 	trips, evals := rec.snapshot()
 	if lost.Load() != 0 {
