@@ -170,8 +170,8 @@ func (s *Server) swapBare(ctx context.Context, job Job, resource string) {
 }
 
 // dropBare removes now the bare record asynq's dequeue wrote for a task
-// that is not recovered: a schedule's run under an overlap policy
-// (holdsFor).
+// that is not recovered from here on: a schedule's run under an overlap
+// policy once it has its run lock (holdsFor).
 func (s *Server) dropBare(ctx context.Context, job Job) {
 	_ = s.recovery.reg.Drop(context.WithoutCancel(ctx), lock.HoldRecord("", job.Queue, job.ID))
 }

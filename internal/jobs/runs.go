@@ -26,6 +26,12 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 	ctx = lock.WithJob(ctx, job.ID, job.Type)
 	ctx = context.WithValue(ctx, inRunKey{}, true)
 	run, err := overlap.Begin(ctx, s.client, l, k, job.ID, s.cfg.LockTTL)
+	if s.recovery != nil && s.recovery.dequeues {
+		// Until now (waiting for the run lock) a dead worker's run was
+		// brought back by a recoverer: it had not begun. From here it is
+		// not (holdsFor): it ends with its run lock, and the next tick runs.
+		s.dropBare(ctx, job)
+	}
 	switch {
 	case errors.Is(err, overlap.ErrEnded):
 		s.metrics.JobsProcessed.WithLabelValues(job.Type, ResultSkipped).Inc()

@@ -324,10 +324,12 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}
 	if s.recovery != nil && s.recovery.dequeues {
 		// asynq's dequeue wrote the task's bare record (recovery.go).
-		job := jobOf(ctx, t.Type())
-		if t.Headers()[overlap.HeaderSchedule] != "" {
-			s.dropBare(ctx, job) // a run is not recovered (holdsFor)
-		} else {
+		// A schedule's run keeps it while it waits for its run lock
+		// (processRun drops it once the lock is taken): a run that never
+		// began is brought back if its worker dies; one that began is not
+		// recovered (holdsFor).
+		if t.Headers()[overlap.HeaderSchedule] == "" {
+			job := jobOf(ctx, t.Type())
 			s.recovery.back("", job.Queue, job.ID)
 			defer s.recovery.left("", job.Queue, job.ID)
 		}
