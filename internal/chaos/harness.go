@@ -164,6 +164,20 @@ type run struct {
 	current atomic.Value // string: the fault under way
 }
 
+// option returns v, or def when v is empty; anything but def and other fails
+// the run.
+func option(tb testing.TB, what, v, def, other string) string {
+	tb.Helper()
+	switch v {
+	case "", def:
+		return def
+	case other:
+		return other
+	}
+	tb.Fatalf("chaos: %s %q: want %s or %s", what, v, def, other)
+	return ""
+}
+
 // Run runs the binaries under cfg's fault schedule, then checks the history.
 // It returns the report and the history it was made from; every process it
 // started is gone when it returns.
@@ -172,27 +186,9 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	if cfg.Duration < 30*time.Second {
 		tb.Fatalf("chaos: duration %v is too short (at least 30s)", cfg.Duration)
 	}
-	switch cfg.Lock {
-	case "", "redis":
-		cfg.Lock = "redis"
-	case "etcd":
-	default:
-		tb.Fatalf("chaos: lock back end %q: want redis or etcd", cfg.Lock)
-	}
-	switch cfg.Store {
-	case "", "redis":
-		cfg.Store = "redis"
-	case "postgres":
-	default:
-		tb.Fatalf("chaos: demo store %q: want redis or postgres", cfg.Store)
-	}
-	switch cfg.Redis {
-	case "", "single":
-		cfg.Redis = "single"
-	case "cluster":
-	default:
-		tb.Fatalf("chaos: redis %q: want single or cluster", cfg.Redis)
-	}
+	cfg.Lock = option(tb, "lock back end", cfg.Lock, "redis", "etcd")
+	cfg.Store = option(tb, "demo store", cfg.Store, "redis", "postgres")
+	cfg.Redis = option(tb, "redis", cfg.Redis, "single", "cluster")
 	known := AllFaults
 	if cfg.Redis == "cluster" {
 		known = slices.Concat(slices.DeleteFunc(slices.Clone(AllFaults), func(k string) bool {

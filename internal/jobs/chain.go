@@ -144,8 +144,7 @@ func (s *Server) followChain(ctx context.Context, g *lock.TaskGrant, from trace.
 		s.mu.Lock()
 		giveUp := s.giveUp
 		s.mu.Unlock()
-		stop := time.AfterFunc(time.Until(giveUp), cancel)
-		go func() { <-done; stop.Stop() }()
+		time.AfterFunc(time.Until(giveUp), cancel) // a no-op once the chain has ended (it cancels on its way out)
 		s.log.Info("worker stopping: the delivered task's result goes to asynq; its slot's handed-on task runs on within the grace",
 			"resource", g.Resource, "next", g.ID)
 	}

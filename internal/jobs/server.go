@@ -372,7 +372,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	var rate *lock.TaskRate // decided with the lock (one admission), else asked first
 	if spec.Rate != nil {
 		if rate = s.taskRate(spec, job, payload, ctx.Value(inRunKey{}) != nil); rate != nil {
-			job.turn = rate.Rate.Per / time.Duration(rate.Rate.N)
+			job.turn = rate.Rate.Interval()
 		}
 	}
 	if spec.Rate != nil && rate == nil {

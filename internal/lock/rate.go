@@ -42,6 +42,10 @@ func (r Rate) interval() int64 {
 	return max((us+999)/1000, 1)
 }
 
+// Interval is the emission interval: the time between two admissions at the
+// rate, once its burst is spent.
+func (r Rate) Interval() time.Duration { return time.Duration(r.interval()) * time.Microsecond }
+
 func (r Rate) burst() int {
 	if r.Burst == 0 {
 		return r.N
