@@ -10,7 +10,8 @@ import (
 )
 
 // batcher folds concurrent calls of one multi-item script (acquire.lua,
-// release.lua: each takes any number of locks, in groups of keys and values)
+// release.lua, rate.lua: each takes any number of locks or admissions, in
+// groups of keys and values)
 // into one call per round trip, the way renewals are batched. A caller that
 // finds no call in flight sends its own at once, so a lone caller pays
 // nothing; callers that arrive while one is in flight queue up, and the first

@@ -108,8 +108,8 @@ func (l *Locker) WaitAllow(ctx context.Context, key string, r Rate) (at time.Tim
 	}
 }
 
-// rate runs lua/rate.lua for key under r: with task, as Reserve; op "wait"
-// as WaitAllow.
+// rate runs lua/rate.lua for key under r, op "allow", "reserve" (with task)
+// or "wait"; on one server, concurrent admissions share a call (batch.go).
 func (l *Locker) rate(ctx context.Context, op, key string, r Rate, task string, late time.Duration) (time.Duration, time.Time, error) {
 	if err := r.Check(); err != nil {
 		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w", op, key, err)
@@ -119,14 +119,11 @@ func (l *Locker) rate(ctx context.Context, op, key string, r Rate, task string, 
 		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w (this one is %s)", op, key, errNoRate, l.kind)
 	}
 	k := l.keysFor(key)
-	keys, args := []string{k.rateKey()}, []any{r.interval(), r.burst()}
-	switch {
-	case task != "":
-		keys, args = append(keys, k.turnKey(task)), append(args, max(late.Microseconds(), 0))
-	case op == "wait":
-		args = append(args, "wait")
+	keys, args := []string{k.rateKey()}, []any{r.interval(), r.burst(), int64(0), op}
+	if task != "" {
+		keys, args[2] = append(keys, k.turnKey(task)), max(late.Microseconds(), 0)
 	}
-	v, err := run(ctx, b.client, scriptRate, keys, args...)
+	v, err := b.call(ctx, b.rates, scriptRate, keys, args)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("lock: %s %q: %w", op, key, err)
 	}

@@ -421,3 +421,70 @@ func commandCalls(t *testing.T, c *redis.Client, command string) int64 {
 	}
 	return stats[command]
 }
+
+// Concurrent admissions through one Locker share script calls (batch.go),
+// and each gets its own key's answer, whatever its mode: 32 goroutines, a
+// key each at a burst of 2 per hour, each asks Allow three times, WaitAllow
+// once and Reserve once, over and over in rounds of fresh keys. Each key
+// admits exactly its burst, every later ask is told the wait to its own
+// key's next admission, and a reserve and a wait take the two turns after
+// it; yet far fewer calls reach the server than admissions were asked.
+func TestConcurrentAdmissionsShareCalls(t *testing.T) {
+	t.Parallel()
+	l, c, _ := newLocker(t)
+	ctx := context.Background()
+	r := lock.Rate{N: 1, Per: time.Hour, Burst: 2}
+	const goroutines, rounds, asks = 32, 10, 5
+	calls0 := scriptCalls(t, c)
+	together(t, goroutines, func(g int) error {
+		for round := range rounds {
+			key := fmt.Sprintf("share:%d:%d", round, g)
+			for i := range 3 {
+				wait, err := l.Allow(ctx, key, r)
+				switch {
+				case err != nil:
+					return err
+				case i < 2 && wait != 0:
+					return fmt.Errorf("%s: ask %d refused (wait %v) within its burst of 2", key, i+1, wait)
+				case i == 2 && (wait <= 0 || wait > r.Per):
+					return fmt.Errorf("%s: ask 3 over the burst: wait %v, want (0, %v]", key, wait, r.Per)
+				}
+			}
+			// Over the rate, a reserve takes the next turn (one interval on)
+			// and a wait the one after: its context ends long before.
+			wait, _, err := l.Reserve(ctx, key, r, "task-"+key, time.Second)
+			if err != nil {
+				return err
+			}
+			if wait <= r.Per-time.Minute || wait > r.Per {
+				return fmt.Errorf("%s: reserve's wait %v, want its key's next turn, about %v", key, wait, r.Per)
+			}
+			short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, err = l.WaitAllow(short, key, r)
+			cancel()
+			turns := 2 // the reserved turn and the waited-for one
+			switch {
+			case err != nil && strings.Contains(err.Error(), "was not waited for"):
+			case errors.Is(err, context.DeadlineExceeded):
+				turns = 1 // given up before its call was sent: nothing counted
+			default:
+				return fmt.Errorf("%s: a wait for the turn after the reserved one: %v, want its deadline", key, err)
+			}
+			wait, err = l.Allow(ctx, key, r)
+			if err != nil {
+				return err
+			}
+			// the next free turn: one interval after the last taken
+			if want := time.Duration(turns+1) * r.Per; wait <= want-time.Minute || wait > want {
+				return fmt.Errorf("%s: after %d turns taken, the next admission in %v, want about %v", key, turns, wait, want)
+			}
+		}
+		return nil
+	})
+	asked := int64(goroutines * rounds * (asks + 1))
+	calls := scriptCalls(t, c) - calls0
+	if calls*4 >= asked*3 {
+		t.Fatalf("%d script calls for %d admissions asked: few were shared", calls, asked)
+	}
+	t.Logf("%d script calls for %d admissions asked", calls, asked)
+}

@@ -18,9 +18,9 @@ type single struct {
 	replicas int // WaitReplicas: 0 = no WAIT
 	replWait time.Duration
 
-	// acquires and releases: concurrent calls share a script call, except
-	// on a Cluster (nil there).
-	acquires, releases *batcher
+	// acquires, releases and rate admissions: concurrent calls share a
+	// script call, except on a Cluster (nil there).
+	acquires, releases, rates *batcher
 
 	waits    chan struct{} // one slot per blocking wait a pool connection may serve
 	maxBlock time.Duration // the longest blocking wait the client's read timeout allows
@@ -31,6 +31,7 @@ func newSingle(client redis.UniversalClient, s settings) *single {
 	if _, cluster := client.(*redis.ClusterClient); !cluster {
 		b.acquires = &batcher{client: client, script: scriptAcquire, name: "acquire"}
 		b.releases = &batcher{client: client, script: scriptRelease, name: "release"}
+		b.rates = &batcher{client: client, script: scriptRate, name: "rate"}
 	}
 	pool, read := 10, 3*time.Second
 	switch c := client.(type) {
