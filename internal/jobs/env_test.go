@@ -101,6 +101,16 @@ func newEnvWith(t *testing.T, cfg Config, build func(*redis.Client) []Spec) *env
 	return e
 }
 
+// addWorkerWith starts one more server on client c that recovery takes for
+// another process, named process (its lock tokens still name this one: for
+// handlers without a lock). Not for a parallel test: it swaps processName.
+func (e *env) addWorkerWith(c *redis.Client, process string, cfg Config, specs ...Spec) *Server {
+	e.t.Helper()
+	defer func(f func() string) { processName = f }(processName)
+	processName = func() string { return process }
+	return e.startServer(c, lock.New(c, lock.WithMetrics(e.metrics)), cfg, specs)
+}
+
 // addWorker starts one more server on the same Redis, with a client, Locker
 // and watchdog of its own, as another worker process would have. It shares
 // the env's metrics.

@@ -77,8 +77,12 @@ type recovery struct {
 	dequeues bool
 }
 
+// processName names this process in recovery: the holder in its lock
+// tokens. A test swaps it to run a second server as another process.
+var processName = procid.Self
+
 func newRecovery(l *lock.Locker, client redis.UniversalClient) *recovery {
-	p := procid.Self() // the holder in this process's lock tokens
+	p := processName()
 	return &recovery{reg: l.Registry(client, p), done: map[string]struct{}{}, aged: map[string]struct{}{},
 		kept: map[string]time.Time{}, leftAt: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
@@ -529,12 +533,61 @@ func (s *Server) stillDead(ctx context.Context, p string) bool {
 
 // leaveRecovery ends this process's part at a graceful stop: every lock it
 // held is released and every task given back to asynq, so it has nothing
-// left to recover.
+// left to recover; its records and its beat go. Unless asynq could not
+// record a task's result or put it back (Redis away when it tried: "Could
+// not move task"): such a task stays active in this process's name, where
+// only asynq's own lease would bring it back, a minute or more later. The
+// records of those tasks stay, and this process's beat ends now, so that a
+// live worker's next recovery round brings them back (G7), as it would a
+// dead worker's.
 func (s *Server) leaveRecovery() {
 	if s.recovery == nil {
 		return
 	}
+	reg := s.recovery.reg
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = s.recovery.reg.Leave(ctx)
+	left, drop := s.stillActive(ctx)
+	if len(left) == 0 {
+		_ = reg.Leave(ctx)
+		return
+	}
+	if err := reg.Remove(ctx, drop, nil); err != nil {
+		s.log.Warn("recovery: leaving failed; this worker's tasks are brought back once its beat is over", "err", err)
+		return
+	}
+	_ = reg.Beat(ctx, time.Now())
+	s.log.Warn("worker stopped with tasks asynq still has active in its name; a live worker brings them back",
+		"tasks", len(left), "ids", left)
+}
+
+// stillActive splits this process's records at its stop into the ids of
+// the tasks asynq still has active in its name and the records to drop.
+func (s *Server) stillActive(ctx context.Context) (left, drop []string) {
+	reg := s.recovery.reg
+	recs, err := reg.Records(ctx, reg.Process())
+	if err != nil || len(recs) == 0 || s.store == nil {
+		return nil, recs
+	}
+	tasks := make([]asynqstore.Task, 0, len(recs))
+	parsed := recs[:0:0]
+	for _, rec := range recs {
+		if _, queue, id, ok := lock.ParseHoldRecord(rec); ok {
+			tasks, parsed = append(tasks, asynqstore.Task{Queue: queue, ID: id}), append(parsed, rec)
+		} else {
+			drop = append(drop, rec)
+		}
+	}
+	held, err := s.store.Holds(ctx, tasks)
+	if err != nil {
+		return nil, recs
+	}
+	for i, rec := range parsed {
+		if held[i].Active && held[i].By == reg.Process() {
+			left = append(left, tasks[i].ID)
+		} else {
+			drop = append(drop, rec)
+		}
+	}
+	return left, drop
 }

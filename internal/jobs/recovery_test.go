@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -300,4 +302,69 @@ func TestParkingWorkerKilledTaskComesBack(t *testing.T) {
 	e.logs.Wait(t, 0, 5*time.Second, nil, "the hand-off's log of a task still active",
 		proctest.Msg("granted task still active when its grant expired; the next waiter takes the lock", "id", "parked"))
 	t.Logf("back in its queue %v after its worker's death", back.Round(time.Millisecond))
+}
+
+// A worker that stops gracefully leaves to recovery a task that asynq could
+// not move back (its Retry failed: "Could not move task", as when Redis was
+// away as it tried), instead of deleting its record with the rest: the task
+// stays active in the stopped worker's name, and only asynq's own lease
+// would bring it back, a minute or more later. Here the stopping worker's
+// Redis user may not write asynq's retry set of its queue, so asynq's Retry
+// of the task is refused before it changes anything (NOPERM), as a Redis
+// away would; a live worker brings the task back to its queue within the
+// lock TTL's bound of the stop. (Not parallel: addWorkerAs.)
+func TestGracefulStopLeavesAnUnmovedTaskToRecovery(t *testing.T) {
+	var runs atomic.Int32
+	spec := Spec{
+		Type:   "t:unmoved",
+		Decode: func(b []byte) (any, error) { return string(b), nil },
+		Run: func(context.Context, Job, any) error {
+			runs.Add(1)
+			return errors.New("failed; asynq cannot move it to its retry set")
+		},
+	}
+	cfg := testConfig()
+	e := newEnv(t, cfg, spec) // the live worker, on queue default
+	const queue = "stopq"
+	ctx := context.Background()
+	if err := e.admin.Do(ctx, "ACL", "SETUSER", "stopper", "on", ">pw", "+@all", "&*", "%R~*",
+		"~lockstep*", "~asynq:[^{]*", "~asynq:{"+queue+"}:[^r]*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	scfg := cfg
+	scfg.Queues = map[string]int{queue: 1}
+	c := e.redis.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true; o.Username, o.Password = "stopper", "pw" })
+	stopper := e.addWorkerWith(c, "stopping:1", scfg, spec)
+	e.enqueue("t:unmoved", "unmoved", []byte("x"), asynq.Queue(queue), asynq.MaxRetry(3))
+	e.logs.Wait(t, 0, 10*time.Second, nil, "asynq's log that it could not move the task", func(rec map[string]any) bool {
+		msg, _ := rec["msg"].(string)
+		return strings.HasPrefix(msg, "Could not move task id=unmoved")
+	})
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := stopper.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	if info, err := e.insp.GetTaskInfo(queue, "unmoved"); err != nil || info.State != asynq.TaskStateActive {
+		t.Fatalf("after the stop the task is %v (%v), want still active: asynq moved it after all", info, err)
+	}
+	var back time.Duration
+	waitFor(t, 15*time.Second, "the task back in its queue", func() bool {
+		info, err := e.insp.GetTaskInfo(queue, "unmoved")
+		back = time.Since(stopped)
+		return err == nil && info.State == asynq.TaskStatePending
+	})
+	if bound := cfg.LockTTL + 3*time.Second; back > bound {
+		t.Errorf("the task back in its queue %v after the stop, want within %v", back, bound)
+	}
+	e.logs.Wait(t, 0, time.Second, nil, "the stopped worker's warning", proctest.Msg(
+		"worker stopped with tasks asynq still has active in its name; a live worker brings them back"))
+	if n := testutil.ToFloat64(e.metrics.JobsRecovered.WithLabelValues("t:unmoved")); n != 1 {
+		t.Errorf("lockstep_jobs_recovered_total{t:unmoved} = %v, want 1", n)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("%d runs, want 1", n)
+	}
+	t.Logf("back in its queue %v after its worker's graceful stop", back.Round(time.Millisecond))
 }
