@@ -163,5 +163,5 @@ func (s *Server) waitInWorker(ctx context.Context, job Job, ttl, maxWait time.Du
 	case ctx.Err() != nil || errors.Is(err, lock.ErrNotAcquired):
 		return nil, nil
 	}
-	return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+	return nil, soon(stepLock, job, err)
 }

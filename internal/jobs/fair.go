@@ -60,7 +60,7 @@ func (s *Server) fairTurn(ctx context.Context, spec *Spec, job Job, payload any)
 		if resource := spec.Resource(payload); resource != "" {
 			waiting, err := s.locker.Waiting(ctx, resource, job.Queue, job.ID, max(spec.Limit, 1))
 			if err != nil {
-				return false, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+				return false, soon(stepFair, job, err)
 			}
 			if waiting {
 				return false, nil
@@ -89,7 +89,7 @@ func (s *Server) fairDecide(ctx context.Context, spec *Spec, job Job, payload an
 	case err != nil && ctx.Err() != nil:
 		return ctx.Err()
 	case err != nil:
-		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		return soon(stepFair, job, err)
 	case f.Run:
 		return nil
 	}

@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -58,7 +57,7 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		if resource := spec.Resource(payload); resource != "" {
 			waiting, err := s.locker.Waiting(ctx, resource, job.Queue, job.ID, max(spec.Limit, 1))
 			if err != nil {
-				return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+				return soon(stepRate, *job, err)
 			}
 			if waiting {
 				return nil
@@ -83,7 +82,7 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+			return soon(stepRate, *job, err)
 		case wait == 0:
 			s.admitted(ctx, job, key, at)
 			return nil

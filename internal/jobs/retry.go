@@ -71,9 +71,26 @@ func (e *lostError) Error() string {
 func (e *lostError) Unwrap() []error { return []error{e.lost, e.handler} }
 
 // soonError marks a failure that is retried with the short contention backoff
-// rather than asynq's minutes-long default: the lock was lost, or Redis
-// failed while taking it.
-type soonError struct{ err error }
+// rather than asynq's minutes-long default: the lock was lost, or its back
+// end (or the queue's Redis) failed in a step before the handler: step says
+// which, for the worker's log (ProcessTask).
+type soonError struct {
+	step string
+	err  error
+}
+
+// The steps before a handler whose failure retries its task soon.
+const (
+	stepLock    = "taking the task's lock"
+	stepRunLock = "taking the schedule's run lock"
+	stepRate    = "asking the task's rate limit"
+	stepFair    = "asking the task's fair share"
+)
+
+// soon returns job's soonError for err in step.
+func soon(step string, job Job, err error) *soonError {
+	return &soonError{step: step, err: fmt.Errorf("jobs: %s: %w", job.Type, err)}
+}
 
 func (e *soonError) Error() string { return e.err.Error() }
 func (e *soonError) Unwrap() error { return e.err }

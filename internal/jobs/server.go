@@ -343,7 +343,7 @@ func (s *Server) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if soon := (*soonError)(nil); errors.As(err, &soon) && ctx.Err() == nil {
 		// The lock's back end (or the queue's Redis) failed before the
 		// handler ran: asynq logs nothing of a retried task's error.
-		s.log.Warn("taking the task's lock failed; task retried soon", "type", t.Type(), "id", jobOf(ctx, t.Type()).ID, "err", soon.err)
+		s.log.Warn(soon.step+" failed; task retried soon", "type", t.Type(), "id", jobOf(ctx, t.Type()).ID, "err", soon.err)
 	}
 	return err
 }
@@ -407,7 +407,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 	r, err := s.take(ctx, job, ttl, spec.Contention == Requeue && job.Attempt <= job.MaxRetry, rate)
 	switch {
 	case err != nil:
-		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		return soon(stepLock, job, err)
 	case r.Done:
 		return s.replay(job, r.Outcome)
 	case r.RateWait > 0:
@@ -488,7 +488,7 @@ func (s *Server) serveThroughLocker(ctx context.Context, t *asynq.Task, spec *Sp
 		}
 	}
 	if err != nil {
-		return &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+		return soon(stepLock, job, err)
 	}
 	return s.runRecoverable(ctx, spec, job, payload, lease)
 }
@@ -525,7 +525,7 @@ func (s *Server) contended(ctx context.Context, t *asynq.Task, spec *Spec, job J
 			r, err := s.take(ctx, job, ttl, true, nil)
 			switch {
 			case err != nil:
-				return nil, &soonError{fmt.Errorf("jobs: %s: %w", job.Type, err)}
+				return nil, soon(stepLock, job, err)
 			case r.Done:
 				return nil, s.replay(job, r.Outcome)
 			case r.Lease != nil:

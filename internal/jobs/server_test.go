@@ -292,7 +292,7 @@ func TestRetryPolicy(t *testing.T) {
 	if isFailure(contended) || !isFailure(lost) || !isFailure(plain) {
 		t.Fatal("only contention is no failure")
 	}
-	for _, err := range []error{contended, lost, asynq.ErrLeaseExpired, &soonError{plain}} {
+	for _, err := range []error{contended, lost, asynq.ErrLeaseExpired, &soonError{step: stepLock, err: plain}} {
 		if d := delay(0, err, nil); d > 1100*time.Millisecond {
 			t.Errorf("%v: delay %v, want the short backoff (under 1.1s)", err, d)
 		}
