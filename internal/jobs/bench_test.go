@@ -269,7 +269,7 @@ func BenchmarkThroughput(b *testing.B) {
 // its traffic stays under), so each pays the rate's round trip and nothing
 // else. The figure is each rated mode's median ratio to its unrated twin.
 func BenchmarkRateCost(b *testing.B) {
-	for _, work := range []time.Duration{0, time.Millisecond} {
+	for _, work := range []time.Duration{0, time.Millisecond, 10 * time.Millisecond} {
 		name := "noop"
 		if work > 0 {
 			name = "work=" + work.String()
