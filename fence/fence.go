@@ -229,4 +229,8 @@ type dialect interface {
 	// returns the fence and lock name the row holds afterwards, read under
 	// the row's lock.
 	check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (current int64, recordedLock string, err error)
+	// guard returns query, the caller's write with nargs arguments, with
+	// the check of the fence table named table in the same statement (see
+	// Exec), or why it cannot.
+	guard(table, query string, nargs int) (string, error)
 }

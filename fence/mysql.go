@@ -2,6 +2,7 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -83,4 +84,11 @@ func (mysql) check(ctx context.Context, r runner, s statements, resource string,
 // resulter is a runner that gives a statement's insert id (database/sql's).
 type resulter interface {
 	execID(ctx context.Context, query string, args ...any) (int64, error)
+}
+
+// guard: MySQL and MariaDB have no data-modifying WITH, so no one statement
+// both checks a fence and makes the caller's write (docs/benchmarks.md says
+// what else was measured).
+func (mysql) guard(table, query string, nargs int) (string, error) {
+	return "", fmt.Errorf("fence: Exec on MySQL or MariaDB: %w: no statement can carry the check in the write; use Check in the write's transaction", errors.ErrUnsupported)
 }

@@ -1,0 +1,224 @@
+package fence_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/lockstep-dev/lockstep/fence"
+)
+
+const insertOrderPG = "INSERT INTO orders (resource, fence) VALUES ($1, $2)"
+
+// TestExec: a write with its check in the same statement (PostgreSQL) is
+// written with its fence when Check would accept it (a new resource, the
+// same fence again, a higher one) and its RowsAffected is its own; a lower
+// fence is refused with the current fence and nothing of the statement is
+// written, in a transaction (whose commit then fails) or on its own.
+func TestExec(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	const res = "lock:order:42"
+	var written []int64
+	for _, step := range []struct {
+		token, after int64
+		stale        bool
+	}{
+		{5, 5, false}, // new resource
+		{5, 5, false}, // equal: the same holder writes again
+		{7, 7, false}, // a newer holder
+		{6, 7, true},  // an older holder
+		{5, 7, true},
+		{8, 8, false},
+	} {
+		r, err := tbl.Exec(ctx, db, res, 0, step.token, insertOrderPG, res, step.token)
+		if step.stale {
+			wantStale(t, err, res, 0, step.token, step.after)
+		} else if err != nil {
+			t.Fatalf("exec with %d: %v", step.token, err)
+		} else if n, err := r.RowsAffected(); n != 1 || err != nil {
+			t.Fatalf("exec with %d: %d rows affected (%v), want the INSERT's 1", step.token, n, err)
+		} else {
+			written = append(written, step.token)
+		}
+		wantRecorded(t, db, res, 0, step.after, "")
+		wantOrders(t, db, res, written...)
+	}
+
+	// In a transaction: a refusal aborts it; nothing commits.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, insertOrderPG, res, 100); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tbl.Exec(ctx, tx, res, 0, 6, insertOrderPG, res, 6)
+	wantStale(t, err, res, 0, 6, 8)
+	if err := tx.Commit(); err == nil {
+		t.Fatal("a transaction whose fenced statement was refused committed")
+	}
+	wantOrders(t, db, res, written...)
+	wantRecorded(t, db, res, 0, 8, "")
+}
+
+// TestExecStatements: UPDATE, DELETE and INSERT … SELECT are guarded too:
+// written and counted when accepted, the fence recorded even when they
+// touch no row; nothing written when refused.
+func TestExecStatements(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	for _, f := range []int64{1, 1, 1} {
+		if _, err := db.ExecContext(ctx, insertOrderPG, "r", f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		query  string
+		args   []any
+		token  int64
+		rows   int64 // affected when accepted
+		orders []int64
+	}{
+		{"UPDATE orders SET fence = $1 WHERE resource = $2", []any{3, "r"}, 3, 3, []int64{3, 3, 3}},
+		{"UPDATE orders SET fence = $1 WHERE resource = $2", []any{2, "r"}, 2, 0, []int64{3, 3, 3}}, // refused
+		{"DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)", nil, 2, 0, []int64{3, 3, 3}}, // refused
+		{"DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)", nil, 4, 1, []int64{3, 3}},
+		{"DELETE FROM orders WHERE resource = 'none'", nil, 5, 0, []int64{3, 3}}, // no row, fence recorded
+		{"INSERT INTO orders (resource, fence) SELECT resource, $1 FROM orders WHERE fence = $2", []any{6, 3}, 6, 2, []int64{3, 3, 6, 6}},
+		{"INSERT INTO orders (resource, fence) SELECT resource, $1 FROM orders WHERE fence = $2", []any{4, 3}, 4, 0, []int64{3, 3, 6, 6}}, // refused
+		// Comments, literals and quoted names that look like code are not.
+		{"-- a comment; INSERT\n/* nested /* comment */ ; */ UPDATE orders SET resource = 'r;' || $1 WHERE fence = 6;  -- end",
+			[]any{"x"}, 7, 2, []int64{3, 3}},
+		{`UPDATE orders SET resource = E'r\'; $9' || $$;$2$$ || $a$ $1 ;$a$ || "resource" WHERE resource = 'r'`, nil, 7, 2, nil},
+	} {
+		before, _ := recorded(t, db, "r", 0)
+		r, err := tbl.Exec(ctx, db, "r", 0, c.token, c.query, c.args...)
+		if c.token < before {
+			wantStale(t, err, "r", 0, c.token, before)
+			wantRecorded(t, db, "r", 0, before, "")
+		} else if err != nil {
+			t.Fatalf("%s with fence %d: %v", c.query, c.token, err)
+		} else {
+			if n, _ := r.RowsAffected(); n != c.rows {
+				t.Fatalf("%s: %d rows affected, want %d", c.query, n, c.rows)
+			}
+			wantRecorded(t, db, "r", 0, c.token, "")
+		}
+		wantOrders(t, db, "r", c.orders...)
+	}
+}
+
+// TestExecRefusesUnguardable: a statement the check's WITH cannot guard is
+// refused before anything runs, with an error that says why.
+func TestExecRefusesUnguardable(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	for _, c := range []struct {
+		query string
+		args  []any
+		says  string
+	}{
+		{"WITH x AS (SELECT 1) " + insertOrderPG, []any{"r", 1}, "WITH"},
+		{" /* c */ with x AS (SELECT 1) " + insertOrderPG, []any{"r", 1}, "WITH"},
+		{"SELECT * FROM orders", nil, `"SELECT"`},
+		{"(SELECT 1)", nil, `"("`},
+		{"MERGE INTO orders USING orders o ON false WHEN NOT MATCHED THEN DO NOTHING", nil, `"MERGE"`},
+		{insertOrderPG + "; DELETE FROM orders", []any{"r", 1}, "one statement"},
+		{insertOrderPG + ";\n--\n;INSERT INTO orders VALUES (1, 'r', 1)", []any{"r", 1}, "one statement"},
+		{insertOrderPG, []any{"r"}, "$2"},
+		{"  -- nothing\n", nil, "no statement"},
+	} {
+		_, err := tbl.Exec(ctx, db, "r", 0, 1, c.query, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.says) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
+			t.Fatalf("%q: got %v, want an error that says %s", c.query, err, c.says)
+		}
+	}
+	wantRecorded(t, db, "r", 0, 0, "")
+	wantOrders(t, db, "r")
+}
+
+// TestExecOtherLock: a resource fenced by one lock refuses another lock's
+// write, however high its fence, with both lock names (any bytes) in the
+// error; nothing is written.
+func TestExecOtherLock(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	const odd = `ré"dis .' 0`
+	mine, other := tbl.LockName(odd), tbl.LockName("etcd")
+	if _, err := mine.Exec(ctx, db, "r", 0, 5, insertOrderPG, "r", 5); err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []int64{4, 5, 1 << 40} {
+		_, err := other.Exec(ctx, db, "r", 0, token, insertOrderPG, "r", token)
+		var oe *fence.OtherLockError
+		if !errors.As(err, &oe) || *oe != (fence.OtherLockError{Resource: "r", Permit: 0, Lock: "etcd", Recorded: odd}) {
+			t.Fatalf("fence %d: got %v, want an OtherLockError", token, err)
+		}
+		if !errors.Is(err, fence.ErrOtherLock) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
+			t.Fatalf("%v: want ErrOtherLock only, not retryable", err)
+		}
+	}
+	wantRecorded(t, db, "r", 0, 5, odd)
+	wantOrders(t, db, "r", 5)
+	if _, err := mine.Exec(ctx, db, "r", 0, 6, insertOrderPG, "r", 6); err != nil {
+		t.Fatalf("the resource's own lock, after another's refusal: %v", err)
+	}
+	wantOrders(t, db, "r", 5, 6)
+}
+
+// TestExecNoFence: a caller without a lock is refused before anything runs.
+func TestExecNoFence(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	for _, token := range []int64{0, -1} {
+		_, err := tbl.Exec(ctx, db, "r", 0, token, insertOrderPG, "r", token)
+		if !errors.Is(err, fence.ErrNoFence) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
+			t.Fatalf("exec with %d: %v, want ErrNoFence, not stale, not retryable", token, err)
+		}
+	}
+	wantRecorded(t, db, "r", 0, 0, "")
+	wantOrders(t, db, "r")
+}
+
+// TestExecRollback: a fenced statement is part of its transaction: rolled
+// back, it leaves the fence where it was, and its write is gone.
+func TestExecRollback(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	if err := tbl.Check(ctx, db, "r", 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tbl.Exec(ctx, tx, "r", 0, 10, insertOrderPG, "r", 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	wantRecorded(t, db, "r", 0, 5, "")
+	wantOrders(t, db, "r")
+	if _, err := tbl.ExecLease(ctx, db, lease{"r", 0, 8}, insertOrderPG, "r", 8); err != nil {
+		t.Fatalf("fence 8 after 10 was rolled back: %v", err)
+	}
+	wantOrders(t, db, "r", 8)
+	_, err = tbl.ExecLease(ctx, db, lease{"r", 0, 7}, insertOrderPG, "r", 7)
+	wantStale(t, err, "r", 0, 7, 8)
+}
+
+// TestExecMySQL: MySQL and MariaDB cannot carry the check in the write:
+// Exec says so (errors.ErrUnsupported) and runs nothing.
+func TestExecMySQL(t *testing.T) {
+	s := servers[1]
+	db, tbl := setup(t, s)
+	_, err := tbl.Exec(testContext(t), db, "r", 0, 1, insertOrder(s), "r", 1)
+	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "Check") {
+		t.Fatalf("Exec on MySQL: %v, want errors.ErrUnsupported pointing to Check", err)
+	}
+	wantRecorded(t, db, "r", 0, 0, "")
+	wantOrders(t, db, "r")
+}
