@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,50 +45,64 @@ func TestConcurrentHolders(t *testing.T) {
 }
 
 // TestConcurrentExec: the same race with the check in the write's own
-// statement (Exec, PostgreSQL), each write an UPDATE that appends its fence
-// to one ledger row. PostgreSQL runs the UPDATE before the check, so the
-// order of the ledger row's writes, not of ids, is the order of commits: it
-// holds every accepted write's fence once, never going down.
+// round trip (Exec), each write an UPDATE that appends its fence to one
+// ledger row. On PostgreSQL the UPDATE runs before the check, so the order
+// of the ledger row's writes, not of ids, is the order of commits: it holds
+// every accepted write's fence once, never going down.
 func TestConcurrentExec(t *testing.T) {
-	s := servers[0] // postgres
-	for _, level := range levels {
-		t.Run(level.String(), func(t *testing.T) {
-			t.Parallel()
-			db, tbl := setup(t, s)
-			ctx := testContext(t)
-			for _, q := range []string{
-				"CREATE TABLE ledger (resource text PRIMARY KEY, fences bigint[] NOT NULL)",
-				"INSERT INTO ledger VALUES ('" + hotResource + "', '{}')",
-			} {
-				if _, err := db.ExecContext(ctx, q); err != nil {
+	each(t, func(t *testing.T, s server) {
+		for _, level := range levels {
+			t.Run(level.String(), func(t *testing.T) {
+				db, tbl := setup(t, s)
+				pool := execPool(t, db)
+				ctx := testContext(t)
+				appendFence := "UPDATE ledger SET fences = fences || ',' || $1::bigint WHERE resource = $2"
+				if s.name == "mysql" {
+					appendFence = "UPDATE ledger SET fences = CONCAT(fences, ',', ?) WHERE resource = ?"
+				}
+				for _, q := range []string{
+					"CREATE TABLE ledger (resource varchar(100) PRIMARY KEY, fences text NOT NULL)",
+					"INSERT INTO ledger VALUES ('" + hotResource + "', '')",
+				} {
+					if _, err := db.ExecContext(ctx, q); err != nil {
+						t.Fatal(err)
+					}
+				}
+				accepted := race(t, func(token int64) error {
+					tx, err := pool.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback()
+					if _, err = tbl.Exec(ctx, tx, hotResource, 0, token, appendFence, token, hotResource); err != nil {
+						return err
+					}
+					return tx.Commit()
+				})
+				var ledger string
+				if err := db.QueryRowContext(ctx, "SELECT fences FROM ledger").Scan(&ledger); err != nil {
 					t.Fatal(err)
 				}
-			}
-			accepted := race(t, func(token int64) error {
-				tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
-				if err != nil {
-					return err
+				var fences []int64
+				for _, f := range strings.Split(strings.TrimPrefix(ledger, ","), ",") {
+					n, err := strconv.ParseInt(f, 10, 64)
+					if err != nil {
+						t.Fatalf("ledger %q: %v", ledger, err)
+					}
+					fences = append(fences, n)
 				}
-				defer tx.Rollback()
-				_, err = tbl.Exec(ctx, tx, hotResource, 0, token,
-					"UPDATE ledger SET fences = fences || $2::bigint WHERE resource = $1", hotResource, token)
-				if err != nil {
-					return err
+				if len(fences) != accepted {
+					t.Fatalf("the ledger holds %d writes (%v), %d were accepted", len(fences), fences, accepted)
 				}
-				return tx.Commit()
+				for i := 1; i < len(fences); i++ {
+					if fences[i] < fences[i-1] {
+						t.Fatalf("write %d has fence %d after fence %d was committed: %v", i, fences[i], fences[i-1], fences)
+					}
+				}
+				wantRecorded(t, db, hotResource, 0, fences[len(fences)-1], "")
 			})
-			fences := int64s(t, db.DB, "SELECT f FROM ledger, unnest(fences) WITH ORDINALITY AS u(f, n) ORDER BY n")
-			if len(fences) != accepted || accepted == 0 {
-				t.Fatalf("the ledger holds %d writes (%v), %d were accepted", len(fences), fences, accepted)
-			}
-			for i := 1; i < len(fences); i++ {
-				if fences[i] < fences[i-1] {
-					t.Fatalf("write %d has fence %d after fence %d was committed: %v", i, fences[i], fences[i-1], fences)
-				}
-			}
-			wantRecorded(t, db, hotResource, 0, fences[len(fences)-1], "")
-		})
-	}
+		}
+	})
 }
 
 // race runs write from holders at once, each with fences issued in order,

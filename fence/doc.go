@@ -41,15 +41,16 @@
 // must never restart; moving a resource to another lock means deleting its
 // row while no holder of the old lock can write).
 //
-// On PostgreSQL, Exec (ExecLease) runs the caller's write, one INSERT,
-// UPDATE or DELETE, with the check in the same statement: a data-modifying
-// WITH in front of it whose refusal fails the statement, so the write is
-// undone, and whose error carries the current fence. The fenced write then
-// takes the bare write's round trips. The statement's own write runs first
-// and the check at its end (PostgreSQL runs an unread WITH last), which
-// changes no verdict but locks the fence row after the write's rows. MySQL
-// and MariaDB have no data-modifying WITH: there Exec returns an error
-// (errors.ErrUnsupported).
+// Exec (ExecLease) runs the caller's write with the check in the same round
+// trip, so a fenced write takes the bare write's round trips. On PostgreSQL
+// the check is a data-modifying WITH in front of the write's statement
+// (one INSERT, UPDATE or DELETE) whose refusal fails the statement, the
+// write undone, with the current fence in its error; PostgreSQL runs the
+// write first and the check at the statement's end, which changes no
+// verdict but locks the fence row after the write's rows. On MySQL and
+// MariaDB the check and the write go as one multi-statement query, the
+// check first, which stops it on a refusal; that needs a transaction and a
+// pool with multiStatements and interpolateParams.
 //
 // A *lockstep.Lease passes itself to CheckLease; a job handler passes
 // job.Resource, job.Permit and job.Fence. Package fence/pgxfence does the same

@@ -1,66 +1,51 @@
 package fence_test
 
 import (
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
 
 	"github.com/lockstep-dev/lockstep/fence"
+	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
 const insertOrderPG = "INSERT INTO orders (resource, fence) VALUES ($1, $2)"
 
-// TestExec: a write with its check in the same statement (PostgreSQL) is
-// written with its fence when Check would accept it (a new resource, the
-// same fence again, a higher one) and its RowsAffected is its own; a lower
-// fence is refused with the current fence and nothing of the statement is
-// written, in a transaction (whose commit then fails) or on its own.
-func TestExec(t *testing.T) {
-	db, tbl := setup(t, servers[0])
-	ctx := testContext(t)
-	const res = "lock:order:42"
-	var written []int64
-	for _, step := range []struct {
-		token, after int64
-		stale        bool
-	}{
-		{5, 5, false}, // new resource
-		{5, 5, false}, // equal: the same holder writes again
-		{7, 7, false}, // a newer holder
-		{6, 7, true},  // an older holder
-		{5, 7, true},
-		{8, 8, false},
-	} {
-		r, err := tbl.Exec(ctx, db, res, 0, step.token, insertOrderPG, res, step.token)
-		if step.stale {
-			wantStale(t, err, res, 0, step.token, step.after)
-		} else if err != nil {
-			t.Fatalf("exec with %d: %v", step.token, err)
-		} else if n, err := r.RowsAffected(); n != 1 || err != nil {
-			t.Fatalf("exec with %d: %d rows affected (%v), want the INSERT's 1", step.token, n, err)
-		} else {
-			written = append(written, step.token)
-		}
-		wantRecorded(t, db, res, 0, step.after, "")
-		wantOrders(t, db, res, written...)
+// execPool is the pool Exec runs on for db: db's own on PostgreSQL; on
+// MySQL another on the same database whose DSN lets a query hold several
+// statements, its arguments interpolated by the driver, as Exec needs.
+func execPool(t testing.TB, db *sqltest.DB) *sql.DB {
+	t.Helper()
+	if db.Driver() != "mysql" {
+		return db.DB
 	}
+	pool, err := sql.Open(db.Driver(), db.DSN+"?multiStatements=true&interpolateParams=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pool.Close() })
+	return pool
+}
 
-	// In a transaction: a refusal aborts it; nothing commits.
-	tx, err := db.BeginTx(ctx, nil)
+// execOrder writes an order of resource with token through tbl.Exec in a
+// transaction of its own on pool, committed when Exec returns no error.
+func execOrder(t *testing.T, pool *sql.DB, tbl *fence.Table, s server, resource string, token int64) (sql.Result, error) {
+	t.Helper()
+	ctx := testContext(t)
+	tx, err := pool.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, insertOrderPG, res, 100); err != nil {
+	r, err := tbl.Exec(ctx, tx, resource, 0, token, insertOrder(s), resource, token)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = tbl.Exec(ctx, tx, res, 0, 6, insertOrderPG, res, 6)
-	wantStale(t, err, res, 0, 6, 8)
-	if err := tx.Commit(); err == nil {
-		t.Fatal("a transaction whose fenced statement was refused committed")
-	}
-	wantOrders(t, db, res, written...)
-	wantRecorded(t, db, res, 0, 8, "")
+	return r, nil
 }
 
 // TestExecStatements: UPDATE, DELETE and INSERT … SELECT are guarded too:
@@ -139,86 +124,203 @@ func TestExecRefusesUnguardable(t *testing.T) {
 	wantOrders(t, db, "r")
 }
 
+// TestExec: a write with its check in the same round trip is written with
+// its fence when Check would accept it (a new resource, the same fence
+// again, a higher one) and its RowsAffected is its own; a lower fence is
+// refused with the current fence and nothing of it is written. A refusal
+// in a transaction: PostgreSQL aborts it (its commit fails); MySQL keeps it,
+// the refused write undone, the one before it still there.
+func TestExec(t *testing.T) {
+	each(t, func(t *testing.T, s server) {
+		db, tbl := setup(t, s)
+		pool := execPool(t, db)
+		ctx := testContext(t)
+		const res = "lock:order:42"
+		var written []int64
+		for _, step := range []struct {
+			token, after int64
+			stale        bool
+		}{
+			{5, 5, false}, // new resource
+			{5, 5, false}, // equal: the same holder writes again
+			{7, 7, false}, // a newer holder
+			{6, 7, true},  // an older holder
+			{5, 7, true},
+			{8, 8, false},
+		} {
+			r, err := execOrder(t, pool, tbl, s, res, step.token)
+			if step.stale {
+				wantStale(t, err, res, 0, step.token, step.after)
+			} else if err != nil {
+				t.Fatalf("exec with %d: %v", step.token, err)
+			} else if n, err := r.RowsAffected(); n != 1 || err != nil {
+				t.Fatalf("exec with %d: %d rows affected (%v), want the INSERT's 1", step.token, n, err)
+			} else {
+				written = append(written, step.token)
+			}
+			wantRecorded(t, db, res, 0, step.after, "")
+			wantOrders(t, db, res, written...)
+		}
+
+		tx, err := pool.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, insertOrder(s), res, 100); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tbl.Exec(ctx, tx, res, 0, 6, insertOrder(s), res, 6)
+		wantStale(t, err, res, 0, 6, 8)
+		err = tx.Commit()
+		if s.name == "postgres" {
+			if err == nil {
+				t.Fatal("a transaction whose fenced statement was refused committed")
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		} else {
+			written = append(written, 100)
+		}
+		wantOrders(t, db, res, written...)
+		wantRecorded(t, db, res, 0, 8, "")
+	})
+}
+
 // TestExecOtherLock: a resource fenced by one lock refuses another lock's
 // write, however high its fence, with both lock names (any bytes) in the
 // error; nothing is written.
 func TestExecOtherLock(t *testing.T) {
-	db, tbl := setup(t, servers[0])
-	ctx := testContext(t)
-	const odd = `ré"dis .' 0`
-	mine, other := tbl.LockName(odd), tbl.LockName("etcd")
-	if _, err := mine.Exec(ctx, db, "r", 0, 5, insertOrderPG, "r", 5); err != nil {
-		t.Fatal(err)
-	}
-	for _, token := range []int64{4, 5, 1 << 40} {
-		_, err := other.Exec(ctx, db, "r", 0, token, insertOrderPG, "r", token)
-		var oe *fence.OtherLockError
-		if !errors.As(err, &oe) || *oe != (fence.OtherLockError{Resource: "r", Permit: 0, Lock: "etcd", Recorded: odd}) {
-			t.Fatalf("fence %d: got %v, want an OtherLockError", token, err)
+	each(t, func(t *testing.T, s server) {
+		db, tbl := setup(t, s)
+		pool := execPool(t, db)
+		const odd = `ré"dis .' 0`
+		mine, other := tbl.LockName(odd), tbl.LockName("etcd")
+		if _, err := execOrder(t, pool, mine, s, "r", 5); err != nil {
+			t.Fatal(err)
 		}
-		if !errors.Is(err, fence.ErrOtherLock) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
-			t.Fatalf("%v: want ErrOtherLock only, not retryable", err)
+		for _, token := range []int64{4, 5, 1 << 40} {
+			_, err := execOrder(t, pool, other, s, "r", token)
+			var oe *fence.OtherLockError
+			if !errors.As(err, &oe) || *oe != (fence.OtherLockError{Resource: "r", Permit: 0, Lock: "etcd", Recorded: odd}) {
+				t.Fatalf("fence %d: got %v, want an OtherLockError", token, err)
+			}
+			if !errors.Is(err, fence.ErrOtherLock) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
+				t.Fatalf("%v: want ErrOtherLock only, not retryable", err)
+			}
 		}
-	}
-	wantRecorded(t, db, "r", 0, 5, odd)
-	wantOrders(t, db, "r", 5)
-	if _, err := mine.Exec(ctx, db, "r", 0, 6, insertOrderPG, "r", 6); err != nil {
-		t.Fatalf("the resource's own lock, after another's refusal: %v", err)
-	}
-	wantOrders(t, db, "r", 5, 6)
+		wantRecorded(t, db, "r", 0, 5, odd)
+		wantOrders(t, db, "r", 5)
+		if _, err := execOrder(t, pool, mine, s, "r", 6); err != nil {
+			t.Fatalf("the resource's own lock, after another's refusal: %v", err)
+		}
+		wantOrders(t, db, "r", 5, 6)
+	})
 }
 
 // TestExecNoFence: a caller without a lock is refused before anything runs.
 func TestExecNoFence(t *testing.T) {
-	db, tbl := setup(t, servers[0])
-	ctx := testContext(t)
-	for _, token := range []int64{0, -1} {
-		_, err := tbl.Exec(ctx, db, "r", 0, token, insertOrderPG, "r", token)
-		if !errors.Is(err, fence.ErrNoFence) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
-			t.Fatalf("exec with %d: %v, want ErrNoFence, not stale, not retryable", token, err)
+	each(t, func(t *testing.T, s server) {
+		db, tbl := setup(t, s)
+		pool := execPool(t, db)
+		for _, token := range []int64{0, -1} {
+			_, err := execOrder(t, pool, tbl, s, "r", token)
+			if !errors.Is(err, fence.ErrNoFence) || errors.Is(err, fence.ErrStale) || fence.IsRetryable(err) {
+				t.Fatalf("exec with %d: %v, want ErrNoFence, not stale, not retryable", token, err)
+			}
 		}
-	}
-	wantRecorded(t, db, "r", 0, 0, "")
-	wantOrders(t, db, "r")
+		wantRecorded(t, db, "r", 0, 0, "")
+		wantOrders(t, db, "r")
+	})
 }
 
-// TestExecRollback: a fenced statement is part of its transaction: rolled
-// back, it leaves the fence where it was, and its write is gone.
+// TestExecRollback: a fenced write is part of its transaction: rolled back,
+// it leaves the fence where it was, and its write is gone.
 func TestExecRollback(t *testing.T) {
+	each(t, func(t *testing.T, s server) {
+		db, tbl := setup(t, s)
+		pool := execPool(t, db)
+		ctx := testContext(t)
+		if err := tbl.Check(ctx, db, "r", 0, 5); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := pool.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tbl.ExecLease(ctx, tx, lease{"r", 0, 10}, insertOrder(s), "r", 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		wantRecorded(t, db, "r", 0, 5, "")
+		wantOrders(t, db, "r")
+		if _, err := execOrder(t, pool, tbl, s, "r", 8); err != nil {
+			t.Fatalf("fence 8 after 10 was rolled back: %v", err)
+		}
+		wantOrders(t, db, "r", 8)
+	})
+}
+
+// TestExecPostgresAlone: on PostgreSQL the fenced statement on the *sql.DB
+// is a transaction of its own: accepted, written; refused, not.
+func TestExecPostgresAlone(t *testing.T) {
 	db, tbl := setup(t, servers[0])
 	ctx := testContext(t)
-	if err := tbl.Check(ctx, db, "r", 0, 5); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tbl.Exec(ctx, tx, "r", 0, 10, insertOrderPG, "r", 10); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	wantRecorded(t, db, "r", 0, 5, "")
-	wantOrders(t, db, "r")
 	if _, err := tbl.ExecLease(ctx, db, lease{"r", 0, 8}, insertOrderPG, "r", 8); err != nil {
-		t.Fatalf("fence 8 after 10 was rolled back: %v", err)
+		t.Fatal(err)
 	}
-	wantOrders(t, db, "r", 8)
-	_, err = tbl.ExecLease(ctx, db, lease{"r", 0, 7}, insertOrderPG, "r", 7)
+	_, err := tbl.ExecLease(ctx, db, lease{"r", 0, 7}, insertOrderPG, "r", 7)
 	wantStale(t, err, "r", 0, 7, 8)
+	wantOrders(t, db, "r", 8)
+	wantRecorded(t, db, "r", 0, 8, "")
 }
 
-// TestExecMySQL: MySQL and MariaDB cannot carry the check in the write:
-// Exec says so (errors.ErrUnsupported) and runs nothing.
+// TestExecMySQL: on MySQL, Exec takes a transaction only (outside one, the
+// check would commit apart from the write) and says what a pool without
+// multi-statement queries lacks; the statement's own error is returned as
+// it is, not as a refusal, even the one a refusal uses (1242).
 func TestExecMySQL(t *testing.T) {
 	s := servers[1]
 	db, tbl := setup(t, s)
-	_, err := tbl.Exec(testContext(t), db, "r", 0, 1, insertOrder(s), "r", 1)
-	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "Check") {
-		t.Fatalf("Exec on MySQL: %v, want errors.ErrUnsupported pointing to Check", err)
+	pool := execPool(t, db)
+	ctx := testContext(t)
+	for _, q := range []fence.Querier{db, pool} {
+		_, err := tbl.Exec(ctx, q, "r", 0, 1, insertOrder(s), "r", 1)
+		if err == nil || !strings.Contains(err.Error(), "*sql.Tx") {
+			t.Fatalf("Exec on %T: %v, want an error that asks for a *sql.Tx", q, err)
+		}
+	}
+	tx, err := db.BeginTx(ctx, nil) // a pool without multiStatements
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tbl.Exec(ctx, tx, "r", 0, 1, insertOrder(s), "r", 1)
+	_ = tx.Rollback()
+	if err == nil || !strings.Contains(err.Error(), "multiStatements=true") {
+		t.Fatalf("Exec on a pool without multi-statement queries: %v, want an error that names multiStatements", err)
 	}
 	wantRecorded(t, db, "r", 0, 0, "")
-	wantOrders(t, db, "r")
+
+	tx, err = pool.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	_, err = tbl.Exec(ctx, tx, "r", 0, 3, "INSERT INTO orders (resource, fence) VALUES (?, (SELECT 1 UNION ALL SELECT 2))", "r")
+	if err == nil || errors.Is(err, fence.ErrStale) || !strings.Contains(err.Error(), "1242") {
+		t.Fatalf("the statement's own error 1242: %v, want it as it is", err)
+	}
+	r, err := tbl.Exec(ctx, tx, "r", 0, 3, "UPDATE orders SET fence = ? WHERE resource = ?", 3, "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := r.RowsAffected(); n != 0 {
+		t.Fatalf("an UPDATE of no row: %d rows affected, want the UPDATE's 0, not the check's", n)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	wantRecorded(t, db, "r", 0, 3, "")
 }

@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -54,6 +55,27 @@ func (postgres) check(ctx context.Context, r runner, s statements, resource stri
 		return 0, "", err
 	}
 	return current, recorded, nil
+}
+
+// exec runs query with the check in front of it (guard). A refusal's error
+// carries the row's fence and lock name: nothing can be read after it in an
+// aborted transaction.
+func (d postgres) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
+	fenced, err := d.guard(t.quote, query, len(args))
+	if err != nil {
+		return nil, err
+	}
+	all := append(args[:len(args):len(args)], resource, permit, t.lock, token)
+	res, err := q.ExecContext(ctx, fenced, all...)
+	if err == nil {
+		return res, nil
+	}
+	if current, lock, ok := refusal(err); ok {
+		if v := t.verdict(resource, permit, token, current, lock); v != nil {
+			return nil, v
+		}
+	}
+	return nil, t.failed(resource, permit, err)
 }
 
 // guard returns query, a statement with nargs arguments ($1…$nargs), with
@@ -203,4 +225,36 @@ func pgScan(q string) (first string, several bool, most int) {
 		}
 	}
 	return first, several, most
+}
+
+// refusedMark starts what a refusing guard puts in its error: the recorded
+// fence and the hex of the recorded lock name, then refusedEnd. The server
+// quotes it in the message of the cast that fails on it, in any language.
+const (
+	refusedMark = "lockstep_fence refused: "
+	refusedEnd  = " ."
+)
+
+// refusal reads the fence and lock name a refusing guard reported in err.
+func refusal(err error) (current int64, lock string, ok bool) {
+	msg := err.Error()
+	i := strings.Index(msg, refusedMark)
+	if i < 0 {
+		return 0, "", false
+	}
+	rest := msg[i+len(refusedMark):]
+	j := strings.Index(rest, refusedEnd)
+	if j < 0 {
+		return 0, "", false
+	}
+	num, hexLock, found := strings.Cut(rest[:j], " ")
+	if !found {
+		return 0, "", false
+	}
+	current, perr := strconv.ParseInt(num, 10, 64)
+	b, herr := hex.DecodeString(hexLock)
+	if perr != nil || herr != nil {
+		return 0, "", false
+	}
+	return current, string(b), true
 }

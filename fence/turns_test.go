@@ -46,22 +46,22 @@ func TestTurns(t *testing.T) {
 }
 
 // TestTurnsExec is TestTurns with each holder's check in its write's own
-// statement (Exec, PostgreSQL). The second holder's statement has written
-// its order when it waits for the fence row (PostgreSQL runs the check
-// after the statement's own write); a refusal undoes it.
+// round trip (Exec). On PostgreSQL the second holder's statement has
+// written its order when it waits for the fence row (the check runs after
+// the statement's own write); a refusal undoes it.
 func TestTurnsExec(t *testing.T) {
-	s := servers[0] // postgres
-	for _, level := range levels {
-		for _, staleFirst := range []bool{false, true} {
-			for _, fresh := range []bool{false, true} {
-				name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
-				t.Run(name, func(t *testing.T) {
-					t.Parallel()
-					turns(t, s, level, staleFirst, fresh, true)
-				})
+	each(t, func(t *testing.T, s server) {
+		for _, level := range levels {
+			for _, staleFirst := range []bool{false, true} {
+				for _, fresh := range []bool{false, true} {
+					name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
+					t.Run(name, func(t *testing.T) {
+						turns(t, s, level, staleFirst, fresh, true)
+					})
+				}
 			}
 		}
-	}
+	})
 }
 
 // turns is TestTurns's case; exec writes each holder's order with Exec
@@ -80,7 +80,11 @@ func turns(t *testing.T, s server, level sql.IsolationLevel, staleFirst, fresh, 
 	if staleFirst {
 		first, second = second, first
 	}
-	c1, c2 := conn(t, db), conn(t, db)
+	pool := db.DB
+	if exec {
+		pool = execPool(t, db)
+	}
+	c1, c2 := conn(t, pool), conn(t, pool)
 	waiter := db.Session(t, c2)
 	tx1, tx2 := first.begin(t, c1), second.begin(t, c2)
 	defer tx1.Rollback()
@@ -209,7 +213,7 @@ func (h holder) run(t *testing.T, ctx context.Context, c *sql.Conn) error {
 	return tx.Commit()
 }
 
-func conn(t *testing.T, db *sqltest.DB) *sql.Conn {
+func conn(t *testing.T, db *sql.DB) *sql.Conn {
 	t.Helper()
 	c, err := db.Conn(testContext(t))
 	if err != nil {
