@@ -41,6 +41,17 @@
 // must never restart; moving a resource to another lock means deleting its
 // row while no holder of the old lock can write).
 //
+// Exec (ExecLease) runs the caller's write with the check in the same round
+// trip, so a fenced write takes the bare write's round trips. On PostgreSQL
+// the check is a data-modifying WITH in front of the write's statement
+// (one INSERT, UPDATE or DELETE) whose refusal fails the statement, the
+// write undone, with the current fence in its error; PostgreSQL runs the
+// write first and the check at the statement's end, which changes no
+// verdict but locks the fence row after the write's rows. On MySQL and
+// MariaDB the check and the write go as one multi-statement query, the
+// check first, which stops it on a refusal; that needs a transaction and a
+// pool with multiStatements and interpolateParams.
+//
 // A *lockstep.Lease passes itself to CheckLease; a job handler passes
 // job.Resource, job.Permit and job.Fence. Package fence/pgxfence does the same
 // on pgx's own interface (pgx.Tx) for those who do not use database/sql.

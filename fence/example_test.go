@@ -99,6 +99,29 @@ func ExampleMySQL() {
 		Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second))
 }
 
+// On PostgreSQL the check can ride in the write's own statement: the fenced
+// transaction takes the round trips of the bare one.
+func ExampleTable_Exec() {
+	pay := func(ctx context.Context, job worker.Job, p PayOrder) error {
+		tx, err := store.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() // after a refusal too: it aborted the transaction
+		// One statement: the INSERT with the check in it; refused, the INSERT is undone.
+		_, err = fences.Exec(ctx, tx, job.Resource, job.Permit, job.Fence,
+			`INSERT INTO payments (order_id, amount_cents, fence) VALUES ($1, $2, $3)`,
+			p.OrderID, p.AmountCents, job.Fence)
+		if err != nil {
+			return err // errors.Is(err, fence.ErrStale): refused, nothing written
+		}
+		// Later writes in tx need no check: the fence row is tx's until it ends.
+		return tx.Commit()
+	}
+	worker.Main(worker.Handle("order:pay", pay).
+		Lock(func(p PayOrder) string { return "lock:order:" + p.OrderID }, 30*time.Second))
+}
+
 // Code that is not a job checks with its lease.
 func ExampleTable_CheckLease() {
 	locker := lockstep.NewLocker(redis.NewClient(&redis.Options{Addr: "localhost:6379"}))

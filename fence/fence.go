@@ -41,6 +41,7 @@ type Table struct {
 // statements are a table's SQL, built once per table and lock name.
 type statements struct {
 	ddl, accept, read string
+	guard             string // MySQL: Exec's check, which fails on a refusal
 }
 
 // Postgres returns the fence table named table (optionally schema-qualified,
@@ -229,4 +230,7 @@ type dialect interface {
 	// returns the fence and lock name the row holds afterwards, read under
 	// the row's lock.
 	check(ctx context.Context, r runner, s statements, resource string, permit int, lock string, token int64) (current int64, recordedLock string, err error)
+	// exec runs query, the caller's write, and t's check of token in one
+	// round trip (see Exec); token is valid.
+	exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error)
 }

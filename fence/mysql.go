@@ -2,6 +2,8 @@ package fence
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 )
 
@@ -45,6 +47,9 @@ ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name),
 	IF(fence <= VALUES(fence), LAST_INSERT_ID(VALUES(fence)), LAST_INSERT_ID(fence)),
 	fence + 0 * LAST_INSERT_ID(VALUES(fence) + 1))`, table),
 		read: fmt.Sprintf(`SELECT fence, lock_name FROM %s WHERE resource = ? AND permit = ? FOR UPDATE`, table),
+		guard: fmt.Sprintf(`INSERT INTO %s (resource, permit, lock_name, fence) VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name) AND fence <= VALUES(fence), VALUES(fence),
+	(SELECT fence FROM DUAL UNION ALL SELECT fence FROM DUAL))`, table),
 	}
 }
 
@@ -83,4 +88,38 @@ func (mysql) check(ctx context.Context, r runner, s statements, resource string,
 // resulter is a runner that gives a statement's insert id (database/sql's).
 type resulter interface {
 	execID(ctx context.Context, query string, args ...any) (int64, error)
+}
+
+// exec sends the check (guard) and query as one multi-statement query:
+// MySQL runs them in order and stops at the first error, and the check
+// fails on a refusal (a scalar subquery of two rows: error 1242, in any
+// sql_mode), so query runs only after the check accepted token and locked
+// the row. Each statement of such a query outside a transaction would
+// commit apart, the check before the write: q must be a *sql.Tx. A failed
+// check leaves the transaction usable, so the verdict is read from the
+// row, under its lock, only when the error is 1242 (query's own 1242 finds
+// token accepted, and is returned as it is).
+func (mysql) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
+	if _, ok := q.(*sql.Tx); !ok {
+		return nil, fmt.Errorf("fence: Exec on MySQL or MariaDB takes a *sql.Tx, not %T: outside a transaction the check would commit apart from the write", q)
+	}
+	all := append([]any{resource, permit, t.lock, token}, args...)
+	res, err := q.ExecContext(ctx, t.stmts.guard+";\n"+query, all...)
+	if err == nil {
+		return res, nil
+	}
+	n, _ := mysqlNumber(err)
+	switch n {
+	case 1242:
+		var current int64
+		var recorded []byte
+		if q.QueryRowContext(ctx, t.stmts.read, resource, permit).Scan(&current, &recorded) == nil {
+			if v := t.verdict(resource, permit, token, current, string(recorded)); errors.Is(v, ErrStale) || errors.Is(v, ErrOtherLock) {
+				return nil, v
+			}
+		}
+	case 1064: // a syntax error: a pool without multiStatements, say
+		err = fmt.Errorf("%w (Exec sends the check and the statement as one query: the pool's DSN needs multiStatements=true and interpolateParams=true)", err)
+	}
+	return nil, t.failed(resource, permit, err)
 }

@@ -17,7 +17,7 @@ func TestDeadlockRetryable(t *testing.T) {
 	each(t, func(t *testing.T, s server) {
 		db, tbl := setup(t, s)
 		ctx := testContext(t)
-		c1, c2 := conn(t, db), conn(t, db)
+		c1, c2 := conn(t, db.DB), conn(t, db.DB)
 		s1 := db.Session(t, c1)
 		tx1, err := c1.BeginTx(ctx, nil)
 		if err != nil {
@@ -76,7 +76,7 @@ func TestSerializationFailureRetryable(t *testing.T) {
 		if err := tbl.Check(ctx, db, "r", 0, 5); err != nil {
 			t.Fatal(err)
 		}
-		c := conn(t, db)
+		c := conn(t, db.DB)
 		if s.name == "mysql" {
 			if _, err := c.ExecContext(ctx, "SET SESSION innodb_snapshot_isolation = ON"); err != nil {
 				t.Fatalf("this MariaDB has no innodb_snapshot_isolation (10.6.18, 10.11.8 and later do): %v", err)

@@ -37,7 +37,7 @@ func TestTurns(t *testing.T) {
 				for _, fresh := range []bool{false, true} {
 					name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
 					t.Run(name, func(t *testing.T) {
-						turns(t, s, level, staleFirst, fresh)
+						turns(t, s, level, staleFirst, fresh, false)
 					})
 				}
 			}
@@ -45,7 +45,28 @@ func TestTurns(t *testing.T) {
 	})
 }
 
-func turns(t *testing.T, s server, level sql.IsolationLevel, staleFirst, fresh bool) {
+// TestTurnsExec is TestTurns with each holder's check in its write's own
+// round trip (Exec). On PostgreSQL the second holder's statement has
+// written its order when it waits for the fence row (the check runs after
+// the statement's own write); a refusal undoes it.
+func TestTurnsExec(t *testing.T) {
+	each(t, func(t *testing.T, s server) {
+		for _, level := range levels {
+			for _, staleFirst := range []bool{false, true} {
+				for _, fresh := range []bool{false, true} {
+					name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
+					t.Run(name, func(t *testing.T) {
+						turns(t, s, level, staleFirst, fresh, true)
+					})
+				}
+			}
+		}
+	})
+}
+
+// turns is TestTurns's case; exec writes each holder's order with Exec
+// instead of Check and an INSERT.
+func turns(t *testing.T, s server, level sql.IsolationLevel, staleFirst, fresh, exec bool) {
 	db, tbl := setup(t, s)
 	ctx := testContext(t)
 	const res = "lock:order:1"
@@ -55,11 +76,15 @@ func turns(t *testing.T, s server, level sql.IsolationLevel, staleFirst, fresh b
 			t.Fatal(err)
 		}
 	}
-	first, second := holder{s, db, tbl, res, successorFence, level}, holder{s, db, tbl, res, staleFence, level}
+	first, second := holder{s, db, tbl, res, successorFence, level, exec}, holder{s, db, tbl, res, staleFence, level, exec}
 	if staleFirst {
 		first, second = second, first
 	}
-	c1, c2 := conn(t, db), conn(t, db)
+	pool := db.DB
+	if exec {
+		pool = execPool(t, db)
+	}
+	c1, c2 := conn(t, pool), conn(t, pool)
 	waiter := db.Session(t, c2)
 	tx1, tx2 := first.begin(t, c1), second.begin(t, c2)
 	defer tx1.Rollback()
@@ -134,6 +159,7 @@ type holder struct {
 	res   string
 	token int64
 	level sql.IsolationLevel
+	exec  bool // the check in the write's statement (Exec)
 }
 
 func (h holder) begin(t *testing.T, c *sql.Conn) *sql.Tx {
@@ -166,6 +192,10 @@ func (h holder) snapshot(t *testing.T, tx *sql.Tx) {
 
 // write checks the fence and writes the order, in tx.
 func (h holder) write(ctx context.Context, tx *sql.Tx) error {
+	if h.exec {
+		_, err := h.tbl.Exec(ctx, tx, h.res, 0, h.token, insertOrder(h.s), h.res, h.token)
+		return err
+	}
 	if err := h.tbl.Check(ctx, tx, h.res, 0, h.token); err != nil {
 		return err
 	}
@@ -183,7 +213,7 @@ func (h holder) run(t *testing.T, ctx context.Context, c *sql.Conn) error {
 	return tx.Commit()
 }
 
-func conn(t *testing.T, db *sqltest.DB) *sql.Conn {
+func conn(t *testing.T, db *sql.DB) *sql.Conn {
 	t.Helper()
 	c, err := db.Conn(testContext(t))
 	if err != nil {
