@@ -30,33 +30,24 @@ const (
 // innodb_snapshot_isolation on, its default from 11.6), is retryable, and
 // the retry reaches the same verdict. Each holder writes an order in its
 // transaction: only accepted holders' orders are committed.
-func TestTurns(t *testing.T) {
-	each(t, func(t *testing.T, s server) {
-		for _, level := range levels {
-			for _, staleFirst := range []bool{false, true} {
-				for _, fresh := range []bool{false, true} {
-					name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
-					t.Run(name, func(t *testing.T) {
-						turns(t, s, level, staleFirst, fresh, false)
-					})
-				}
-			}
-		}
-	})
-}
+func TestTurns(t *testing.T) { eachTurn(t, false) }
 
 // TestTurnsExec is TestTurns with each holder's check in its write's own
 // round trip (Exec). On PostgreSQL the second holder's statement has
 // written its order when it waits for the fence row (the check runs after
 // the statement's own write); a refusal undoes it.
-func TestTurnsExec(t *testing.T) {
+func TestTurnsExec(t *testing.T) { eachTurn(t, true) }
+
+// eachTurn runs turns on each server at each level, in both orders, with
+// and without a fence recorded before; exec: the checks through Exec.
+func eachTurn(t *testing.T, exec bool) {
 	each(t, func(t *testing.T, s server) {
 		for _, level := range levels {
 			for _, staleFirst := range []bool{false, true} {
 				for _, fresh := range []bool{false, true} {
 					name := fmt.Sprintf("%v/stale_first=%v/fresh=%v", level, staleFirst, fresh)
 					t.Run(name, func(t *testing.T) {
-						turns(t, s, level, staleFirst, fresh, true)
+						turns(t, s, level, staleFirst, fresh, exec)
 					})
 				}
 			}
