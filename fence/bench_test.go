@@ -16,7 +16,8 @@ import (
 // from 1 and 16 connections. The two take turns in rounds (a tenth of b.N
 // writes of each, the first alternating), so that other work on the machine
 // weighs on both alike; an op is one write of each. It reports the time per
-// write of each (fenced-ns, unfenced-ns) and their ratio (x-unfenced).
+// write of each (fenced-ns, unfenced-ns), their ratio over the run
+// (x-unfenced-total) and the median of the rounds' ratios (x-unfenced).
 //
 // sync=on is a server that writes each commit to disk before it answers, as
 // production servers do (sqltest.PostgresSync, sqltest.MySQLSync); sync=off

@@ -19,7 +19,8 @@ import (
 // INSERT, COMMIT), on the same private server, from 1 and 16 connections,
 // each connection's holders taking 100 resources in turn with rising
 // fences. The two take turns in 10 rounds; an op is one write of each. It
-// reports the time per write of each and their ratio (x-unfenced). sync=on
+// reports the time per write of each and their ratio (x-unfenced: the
+// median of the rounds'; x-unfenced-total: over the run). sync=on
 // is a server that writes each commit to disk before it answers, as
 // production servers do.
 //
