@@ -6,11 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lock"
-	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // Recovery of a dead worker's locked jobs, driven by their locks (see
@@ -77,9 +74,8 @@ type recovery struct {
 	dequeues bool
 }
 
-func newRecovery(l *lock.Locker, client redis.UniversalClient) *recovery {
-	p := procid.Self() // the holder in this process's lock tokens
-	return &recovery{reg: l.Registry(client, p), done: map[string]struct{}{}, aged: map[string]struct{}{},
+func newRecovery(reg *lock.Registry) *recovery {
+	return &recovery{reg: reg, done: map[string]struct{}{}, aged: map[string]struct{}{},
 		kept: map[string]time.Time{}, leftAt: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
 

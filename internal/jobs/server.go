@@ -21,6 +21,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/overlap"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -105,6 +106,7 @@ type Server struct {
 	bgCtx    context.Context // the started server's, cancelled with grants; nil before Start
 	bg       sync.WaitGroup  // wakes of granted tasks still on their way to the retry set; recovery
 	recovery *recovery       // nil: no recovery (an asynq whose layout asynqstore does not know)
+	proc     *lock.Registry  // this process's records and lost locks, on the queue's Redis (recovery's too)
 
 	hooks hooks // zero outside tests
 
@@ -142,8 +144,9 @@ func NewServer(p Params) *Server {
 		stopping: make(chan struct{}),
 		store:    asynqstore.New(p.Client),
 		grants:   func() {},
-		recovery: newRecovery(p.Locker, p.Client),
+		proc:     p.Locker.Registry(p.Client, procid.Self()), // the holder in this process's lock tokens
 	}
+	s.recovery = newRecovery(s.proc)
 	linked, known := linkedAsynq()
 	s.handsOff, s.recovers = s.locker.HasQueue() && known, known
 	if !known {
@@ -433,10 +436,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
 	h := &handoff{}
 	err := s.run(ctx, spec, job, payload, lease, h)
-	keep := ""
-	if h.marked {
-		keep = s.locker.DoneKey(job.Resource, job.Queue, job.ID)
-	}
+	keep := h.marker
 	if h.next != nil {
 		s.followChain(ctx, h.next, h.from, keep)
 	}
@@ -608,7 +608,9 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	}
 
 	if lost != nil {
-		s.recordLoss(ctx, job, hold.Lease(), lost)
+		if rerr := s.proc.RecordLoss(ctx, hold.Lease(), lost, job.Type, job.Queue, job.ID); rerr != nil {
+			s.log.Debug("record lock loss failed", "resource", job.Resource, "err", rerr)
+		}
 	}
 	result := ResultSuccess
 	switch {
