@@ -15,10 +15,11 @@ import (
 // waiter queue (see lua/lib.lua). A task whose lock is busy joins the queue
 // (Take) and goes back to its queue's retry set; a release hands the lock
 // to the longest waiter, goroutine or task. A job's release (HandOn) hands
-// a task head to the releasing worker, which runs it next; any other release
-// grants it, and a job server that hears the grant (Grants) brings the task
-// back at once. Only the single back end has the queue: Redlock's and etcd's
-// locks live away from the queue's Redis, and their jobs use Acquire.
+// a task head to the releasing worker, which takes it over (TakeOver) and
+// runs it next; any other release grants it, and a job server that hears
+// the grant (Grants) brings the task back at once. Only the single back end
+// has the queue: Redlock's and etcd's locks live away from the queue's
+// Redis, and their jobs use Acquire.
 
 // ErrNoQueue is returned by the task operations of a back end without the
 // waiter queue (Redlock, etcd, WaitReplicas).
