@@ -57,18 +57,23 @@ type handoff struct {
 
 	next    *lock.TaskGrant   // the lock was handed on to this waiting task
 	from    trace.SpanContext // tracing: the hold that handed it on
-	marked  bool              // the finished task was marked done
+	marker  string            // the finished task's done marker, when the release marked it done
 	dropped bool              // drop was dropped
 }
 
 // release returns the release function for Finish: it releases lease and,
-// when someone waits, hands the lock on to the longest waiter.
+// when someone waits, hands the lock on to the longest waiter. A chained
+// task leaves this process's hands with it (its record goes a beat later);
+// the delivered task once asynq has its result (serve).
 func (s *Server) release(lease *lock.Lease, job Job, h *handoff) func(context.Context) error {
 	return func(ctx context.Context) error {
+		if h.chained {
+			s.recovery.left(job.Resource, job.Queue, job.ID)
+		}
 		r, err := s.locker.HandOn(ctx, lease, lock.HandOff{Chain: true, Queue: job.Queue, ID: job.ID,
 			Outcome: h.outcome, MarkAlways: h.chained, MarkerTTL: s.markerTTL(), Drop: h.drop, Keep: h.keep,
 			RecoveryTTL: s.recoveryTTL(), Holds: s.recovery.reg.Holds()})
-		h.next, h.marked, h.dropped = r.Next, r.Marked, r.Dropped
+		h.next, h.marker, h.dropped = r.Next, r.Marker, r.Dropped
 		return err
 	}
 }
@@ -184,7 +189,11 @@ func (s *Server) chain(ctx context.Context, g *lock.TaskGrant, from trace.SpanCo
 			g = s.pass(ctx, g, &drop)
 			continue
 		}
-		g, from, done = s.runChained(ctx, g, from, keep, msg, &drop)
+		next, nextFrom, fin, ran := s.runChained(ctx, g, from, keep, msg, &drop)
+		if !ran {
+			s.deliver(ctx, g)
+		}
+		g, from, done = next, nextFrom, fin
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
@@ -361,9 +370,14 @@ func (s *Server) wakeParked(ctx context.Context, queue, id string, within time.D
 	}
 }
 
-// runChained runs a claimed task under its granted lock. It returns the
-// next grant, and the task when asynq still has to complete it.
-func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string, msg []byte, drop *string) (*lock.TaskGrant, trace.SpanContext, *finished) {
+// runChained runs a claimed task under the lock handed on to it, g: it
+// takes the grant over (Locker.TakeOver, its rate decided with it), runs
+// the handler, and ends the hold with the hand-on (release). It returns the
+// next grant and the hold that handed it on, and the task when asynq still
+// has to complete it; ran is false when the task is not run here (no
+// handler, its payload names another resource now, its rate turn is
+// further off): the caller leaves it to asynq with the lock granted to it.
+func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.SpanContext, keep string, msg []byte, drop *string) (next *lock.TaskGrant, nextFrom trace.SpanContext, done *finished, ran bool) {
 	s.recovery.back(g.Resource, g.Queue, g.ID) // the hand-off recorded it anew
 	m, err := asynqstore.DecodeTaskMsg(msg)
 	var spec *Spec
@@ -381,42 +395,43 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 	}
 	if err != nil {
 		s.log.Info("handed-on task not run here; left to asynq", "resource", g.Resource, "id", g.ID, "err", err)
-		s.deliver(ctx, g)
-		return nil, trace.SpanContext{}, nil
+		return nil, trace.SpanContext{}, nil, false
 	}
-	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry, Resource: g.Resource}
-	ttl := min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL)
-	lease := s.locker.Adopt(g, ttl)
-	if spec.Rate != nil && !s.chainAdmit(ctx, spec, &job, payload, lease) {
-		// Its rate turn is further off: left to asynq with the lock granted
-		// to it, it is delayed to its turn by its take (one admission).
-		s.log.Debug("handed-on task over its rate limit; left to asynq with its lock", "resource", g.Resource, "id", g.ID)
-		s.deliver(ctx, g)
-		return nil, trace.SpanContext{}, nil
+	job := Job{ID: m.ID, Type: m.Type, Queue: m.Queue, Attempt: m.Retried + 1, MaxRetry: m.Retry}
+	rate := s.taskRate(spec, job, payload, false) // a run is never parked: it waits under its run lock
+	job.Resource = g.Resource
+	t, err := s.locker.TakeOver(ctx, g, min(cmp.Or(spec.TTL, s.cfg.LockTTL), g.TTL), rate)
+	if t.Waited > 0 {
+		s.rateLimited(job.Type, t.Waited)
+	}
+	if t.Lease == nil {
+		// Its rate turn is further off (or the rate or the lock could not
+		// be asked): left to asynq with the lock granted to it, it is
+		// delayed to its turn by its take (one admission).
+		s.log.Debug("handed-on task over its rate limit; left to asynq with its lock", "resource", g.Resource, "id", g.ID, "err", err)
+		return nil, trace.SpanContext{}, nil, false
+	}
+	if rate != nil {
+		s.admitted(ctx, &job, rate.Key, t.Admitted)
 	}
 	s.lockAcquire(metrics.AcquireAcquired)
 	rctx, cancel := m.Context(ctx) // its own timeout and deadline, as asynq bounds a run
 	rctx, span := s.trace.StartJob(rctx, tracing.JobRun{ID: job.ID, Type: job.Type, Queue: job.Queue, Attempt: job.Attempt,
 		Headers: m.Headers, HandedOnBy: from}) // tracing
-	rctx, wait := s.trace.StartWait(rctx, g.Resource) // tracing
+	rctx, wait := s.trace.StartWait(rctx, job.Resource) // tracing
 	wait.Granted()
 	stop := s.keepClaim(m.Queue, m.ID, keep)
 	h := &handoff{chained: true, drop: *drop, keep: keep}
-	err = s.run(rctx, spec, job, payload, lease, h)
+	err = s.run(rctx, spec, job, payload, t.Lease, h)
 	span.End(jobOutcome(span, err), failed(err)) // tracing
 	stop()
 	cancel()
-	s.recovery.left(g.Resource, m.Queue, m.ID)
 	if h.dropped {
 		*drop = ""
 	}
-	marker := ""
-	if h.marked {
-		marker = s.locker.DoneKey(g.Resource, m.Queue, m.ID)
-	}
 	if err == nil {
-		return h.next, h.from, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: marker,
-			retention: time.Duration(m.Retention) * time.Second, msg: msg}
+		return h.next, h.from, &finished{queue: m.Queue, id: m.ID, unique: m.UniqueKey, marker: h.marker,
+			retention: time.Duration(m.Retention) * time.Second, msg: msg}, true
 	}
 	// asynq does the rest: a failure's retry or archive (the marker
 	// replays the outcome), or a run that was interrupted (no marker: it
@@ -426,5 +441,5 @@ func (s *Server) runChained(ctx context.Context, g *lock.TaskGrant, from trace.S
 		s.log.Warn("returning a handed-on task to asynq failed; it comes back when its lease passes", "id", m.ID, "err", werr)
 	}
 	wcancel()
-	return h.next, h.from, nil
+	return h.next, h.from, nil, true
 }

@@ -95,6 +95,41 @@ func TestHandoffRunsWaitersInOrder(t *testing.T) {
 	e.wantProcessed("t:hot", ResultSuccess, n+1)
 }
 
+// The hold record of each task a chain runs goes once its run has left this
+// process's hands (a beat or two after its release): a chain that ran and
+// completed its tasks leaves no record behind for a recoverer to find.
+func TestChainedTasksLeaveNoHoldRecord(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Backoff.Min, cfg.Backoff.Max = 3*time.Second, 10*time.Second
+	cfg.PollInterval = time.Second
+	release := make(chan struct{})
+	spec := lockedSpec("t:hot", "hot", func(ctx context.Context, job Job) error {
+		if job.ID == "holder" {
+			<-release
+		}
+		return nil
+	})
+	e := newEnv(t, cfg, spec)
+	e.enqueue("t:hot", "holder", nil)
+	e.waitState("holder", asynq.TaskStateActive, 10*time.Second)
+	ids := []string{"holder"}
+	for i := range 4 {
+		id := fmt.Sprintf("w%d", i)
+		ids = append(ids, id)
+		e.enqueue("t:hot", id, nil)
+		e.waitState(id, asynq.TaskStateRetry, 10*time.Second) // parked: the holder's release hands on to it
+	}
+	close(release)
+	for _, id := range ids {
+		e.waitState(id, asynq.TaskStateCompleted, 20*time.Second)
+	}
+	e.wantProcessed("t:hot", ResultSuccess, float64(len(ids)))
+	ctx := context.Background()
+	holds := e.srv.recovery.reg.Holds()
+	waitFor(t, 10*time.Second, "no hold record left", func() bool { return e.admin.SCard(ctx, holds).Val() == 0 })
+}
+
 // A handed-on task that fails is given back to asynq, which retries it as
 // a failure (its retry count grows) without running it in between; the
 // lock goes on to the next waiter meanwhile.

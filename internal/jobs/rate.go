@@ -18,8 +18,9 @@ import (
 // its lock's waiters (Requeue): its rate is asked only when the lock would
 // be given to it, so a wait for the lock spends no turn. Over the rate, it
 // is delayed to its turn as below, its lock granted to it until then. A
-// task handed the lock by a hand-off (chain.go) asks its rate as it starts
-// (chainAdmit). Every other task asks its rate first, then takes its lock:
+// task handed the lock by a hand-off (chain.go) asks its rate as it starts,
+// in its grant's take-over (Locker.TakeOver). Every other task asks its
+// rate first, then takes its lock:
 //
 //  1. Locker.Reserve on the queue's Redis (GCRA on the server's clock): 0
 //     runs the task now, its admission counted.
@@ -104,8 +105,9 @@ func (s *Server) admit(ctx context.Context, spec *Spec, job *Job, payload any) e
 // task that does not park among its lock's waiters (Wait, Skip, no retries
 // left, a schedule's run), a rate key in another Cluster slot than the
 // resource, or an invalid limit or name (admit or process archives it).
-// chainAdmit asks the same question of a handed-on task, so a task's rate
-// is counted by one path only.
+// A handed-on task's rate is asked by the same question, decided with its
+// grant's take-over (Locker.TakeOver, runChained), so a task's rate is
+// counted by one path only.
 func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) *lock.TaskRate {
 	if spec.Rate == nil || spec.Resource == nil || !s.handsOff || spec.Contention != Requeue ||
 		job.Attempt > job.MaxRetry || inRun {
@@ -117,46 +119,6 @@ func (s *Server) taskRate(spec *Spec, job Job, payload any, inRun bool) *lock.Ta
 		return nil
 	}
 	return &lock.TaskRate{Key: key, Rate: r, Late: s.turnLate()}
-}
-
-// chainAdmit asks the rate of a task handed the lock by a hand-off, as it
-// starts, when its take would have decided its rate with its lock
-// (taskRate): it runs now, or after a short wait for its turn in this slot
-// (the lock held: it is the first waiter anyway), admitted then. The wait
-// is at most what a delivery would cost (turnLate) and half the lock's TTL:
-// the watchdog renews the lock only once the task runs, so lease is renewed
-// once before the wait. ok is false when it should not run here: its turn
-// is further, or the rate or the lock could not be asked; the caller leaves
-// it to asynq with the lock granted to it, and its take decides.
-func (s *Server) chainAdmit(ctx context.Context, spec *Spec, job *Job, payload any, lease *lock.Lease) (ok bool) {
-	tr := s.taskRate(spec, *job, payload, false) // a run is never parked: it waits under its run lock
-	if tr == nil {
-		return true // its rate was asked before it parked (admit)
-	}
-	wait, at, err := s.locker.AllowAt(ctx, tr.Key, tr.Rate)
-	switch {
-	case err != nil:
-		return false
-	case wait == 0:
-		s.admitted(ctx, job, tr.Key, at)
-		return true
-	case wait > min(s.turnLate(), lease.TTL()/2):
-		return false
-	}
-	if lease.Renew(ctx) != nil {
-		return false
-	}
-	s.rateLimited(job.Type, wait)
-	// Its turn is the next one free: later than wait if another took that
-	// one meanwhile, and then, past the bound, counted and left unused.
-	wctx, cancel := context.WithTimeout(ctx, min(s.turnLate(), lease.TTL()/2))
-	at, err = s.locker.WaitAllow(wctx, tr.Key, tr.Rate)
-	cancel()
-	if err != nil {
-		return false
-	}
-	s.admitted(ctx, job, tr.Key, at)
-	return true
 }
 
 // admitted records job's admission by its rate, at at on the limit's schedule.

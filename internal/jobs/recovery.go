@@ -6,11 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lockstep-dev/lockstep/internal/asynqstore"
 	"github.com/lockstep-dev/lockstep/internal/lock"
-	"github.com/lockstep-dev/lockstep/internal/procid"
 )
 
 // Recovery of a dead worker's locked jobs, driven by their locks (see
@@ -77,13 +74,8 @@ type recovery struct {
 	dequeues bool
 }
 
-// processName names this process in recovery: the holder in its lock
-// tokens. A test swaps it to run a second server as another process.
-var processName = procid.Self
-
-func newRecovery(l *lock.Locker, client redis.UniversalClient) *recovery {
-	p := processName()
-	return &recovery{reg: l.Registry(client, p), done: map[string]struct{}{}, aged: map[string]struct{}{},
+func newRecovery(reg *lock.Registry) *recovery {
+	return &recovery{reg: reg, done: map[string]struct{}{}, aged: map[string]struct{}{},
 		kept: map[string]time.Time{}, leftAt: map[string]time.Time{}, markers: map[string]asynqstore.Task{}}
 }
 

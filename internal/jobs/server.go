@@ -21,6 +21,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/metrics"
 	"github.com/lockstep-dev/lockstep/internal/overlap"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/tracing"
 	"github.com/lockstep-dev/lockstep/internal/watchdog"
 )
@@ -86,6 +87,11 @@ type Params struct {
 	Tracing trace.TracerProvider `optional:"true"`
 }
 
+// processName names this process in recovery and in its losses: the
+// holder in its lock tokens. A test swaps it to run a second server as
+// another process (addWorkerWith).
+var processName = procid.Self
+
 // Server runs registered handlers for tasks from asynq, each under its
 // declared lock; see the package documentation for the flow.
 type Server struct {
@@ -105,6 +111,7 @@ type Server struct {
 	bgCtx    context.Context // the started server's, cancelled with grants; nil before Start
 	bg       sync.WaitGroup  // wakes of granted tasks still on their way to the retry set; recovery
 	recovery *recovery       // nil: no recovery (an asynq whose layout asynqstore does not know)
+	proc     *lock.Registry  // this process's records and lost locks, on the queue's Redis (recovery's too)
 
 	hooks hooks // zero outside tests
 
@@ -142,8 +149,9 @@ func NewServer(p Params) *Server {
 		stopping: make(chan struct{}),
 		store:    asynqstore.New(p.Client),
 		grants:   func() {},
-		recovery: newRecovery(p.Locker, p.Client),
+		proc:     p.Locker.Registry(p.Client, processName()), // the holder in this process's lock tokens
 	}
+	s.recovery = newRecovery(s.proc)
 	linked, known := linkedAsynq()
 	s.handsOff, s.recovers = s.locker.HasQueue() && known, known
 	if !known {
@@ -433,10 +441,7 @@ func (s *Server) process(ctx context.Context, t *asynq.Task) error {
 func (s *Server) serve(ctx context.Context, spec *Spec, job Job, payload any, lease *lock.Lease) error {
 	h := &handoff{}
 	err := s.run(ctx, spec, job, payload, lease, h)
-	keep := ""
-	if h.marked {
-		keep = s.locker.DoneKey(job.Resource, job.Queue, job.ID)
-	}
+	keep := h.marker
 	if h.next != nil {
 		s.followChain(ctx, h.next, h.from, keep)
 	}
@@ -608,7 +613,9 @@ func (s *Server) run(ctx context.Context, spec *Spec, job Job, payload any, leas
 	}
 
 	if lost != nil {
-		s.recordLoss(ctx, job, hold.Lease(), lost)
+		if rerr := s.proc.RecordLoss(ctx, hold.Lease(), lost, job.Type, job.Queue, job.ID); rerr != nil {
+			s.log.Debug("record lock loss failed", "resource", job.Resource, "err", rerr)
+		}
 	}
 	result := ResultSuccess
 	switch {

@@ -237,7 +237,8 @@ func globEscape(s string) string {
 }
 
 // LossesKey is the stream of recent lock losses under this Locker's prefix
-// (internal/jobs writes it; the operator's page reads it).
+// (a job server's Registry writes it: RecordLoss; the operator's page reads
+// it).
 func (l *Locker) LossesKey() string { return l.prefix + "losses" }
 
 // ScheduleRun returns the resource of a schedule's run lock (its overlap

@@ -10,7 +10,8 @@ import (
 
 // Registry is one job server process's part in recovery (see HoldRecord
 // above): its hold records, its beats, the other processes' records it
-// judges, and the done markers of the tasks it ran. It is the only writer
+// judges, and the done markers of the tasks it ran; and the record of its
+// lost locks (RecordLoss). It is the only writer
 // and reader of those keys; a job server sends no command of its own on
 // them. Its commands go to client, the Redis that holds the job queues:
 // on Redis the lock's own, on the back ends whose locks live elsewhere
@@ -166,6 +167,28 @@ func (r *Registry) KeepMarker(ctx context.Context, marker string, ttl time.Durat
 // left to read it.
 func (r *Registry) DropMarker(ctx context.Context, marker string) error {
 	return r.c.Del(ctx, marker).Err()
+}
+
+// Lost locks are also recorded in a short stream (LossesKey), so that an
+// operator sees the recent ones with their reason (lockstep ui) without a
+// log search: entries with resource, reason, fence, permit, holder,
+// task_id, type, queue and at_ms.
+const (
+	lossesLen     = 1000            // entries kept, approximately
+	lossesTimeout = 1 * time.Second // a loss because Redis is unreachable must not hold the task long
+)
+
+// RecordLoss adds lost, the loss of lease held for the task id of queue (of
+// type typ), to the losses stream: best effort, within lossesTimeout.
+func (r *Registry) RecordLoss(ctx context.Context, lease *Lease, lost *LostError, typ, queue, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lossesTimeout)
+	defer cancel()
+	return r.c.XAdd(ctx, &redis.XAddArgs{
+		Stream: r.l.LossesKey(), MaxLen: lossesLen, Approx: true,
+		Values: []any{"resource", lease.resource, "reason", string(lost.Reason), "fence", lease.fence, "permit", lease.Permit(),
+			"holder", ParseToken(lease.token).Holder, "task_id", id, "type", typ,
+			"queue", queue, "at_ms", strconv.FormatInt(time.Now().UnixMilli(), 10)},
+	}).Err()
 }
 
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }

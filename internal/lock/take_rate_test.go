@@ -184,3 +184,75 @@ func TestOneAdmissionNeedsOneSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TakeOver decides a handed-on task's rate with its grant's take-over, one
+// admission as Take's: without a rate the grant's lease is returned; over
+// the rate by more than it may wait in the caller's slot, no lease and
+// nothing counted (the caller leaves the task to its take); over by less, it
+// waits for its turn holding the lock, and is admitted on it.
+func TestTakeOverDecidesTheRate(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	l := lock.New(c)
+	ctx := context.Background()
+	const ttl = 5 * time.Second
+	// handOn returns a grant of resource handed on to the caller for task "next".
+	handOn := func(resource string) *lock.TaskGrant {
+		t.Helper()
+		first, err := l.Take(ctx, resource, "default", "first", ttl, time.Minute, true, "", 1, nil)
+		if err != nil || first.Lease == nil {
+			t.Fatalf("take: %+v %v", first, err)
+		}
+		if w, err := l.Take(ctx, resource, "default", "next", ttl, time.Minute, true, "", 1, nil); err != nil || w.Lease != nil {
+			t.Fatalf("a waiter's take: %+v %v", w, err)
+		}
+		h, err := l.HandOn(ctx, first.Lease, lock.HandOff{Chain: true, Queue: "default", ID: "first", Outcome: "ok", MarkerTTL: time.Minute})
+		if err != nil || h.Next == nil || h.Next.ID != "next" {
+			t.Fatalf("hand-on: %+v %v", h, err)
+		}
+		return h.Next
+	}
+
+	g := handOn("plain")
+	tk, err := l.TakeOver(ctx, g, ttl, nil)
+	if err != nil || tk.Lease == nil || tk.Lease.Fence() != g.Fence || tk.Waited != 0 || !tk.Admitted.IsZero() {
+		t.Fatalf("no rate: %+v %v, want the grant's lease (fence %d)", tk, err, g.Fence)
+	}
+	if err := tk.Lease.Renew(ctx); err != nil {
+		t.Fatalf("the taken-over lease: %v", err)
+	}
+
+	// Over by far more than it may wait (Late): no lease, nothing counted.
+	slow := lock.Rate{N: 1, Per: 10 * time.Second, Burst: 1}
+	if wait, _, err := l.AllowAt(ctx, "rate:far", slow); err != nil || wait != 0 {
+		t.Fatalf("the first admission: %v %v", wait, err)
+	}
+	counted := c.Get(ctx, l.RateKey("rate:far")).Val()
+	g = handOn("far")
+	tk, err = l.TakeOver(ctx, g, ttl, &lock.TaskRate{Key: "rate:far", Rate: slow, Late: 100 * time.Millisecond})
+	if err != nil || tk.Lease != nil || tk.RateWait <= 100*time.Millisecond || tk.Waited != 0 {
+		t.Fatalf("far over its rate: %+v %v, want no lease and its wait", tk, err)
+	}
+	if v := c.Get(ctx, l.RateKey("rate:far")).Val(); v != counted {
+		t.Fatalf("a task left to its take spent a turn: rate %q, was %q", v, counted)
+	}
+
+	// Over by less than Late: it waits for its turn here and is admitted on it.
+	quick := lock.Rate{N: 1, Per: 300 * time.Millisecond, Burst: 1}
+	_, first, err := l.AllowAt(ctx, "rate:near", quick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g = handOn("near")
+	tk, err = l.TakeOver(ctx, g, ttl, &lock.TaskRate{Key: "rate:near", Rate: quick, Late: time.Second})
+	if err != nil || tk.Lease == nil || tk.Waited <= 0 || tk.Lease.Fence() != g.Fence {
+		t.Fatalf("near its turn: %+v %v, want the lease after a wait", tk, err)
+	}
+	if gap := tk.Admitted.Sub(first); gap < quick.Interval()-time.Millisecond {
+		t.Fatalf("admitted %v after the last admission, want its turn, %v after", gap, quick.Interval())
+	}
+	if err := tk.Lease.Renew(ctx); err != nil {
+		t.Fatalf("the lease after the wait: %v", err)
+	}
+}

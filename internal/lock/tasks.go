@@ -15,10 +15,11 @@ import (
 // waiter queue (see lua/lib.lua). A task whose lock is busy joins the queue
 // (Take) and goes back to its queue's retry set; a release hands the lock
 // to the longest waiter, goroutine or task. A job's release (HandOn) hands
-// a task head to the releasing worker, which runs it next; any other release
-// grants it, and a job server that hears the grant (Grants) brings the task
-// back at once. Only the single back end has the queue: Redlock's and etcd's
-// locks live away from the queue's Redis, and their jobs use Acquire.
+// a task head to the releasing worker, which takes it over (TakeOver) and
+// runs it next; any other release grants it, and a job server that hears
+// the grant (Grants) brings the task back at once. Only the single back end
+// has the queue: Redlock's and etcd's locks live away from the queue's
+// Redis, and their jobs use Acquire.
 
 // ErrNoQueue is returned by the task operations of a back end without the
 // waiter queue (Redlock, etcd, WaitReplicas).
@@ -60,6 +61,9 @@ type Taken struct {
 	Admitted time.Time
 	RateWait time.Duration
 	RateTurn time.Time
+	// Waited (TakeOver): over its rate by this much, the task waited for
+	// its turn in the caller's slot, holding the lock.
+	Waited time.Duration
 }
 
 // TaskRate is a task's rate limit, decided with its lock by Take (one
@@ -237,6 +241,7 @@ type HandOff struct {
 type HandedOn struct {
 	Next    *TaskGrant // the caller holds the lock for this task now
 	Marked  bool       // the finished task was marked done
+	Marker  string     // its done marker (DoneKey), when Marked
 	Dropped bool       // Drop was deleted
 }
 
@@ -333,12 +338,20 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 				return HandedOn{}, fmt.Errorf("lock: record the hold of %q: %w", lease.resource, err)
 			}
 		}
-		return HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}, nil
+		r := HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}
+		if r.Marked {
+			r.Marker = marker
+		}
+		return r, nil
 	default:
 		lease.state.set(errReleased)
 		// Marked also by RecoveryTTL: the caller forgets the marker once
 		// asynq has recorded the task, or it outlives the task by that TTL.
-		return HandedOn{Marked: outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0), Dropped: dropFlag != ""}, nil
+		r := HandedOn{Marked: outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0), Dropped: dropFlag != ""}
+		if r.Marked {
+			r.Marker = marker
+		}
+		return r, nil
 	}
 }
 
@@ -359,6 +372,48 @@ func (l *Locker) observeWait(v any) time.Time {
 // Adopt returns the lease of a TaskGrant, for the task it was handed to.
 func (l *Locker) Adopt(g *TaskGrant, ttl time.Duration) *Lease {
 	return l.adopt(g.Resource, g.Permit, g.Token, g.Fence, ttl, g.Sent)
+}
+
+// TakeOver takes over g, a lock handed on to the caller (HandOn) for its
+// task to run next, in one call, as Take takes a grant over for a delivered
+// task: its lease, with ttl (at most g's). HandOn recorded the task's hold
+// in the caller's holds set already.
+//
+// With rate (the task's Take would have decided it with the lock:
+// OneAdmission), its rate limit is decided first, one admission as Take's:
+// admitted now, the lease is returned (Admitted); its turn at most
+// min(rate.Late, ttl/2) away, the lock is renewed once (the watchdog renews
+// it only once the task runs) and the next turn is waited for here, holding
+// the lock (the task is the first waiter anyway; Waited); further off, or
+// when the rate or the lock cannot be asked, Lease is nil (RateWait: how far
+// its turn is) and the caller leaves the task to asynq with the lock granted
+// to it (Grant): its Take decides then.
+func (l *Locker) TakeOver(ctx context.Context, g *TaskGrant, ttl time.Duration, rate *TaskRate) (Taken, error) {
+	lease := l.Adopt(g, ttl)
+	if rate == nil {
+		return Taken{Lease: lease, Granted: true}, nil
+	}
+	bound := min(rate.Late, ttl/2)
+	wait, at, err := l.AllowAt(ctx, rate.Key, rate.Rate)
+	switch {
+	case err != nil:
+		return Taken{}, err
+	case wait == 0:
+		return Taken{Lease: lease, Granted: true, Admitted: at}, nil
+	case wait > bound:
+		return Taken{RateWait: wait}, nil
+	}
+	if err := lease.Renew(ctx); err != nil {
+		return Taken{}, err
+	}
+	// Its turn is the next one free: later than wait if another took that
+	// one meanwhile, and then, past the bound, counted and left unused.
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if at, err = l.WaitAllow(wctx, rate.Key, rate.Rate); err != nil {
+		return Taken{Waited: wait}, err
+	}
+	return Taken{Lease: lease, Granted: true, Admitted: at, Waited: wait}, nil
 }
 
 func (l *Locker) adopt(resource string, permit int, token string, fence int64, ttl time.Duration, sent time.Time) *Lease {
