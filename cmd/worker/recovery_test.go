@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockstep-dev/lockstep/internal/demo"
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
+	"github.com/lockstep-dev/lockstep/internal/procid"
 	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 )
@@ -54,11 +55,13 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 		r.enqueueDemo(id, "rec"+id, int(ttl.Milliseconds())+3000)
 		victim, rec := whoLogged(t, workers, "job started", id)
 		first := fenceOf(rec)
+		late := proctest.MeasureLateness(t)
 		time.Sleep(rand.N(1500 * time.Millisecond)) // a random moment of the run
 		// The dead run's lock expires no earlier than its last renewal and
 		// the TTL: on Redis, its PTTL read just before the kill; elsewhere,
-		// renewed at most TTL/3 before the kill, 2/3 of the TTL after it.
-		expires := ttl * 2 / 3
+		// renewed at most TTL/3 before the kill (later by as much as this
+		// machine delays timers: measured), 2/3 of the TTL after it.
+		expires := ttl*2/3 - late.Max()
 		if env == nil {
 			expires = r.admin.PTTL(context.Background(), "lockstep:{lock:order:rec"+id+"}").Val()
 		}
@@ -77,9 +80,28 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 			return false
 		})
 		d := time.UnixMilli(again.StartedMS).Sub(killed)
-		delays = append(delays, d)
-		t.Logf("round %d: %s ran again %v after its worker was killed (TTL %v)", i, id, d.Round(time.Millisecond), ttl)
-		if d < expires-50*time.Millisecond {
+		if d < -50*time.Millisecond {
+			// The run again began before the kill: the victim had lost its
+			// lock while alive, frozen past its TTL by the machine's load
+			// (the lock service gave it to the rerun only once expired, as
+			// its higher fence says). G7 treats a freeze as a crash; the
+			// kill's timing says nothing more in this round.
+			// A live worker must have judged it dead first (its beats
+			// overdue): a rerun beside a live holder is two holders.
+			judged := false
+			for _, w := range workers {
+				judged = judged || w.findLog(proctest.Msg("dead worker's task recovered: its lock expired; back at the head of its queue",
+					"id", id, "worker", procid.Of(victim.Pid()))) != nil
+			}
+			if !judged {
+				t.Errorf("%s ran again %v before its worker was killed, and no live worker had judged that worker dead: two holders at once", id, -d)
+			}
+			t.Logf("round %d: %s ran again %v before its worker was killed: the victim was frozen past its TTL (timers here up to %v late)", i, id, -d.Round(time.Millisecond), late.Max())
+		} else {
+			delays = append(delays, d)
+			t.Logf("round %d: %s ran again %v after its worker was killed (TTL %v)", i, id, d.Round(time.Millisecond), ttl)
+		}
+		if d >= -50*time.Millisecond && d < expires-50*time.Millisecond {
 			t.Errorf("%s ran again %v after the kill: before the dead run's lock could have expired (%v)", id, d, expires)
 		}
 		if d > ttl+3*time.Second {
@@ -91,6 +113,9 @@ func killRunsAgain(t *testing.T, r *rig, env []string, ttl time.Duration, rounds
 		}
 	}
 	slices.Sort(delays)
+	if len(delays) == 0 {
+		t.Fatalf("every victim was frozen past its TTL before its kill: no round measured a recovery")
+	}
 	if med := delays[len(delays)/2]; med > ttl+2*time.Second {
 		t.Errorf("median delay %v, want within the TTL (%v) + 2s", med, ttl)
 	}
