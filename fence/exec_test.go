@@ -280,7 +280,7 @@ func TestExecPostgresAlone(t *testing.T) {
 // TestExecMySQL: on MySQL, Exec takes a transaction only (outside one, the
 // check would commit apart from the write) and says what a pool without
 // multi-statement queries lacks; the statement's own error is returned as
-// it is, not as a refusal, even the one a refusal uses (1242).
+// it is, not as a refusal, even the one a refusal uses (1690, an overflow).
 func TestExecMySQL(t *testing.T) {
 	s := servers[1]
 	db, tbl := setup(t, s)
@@ -308,9 +308,9 @@ func TestExecMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	_, err = tbl.Exec(ctx, tx, "r", 0, 3, "INSERT INTO orders (resource, fence) VALUES (?, (SELECT 1 UNION ALL SELECT 2))", "r")
-	if err == nil || errors.Is(err, fence.ErrStale) || !strings.Contains(err.Error(), "1242") {
-		t.Fatalf("the statement's own error 1242: %v, want it as it is", err)
+	_, err = tbl.Exec(ctx, tx, "r", 0, 3, "INSERT INTO orders (resource, fence) VALUES (?, ~0 + 1)", "r")
+	if err == nil || errors.Is(err, fence.ErrStale) || !strings.Contains(err.Error(), "1690") {
+		t.Fatalf("the statement's own error 1690: %v, want it as it is", err)
 	}
 	r, err := tbl.Exec(ctx, tx, "r", 0, 3, "UPDATE orders SET fence = ? WHERE resource = ?", 3, "none")
 	if err != nil {
@@ -323,4 +323,24 @@ func TestExecMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantRecorded(t, db, "r", 0, 3, "")
+
+	// The refusal stops the query in any sql_mode: not only where a bad
+	// value is an error, but also where MySQL would store it with a warning.
+	for _, mode := range []string{"", "STRICT_TRANS_TABLES", "TRADITIONAL", "ANSI"} {
+		tx, err := pool.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "SET SESSION sql_mode = ?", mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tbl.Exec(ctx, tx, "r", 0, 2, insertOrder(s), "r", 2)
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("sql_mode %q: %v", mode, err)
+		wantStale(t, err, "r", 0, 2, 3)
+		wantRecorded(t, db, "r", 0, 3, "")
+		wantOrders(t, db, "r")
+	}
 }

@@ -49,7 +49,7 @@ ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name),
 		read: fmt.Sprintf(`SELECT fence, lock_name FROM %s WHERE resource = ? AND permit = ? FOR UPDATE`, table),
 		guard: fmt.Sprintf(`INSERT INTO %s (resource, permit, lock_name, fence) VALUES (?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE fence = IF(lock_name = VALUES(lock_name) AND fence <= VALUES(fence), VALUES(fence),
-	(SELECT fence FROM DUAL UNION ALL SELECT fence FROM DUAL))`, table),
+	~0 + (fence = fence))`, table),
 	}
 }
 
@@ -92,12 +92,15 @@ type resulter interface {
 
 // exec sends the check (guard) and query as one multi-statement query:
 // MySQL runs them in order and stops at the first error, and the check
-// fails on a refusal (a scalar subquery of two rows: error 1242, in any
-// sql_mode), so query runs only after the check accepted token and locked
-// the row. Each statement of such a query outside a transaction would
+// fails on a refusal, so query runs only after the check accepted token and
+// locked the row. The refusal is an integer overflow: ~0 is the largest
+// BIGINT UNSIGNED, and adding 1 to it fails with error 1690 in every
+// sql_mode (the 1 is (fence = fence), so that the sum is worked out only
+// when the refusing branch is taken). It costs less than a scalar subquery
+// of two rows (error 1242). Each statement of such a query outside a transaction would
 // commit apart, the check before the write: q must be a *sql.Tx. A failed
 // check leaves the transaction usable, so the verdict is read from the
-// row, under its lock, only when the error is 1242 (query's own 1242 finds
+// row, under its lock, only when the error is 1690 (query's own 1690 finds
 // token accepted, and is returned as it is).
 func (mysql) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
 	if _, ok := q.(*sql.Tx); !ok {
@@ -110,7 +113,7 @@ func (mysql) exec(ctx context.Context, t *Table, q Querier, resource string, per
 	}
 	n, _ := mysqlNumber(err)
 	switch n {
-	case 1242:
+	case 1690:
 		var current int64
 		var recorded []byte
 		if q.QueryRowContext(ctx, t.stmts.read, resource, permit).Scan(&current, &recorded) == nil {
