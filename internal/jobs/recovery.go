@@ -562,7 +562,7 @@ func (s *Server) stillActive(ctx context.Context) (left, drop []string) {
 		return nil, recs
 	}
 	tasks := make([]asynqstore.Task, 0, len(recs))
-	parsed := recs[:0:0]
+	var parsed []string // the records of tasks, in tasks' order
 	for _, rec := range recs {
 		if _, queue, id, ok := lock.ParseHoldRecord(rec); ok {
 			tasks, parsed = append(tasks, asynqstore.Task{Queue: queue, ID: id}), append(parsed, rec)

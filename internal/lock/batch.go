@@ -100,7 +100,7 @@ func (b *batcher) send(batch []*batchItem) {
 		cancel()
 		vals, ok := reply.([]any)
 		if err == nil && (!ok || len(vals) != len(live)) {
-			err = fmt.Errorf("%s returned %v for %d locks", b.name, reply, len(live))
+			err = fmt.Errorf("%s returned %v for %d items", b.name, reply, len(live))
 		}
 		for i, it := range live {
 			if err != nil {
