@@ -32,7 +32,9 @@ import (
 // mysql-record) the "fenced" write is Exec's without its check: the fence
 // row upserted unconditionally in the INSERT's round trip (recordFence),
 // the least a fence recorded in the caller's transaction costs; Exec's
-// x-unfenced beside it is the check's own share.
+// x-unfenced beside it is the check's own share. And at sync=on a fourth
+// time with Exec on a write of five rows (rows=5: one INSERT of five orders)
+// instead of one, a transaction that does more than the smallest write.
 //
 // Each write is a new holder, with a higher fence: spread=true takes the
 // connection's spreadResources resources in turn, as holders of many
@@ -77,7 +79,7 @@ func BenchmarkFencedWrite(b *testing.B) {
 				var next, tokens atomic.Int64
 				// holder writes as one connection does, on pool: each call
 				// the next holder, on its next resource.
-				holder := func(pool *sql.DB, way fenceWay) func() error {
+				holder := func(pool *sql.DB, way fenceWay, rows int) func() error {
 					base, i := next.Add(1), 0
 					return func() error {
 						resource := fmt.Sprintf("r%d", base)
@@ -85,29 +87,37 @@ func BenchmarkFencedWrite(b *testing.B) {
 							resource = fmt.Sprintf("r%d-%d", base, i%spreadResources)
 							i++
 						}
-						return benchWrite(ctx, pool, s, tbl, way, resource, tokens.Add(1))
+						return benchWrite(ctx, pool, s, tbl, way, resource, tokens.Add(1), rows)
 					}
 				}
 				// Exec's rows run on Exec's pool, their bare writes too:
 				// MySQL's interpolates arguments in the client, which saves
 				// the bare INSERT a round trip as well.
-				ways := []fenceWay{check, exec}
-				if m.sync && m.spread {
-					ways = append(ways, record)
+				type run struct {
+					way  fenceWay
+					rows int
 				}
-				for _, way := range ways {
+				runs := []run{{check, 1}, {exec, 1}}
+				if m.sync && m.spread {
+					runs = append(runs, run{record, 1}, run{exec, 5})
+				}
+				for _, r := range runs {
 					name, pool := s.name, db.DB
-					switch way {
+					switch r.way {
 					case exec, record:
-						name, pool = s.name+"-"+way.String(), execPool(b, db)
+						name, pool = s.name+"-"+r.way.String(), execPool(b, db)
 						pool.SetMaxOpenConns(conns)
 						pool.SetMaxIdleConns(conns)
 					}
-					b.Run(fmt.Sprintf("%s/sync=%s/spread=%v/conns=%d", name, syncing, m.spread, conns), func(b *testing.B) {
+					rows := ""
+					if r.rows > 1 {
+						rows = fmt.Sprintf("/rows=%d", r.rows)
+					}
+					b.Run(fmt.Sprintf("%s/sync=%s/spread=%v%s/conns=%d", name, syncing, m.spread, rows, conns), func(b *testing.B) {
 						var unfenced, fenced []func() error
 						for range conns {
-							unfenced = append(unfenced, holder(pool, bare))
-							fenced = append(fenced, holder(pool, way))
+							unfenced = append(unfenced, holder(pool, bare, r.rows))
+							fenced = append(fenced, holder(pool, r.way, r.rows))
 						}
 						sqltest.InTurns(b, unfenced, fenced)
 					})
@@ -131,6 +141,25 @@ const (
 	record                 // the INSERT with the fence row's write, unchecked
 )
 
+// insertOrders is one INSERT of rows orders of resource with token, and its
+// arguments.
+func insertOrders(s server, resource string, token int64, rows int) (string, []any) {
+	q := "INSERT INTO orders (resource, fence) VALUES "
+	var args []any
+	for i := range rows {
+		if i > 0 {
+			q += ", "
+		}
+		if s.name == "mysql" {
+			q += "(?, ?)"
+		} else {
+			q += fmt.Sprintf("($%d, $%d)", 2*i+1, 2*i+2)
+		}
+		args = append(args, resource, token)
+	}
+	return q, args
+}
+
 func (w fenceWay) String() string {
 	return [...]string{"bare", "check", "exec", "record"}[w]
 }
@@ -147,7 +176,7 @@ func recordFence(s server) string {
 	return "WITH f AS (INSERT INTO fences AS f (resource, permit, lock_name, fence) VALUES ($3, 0, 'bench', $4) ON CONFLICT (resource, permit) DO UPDATE SET fence = EXCLUDED.fence)\n" + insertOrder(s)
 }
 
-func benchWrite(ctx context.Context, db *sql.DB, s server, tbl *fence.Table, way fenceWay, resource string, token int64) error {
+func benchWrite(ctx context.Context, db *sql.DB, s server, tbl *fence.Table, way fenceWay, resource string, token int64, rows int) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -160,9 +189,11 @@ func benchWrite(ctx context.Context, db *sql.DB, s server, tbl *fence.Table, way
 		}
 		fallthrough
 	case bare:
-		_, err = tx.ExecContext(ctx, insertOrder(s), resource, token)
+		q, args := insertOrders(s, resource, token, rows)
+		_, err = tx.ExecContext(ctx, q, args...)
 	case exec:
-		_, err = tbl.Exec(ctx, tx, resource, 0, token, insertOrder(s), resource, token)
+		q, args := insertOrders(s, resource, token, rows)
+		_, err = tbl.Exec(ctx, tx, resource, 0, token, q, args...)
 	case record:
 		args := []any{resource, token, resource, token}
 		_, err = tx.ExecContext(ctx, recordFence(s), args...)
