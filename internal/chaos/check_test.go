@@ -437,7 +437,8 @@ func TestCheckRecoveryTimes(t *testing.T) {
 }
 
 // recovery_ms counts only the tasks in the killed worker's hands at the
-// kill: asynq had them active (its Inspector, read right after the kill),
+// kill: asynq had them active (its Inspector, read right after the kill, or
+// once a drained worker has exited),
 // and the worker's begin was their latest. A run whose end was never
 // recorded (Redis was away when it wrote it) and that asynq retried later,
 // or a task that another worker began after it, is not timed from the kill.
@@ -465,19 +466,23 @@ func TestCheckRecoveryTimesCountsOnlyTheKilledWorkersTasks(t *testing.T) {
 		Job{ID: "r2", OrderID: "42", Acked: true, State: "completed"}, Job{ID: "r3", OrderID: "43", Acked: true, State: "completed"})
 	for _, c := range []struct {
 		name   string
+		kind   string
 		active []string
 		tasks  int
 		over   int
 	}{
-		{"asynq's active tasks read at the kill", []string{"r2", "r3"}, 1, 1},
-		{"asynq's active tasks not read", nil, 2, 2},
+		{"asynq's active tasks read at the kill", FaultWorkerKill, []string{"r2", "r3"}, 1, 1},
+		{"asynq's active tasks not read", FaultWorkerKill, nil, 2, 2},
+		// A drain's tasks are timed from its SIGTERM, unbounded: the
+		// worker renews its locks until it exits.
+		{"asynq's active tasks read at a drain's exit", FaultWorkerKillDrain, []string{"r2", "r3"}, 1, 0},
 	} {
 		h := h
 		k := kill
-		k.Active = c.active
+		k.Kind, k.Active = c.kind, c.active
 		h.Faults = append(slices.Clone(h.Faults), k)
 		r := Check(h)
-		got := r.RecoveryMS[FaultWorkerKill]
+		got := r.RecoveryMS[c.kind]
 		if got == nil || got.Tasks != c.tasks || r.RecoveryOverBound != c.over || r.Violations() != c.over {
 			t.Errorf("%s: recovery_ms %+v, recovery_over_bound %d (violations %d: %+v), want %d tasks timed and %d over", c.name, got, r.RecoveryOverBound, r.Violations(), r.Evidence, c.tasks, c.over)
 		}

@@ -537,6 +537,7 @@ func (r *run) draw(kind string) plan {
 			if w.term(drain) { // drained before the kill came
 				f.Detail += " (had exited by itself)"
 			}
+			f.Holds, f.Active = r.holdsOf(f.Worker), r.activeTasks()
 			time.Sleep(down)
 			w.start(r.tb)
 			return r.end(f)

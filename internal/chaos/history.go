@@ -153,11 +153,13 @@ type Fault struct {
 	End    time.Time // when it was healed (process restarted, resumed, link restored)
 	Detail string    // e.g. "paused 3.2s", "killed 140ms into a tick"
 	// Holds: a worker_kill's killed worker's hold records right after the
-	// kill, the tasks its recovery knows of (task ids; "" when not read).
+	// kill (a worker_kill_drain's once the process has exited), the tasks
+	// its recovery knows of (task ids; "" when not read).
 	Holds []string
-	// Active: a worker_kill's tasks active in asynq right after the kill
-	// (its Inspector; nil when not read): a task the killed worker had
-	// begun and not ended is in its hands only if asynq still has it active.
+	// Active: the tasks active in asynq right after a worker_kill's kill
+	// (a worker_kill_drain's exit; its Inspector; nil when not read): a
+	// task the worker had begun and not ended is in its hands only if
+	// asynq still has it active.
 	Active []string
 	// Resources: a Cluster master's fault's, what the demo's runs are
 	// checked on (runKey: an order, a tenant's permit) whose locks that
