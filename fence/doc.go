@@ -50,7 +50,9 @@
 // verdict but locks the fence row after the write's rows. On MySQL and
 // MariaDB the check and the write go as one multi-statement query, the
 // check first, which stops it on a refusal; that needs a transaction and a
-// pool with multiStatements and interpolateParams.
+// pool with multiStatements and interpolateParams. QueryRow (QueryRowLease)
+// is Exec for a PostgreSQL write with RETURNING: its Row's Scan returns the
+// row, or the refusal, which comes after it.
 //
 // A *lockstep.Lease passes itself to CheckLease; a job handler passes
 // job.Resource, job.Permit and job.Fence. Package fence/pgxfence does the same

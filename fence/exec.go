@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 )
 
@@ -49,4 +50,66 @@ func (t *Table) failed(resource string, permit int, err error) error {
 // *lockstep.Lease.
 func (t *Table) ExecLease(ctx context.Context, q Querier, l Lease, query string, args ...any) (sql.Result, error) {
 	return t.Exec(ctx, q, l.Key(), l.Permit(), l.Fence(), query, args...)
+}
+
+// QueryRow is Exec for a PostgreSQL write that returns a row, an INSERT,
+// UPDATE or DELETE with RETURNING (the id an INSERT gave its row, say): the
+// row is read with the returned Row's Scan, which returns Exec's errors.
+// PostgreSQL runs the check after the statement, so a refusal comes after
+// the row: Scan returns it, and dest is not to be used then. A statement
+// that returns no row returns sql.ErrNoRows from Scan (the fence recorded,
+// as Exec does for a write of no row).
+//
+// On MySQL and MariaDB, which have no RETURNING to read in the same query,
+// Scan returns an error: use Exec (its sql.Result has LastInsertId), or
+// Check and the statement.
+func (t *Table) QueryRow(ctx context.Context, q Querier, resource string, permit int, token int64, query string, args ...any) *Row {
+	r := &Row{t: t, resource: resource, permit: permit, token: token}
+	if r.err = t.validate(resource, permit, token); r.err != nil {
+		return r
+	}
+	pg, ok := t.d.(postgres)
+	if !ok {
+		r.err = errors.New("fence: QueryRow is PostgreSQL's: on MySQL and MariaDB use Exec (its sql.Result has LastInsertId), or Check and the statement in one transaction")
+		return r
+	}
+	fenced, all, err := pg.fenced(t, resource, permit, token, query, args)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	r.row = q.QueryRowContext(ctx, fenced, all...)
+	return r
+}
+
+// QueryRowLease is QueryRow with the resource, permit and fence of a lease,
+// e.g. a *lockstep.Lease.
+func (t *Table) QueryRowLease(ctx context.Context, q Querier, l Lease, query string, args ...any) *Row {
+	return t.QueryRow(ctx, q, l.Key(), l.Permit(), l.Fence(), query, args...)
+}
+
+// Row is the row a fenced write returned (QueryRow).
+type Row struct {
+	t        *Table
+	resource string
+	permit   int
+	token    int64
+	row      *sql.Row
+	err      error // QueryRow's own, before the statement was sent
+}
+
+// Scan copies the row's columns into dest, as (*sql.Row).Scan does, once
+// the statement and its check have run to their end. It returns Check's
+// errors for a refusal (*StaleError, ErrOtherLock, ErrNoFence), the write
+// undone; sql.ErrNoRows for an accepted statement that returned no row;
+// other errors wrapped.
+func (r *Row) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	err := r.row.Scan(dest...)
+	if err == nil || errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return postgres{}.execErr(r.t, r.resource, r.permit, r.token, err)
 }

@@ -344,3 +344,75 @@ func TestExecMySQL(t *testing.T) {
 		wantOrders(t, db, "r")
 	}
 }
+
+// TestQueryRow: on PostgreSQL a fenced write with RETURNING gives its row
+// (the id its INSERT made) when accepted; refused (stale, another lock, no
+// fence), Scan returns Check's errors and nothing is written, though the
+// row came before the check's verdict; an accepted write of no row is
+// sql.ErrNoRows and records the fence.
+func TestQueryRow(t *testing.T) {
+	db, tbl := setup(t, servers[0])
+	ctx := testContext(t)
+	const insert = insertOrderPG + " RETURNING id"
+	// write runs QueryRow in a transaction that is committed whatever Scan
+	// says: a refusal must leave nothing to commit.
+	write := func(tbl *fence.Table, query string, token int64, args ...any) (int64, error) {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		var id int64
+		err = tbl.QueryRowLease(ctx, tx, lease{"r", 0, token}, query, args...).Scan(&id)
+		if err == nil || errors.Is(err, sql.ErrNoRows) {
+			if cerr := tx.Commit(); cerr != nil {
+				t.Fatal(cerr)
+			}
+		}
+		return id, err
+	}
+	first, err := write(tbl, insert, 5, "r", 5)
+	if err != nil || first == 0 {
+		t.Fatalf("fence 5: id %d, %v; want the new order's id", first, err)
+	}
+	again, err := write(tbl, insert, 5, "r", 5)
+	if err != nil || again <= first {
+		t.Fatalf("fence 5 again: id %d, %v; want an id after %d", again, err, first)
+	}
+	_, err = write(tbl, insert, 4, "r", 4)
+	wantStale(t, err, "r", 0, 4, 5)
+	_, err = write(tbl.LockName("etcd"), insert, 9, "r", 9)
+	if !errors.Is(err, fence.ErrOtherLock) {
+		t.Fatalf("another lock's fence 9: %v, want ErrOtherLock", err)
+	}
+	if _, err := write(tbl, insert, 0, "r", 0); !errors.Is(err, fence.ErrNoFence) {
+		t.Fatalf("fence 0: %v, want ErrNoFence", err)
+	}
+	if _, err := write(tbl, "UPDATE orders SET fence = $1 WHERE resource = $2 RETURNING id", 7, 7, "none"); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("an UPDATE of no row: %v, want sql.ErrNoRows", err)
+	}
+	if _, err := write(tbl, "SELECT $1::bigint", 8, 8); err == nil || !strings.Contains(err.Error(), "INSERT, UPDATE or DELETE") {
+		t.Fatalf("a SELECT: %v, want Exec's refusal of the statement", err)
+	}
+	wantOrders(t, db, "r", 5, 5)
+	wantRecorded(t, db, "r", 0, 7, "")
+
+	// The refusal comes after the statement's rows: a write of many rows
+	// returns the first, then the refusal.
+	if _, err := write(tbl, "INSERT INTO orders (resource, fence) SELECT $1, g FROM generate_series(1, 100) g RETURNING id", 6, "r"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("a stale write of 100 rows: %v, want ErrStale", err)
+	}
+	wantOrders(t, db, "r", 5, 5)
+
+	mysqlDB, mysqlTbl := setup(t, servers[1])
+	tx, err := execPool(t, mysqlDB).BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var id int64
+	if err := mysqlTbl.QueryRow(ctx, tx, "r", 0, 1, insertOrder(servers[1]), "r", 1).Scan(&id); err == nil || !strings.Contains(err.Error(), "PostgreSQL") {
+		t.Fatalf("QueryRow on MySQL: %v, want an error that says it is PostgreSQL's", err)
+	}
+}

@@ -61,21 +61,36 @@ func (postgres) check(ctx context.Context, r runner, s statements, resource stri
 // carries the row's fence and lock name: nothing can be read after it in an
 // aborted transaction.
 func (d postgres) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
-	fenced, err := d.guard(t.quote, query, len(args))
+	fenced, all, err := d.fenced(t, resource, permit, token, query, args)
 	if err != nil {
 		return nil, err
 	}
-	all := append(args[:len(args):len(args)], resource, permit, t.lock, token)
 	res, err := q.ExecContext(ctx, fenced, all...)
-	if err == nil {
-		return res, nil
+	if err != nil {
+		return nil, d.execErr(t, resource, permit, token, err)
 	}
+	return res, nil
+}
+
+// fenced returns query with the check in front of it (guard) and the
+// arguments of both.
+func (d postgres) fenced(t *Table, resource string, permit int, token int64, query string, args []any) (string, []any, error) {
+	fenced, err := d.guard(t.quote, query, len(args))
+	if err != nil {
+		return "", nil, err
+	}
+	return fenced, append(args[:len(args):len(args)], resource, permit, t.lock, token), nil
+}
+
+// execErr is Exec's error for err, the fenced statement's: a refusal's
+// verdict, or err.
+func (postgres) execErr(t *Table, resource string, permit int, token int64, err error) error {
 	if current, lock, ok := refusal(err); ok {
 		if v := t.verdict(resource, permit, token, current, lock); v != nil {
-			return nil, v
+			return v
 		}
 	}
-	return nil, t.failed(resource, permit, err)
+	return t.failed(resource, permit, err)
 }
 
 // guard returns query, a statement with nargs arguments ($1…$nargs), with
