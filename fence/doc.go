@@ -52,7 +52,7 @@
 // check first, which stops it on a refusal; that needs a transaction and a
 // pool with multiStatements and interpolateParams. QueryRow (QueryRowLease)
 // is Exec for a PostgreSQL write with RETURNING: its Row's Scan returns the
-// row, or the refusal, which comes after it.
+// row, or the refusal.
 //
 // A *lockstep.Lease passes itself to CheckLease; a job handler passes
 // job.Resource, job.Permit and job.Fence. Package fence/pgxfence does the same

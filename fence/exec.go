@@ -55,10 +55,11 @@ func (t *Table) ExecLease(ctx context.Context, q Querier, l Lease, query string,
 // QueryRow is Exec for a PostgreSQL write that returns a row, an INSERT,
 // UPDATE or DELETE with RETURNING (the id an INSERT gave its row, say): the
 // row is read with the returned Row's Scan, which returns Exec's errors.
-// PostgreSQL runs the check after the statement, so a refusal comes after
-// the row: Scan returns it, and dest is not to be used then. A statement
-// that returns no row returns sql.ErrNoRows from Scan (the fence recorded,
-// as Exec does for a write of no row).
+// PostgreSQL runs such a statement, its check included, to its end before
+// it sends a row, so a refusal is Scan's error and nothing is scanned. A
+// statement that returns no row (an UPDATE that matched none) gives
+// sql.ErrNoRows (the fence recorded, as Exec does for a write of no row);
+// a statement without RETURNING is refused before it runs: use Exec.
 //
 // On MySQL and MariaDB, which have no RETURNING to read in the same query,
 // Scan returns an error: use Exec (its sql.Result has LastInsertId), or
@@ -74,6 +75,9 @@ func (t *Table) QueryRow(ctx context.Context, q Querier, resource string, permit
 		return r
 	}
 	fenced, all, err := pg.fenced(t, resource, permit, token, query, args)
+	if err == nil && !pgReturns(query) {
+		err = errors.New("fence: QueryRow takes a statement with RETURNING, and this one returns no row: use Exec")
+	}
 	if err != nil {
 		r.err = err
 		return r
@@ -98,11 +102,10 @@ type Row struct {
 	err      error // QueryRow's own, before the statement was sent
 }
 
-// Scan copies the row's columns into dest, as (*sql.Row).Scan does, once
-// the statement and its check have run to their end. It returns Check's
-// errors for a refusal (*StaleError, ErrOtherLock, ErrNoFence), the write
-// undone; sql.ErrNoRows for an accepted statement that returned no row;
-// other errors wrapped.
+// Scan copies the row's columns into dest, as (*sql.Row).Scan does. It
+// returns Check's errors for a refusal (*StaleError, ErrOtherLock,
+// ErrNoFence), the write undone; sql.ErrNoRows for an accepted statement
+// that returned no row; other errors wrapped.
 func (r *Row) Scan(dest ...any) error {
 	if r.err != nil {
 		return r.err

@@ -346,16 +346,18 @@ func TestExecMySQL(t *testing.T) {
 }
 
 // TestQueryRow: on PostgreSQL a fenced write with RETURNING gives its row
-// (the id its INSERT made) when accepted; refused (stale, another lock, no
-// fence), Scan returns Check's errors and nothing is written, though the
-// row came before the check's verdict; an accepted write of no row is
-// sql.ErrNoRows and records the fence.
+// (the id its INSERT made) when accepted; refused by the server (stale,
+// another lock), Scan returns Check's errors and nothing is written, even
+// when the caller commits; an accepted write of no row is sql.ErrNoRows and
+// records the fence. Fence 0 and statements it cannot guard or that return
+// nothing are refused in the client, before anything is sent.
 func TestQueryRow(t *testing.T) {
 	db, tbl := setup(t, servers[0])
 	ctx := testContext(t)
 	const insert = insertOrderPG + " RETURNING id"
-	// write runs QueryRow in a transaction that is committed whatever Scan
-	// says: a refusal must leave nothing to commit.
+	// write runs QueryRow in a transaction of its own and commits it
+	// whatever Scan said: after a refusal the commit must not keep the
+	// write (PostgreSQL rolls an aborted transaction back).
 	write := func(tbl *fence.Table, query string, token int64, args ...any) (int64, error) {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, nil)
@@ -365,10 +367,8 @@ func TestQueryRow(t *testing.T) {
 		defer tx.Rollback()
 		var id int64
 		err = tbl.QueryRowLease(ctx, tx, lease{"r", 0, token}, query, args...).Scan(&id)
-		if err == nil || errors.Is(err, sql.ErrNoRows) {
-			if cerr := tx.Commit(); cerr != nil {
-				t.Fatal(cerr)
-			}
+		if cerr := tx.Commit(); cerr != nil && (err == nil || errors.Is(err, sql.ErrNoRows)) {
+			t.Fatal(cerr)
 		}
 		return id, err
 	}
@@ -395,11 +395,13 @@ func TestQueryRow(t *testing.T) {
 	if _, err := write(tbl, "SELECT $1::bigint", 8, 8); err == nil || !strings.Contains(err.Error(), "INSERT, UPDATE or DELETE") {
 		t.Fatalf("a SELECT: %v, want Exec's refusal of the statement", err)
 	}
+	if _, err := write(tbl, insertOrderPG+" -- RETURNING id", 8, "r", 8); err == nil || !strings.Contains(err.Error(), "use Exec") {
+		t.Fatalf("an INSERT without RETURNING (the word in a comment): %v, want a refusal that says to use Exec", err)
+	}
 	wantOrders(t, db, "r", 5, 5)
 	wantRecorded(t, db, "r", 0, 7, "")
 
-	// The refusal comes after the statement's rows: a write of many rows
-	// returns the first, then the refusal.
+	// A stale write of many rows: nothing of it is kept.
 	if _, err := write(tbl, "INSERT INTO orders (resource, fence) SELECT $1, g FROM generate_series(1, 100) g RETURNING id", 6, "r"); !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("a stale write of 100 rows: %v, want ErrStale", err)
 	}

@@ -94,14 +94,15 @@ type resulter interface {
 // MySQL runs them in order and stops at the first error, and the check
 // fails on a refusal, so query runs only after the check accepted token and
 // locked the row. The refusal is an integer overflow: ~0 is the largest
-// BIGINT UNSIGNED, and adding 1 to it fails with error 1690 in every
-// sql_mode (the 1 is (fence = fence), so that the sum is worked out only
-// when the refusing branch is taken). It costs less than a scalar subquery
-// of two rows (error 1242). Each statement of such a query outside a transaction would
-// commit apart, the check before the write: q must be a *sql.Tx. A failed
-// check leaves the transaction usable, so the verdict is read from the
-// row, under its lock, only when the error is 1690 (query's own 1690 finds
-// token accepted, and is returned as it is).
+// BIGINT UNSIGNED, and adding 1 to it fails with error 1690 whatever the
+// sql_mode (MySQL since 5.5.5; tested on MariaDB in four modes). The 1 is
+// (fence = fence), so that the sum is worked out only in the refusing
+// branch; it costs less than a scalar subquery of two rows (error 1242).
+// Each statement of such a query outside a transaction would commit apart,
+// the check before the write: q must be a *sql.Tx. A failed check leaves
+// the transaction usable, so the verdict is read from the row, under its
+// lock, only when the error is 1690 (query's own 1690 finds token accepted,
+// and is returned as it is).
 func (mysql) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
 	if _, ok := q.(*sql.Tx); !ok {
 		return nil, fmt.Errorf("fence: Exec on MySQL or MariaDB takes a *sql.Tx, not %T: outside a transaction the check would commit apart from the write", q)

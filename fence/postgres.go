@@ -118,7 +118,7 @@ ELSE ('%s' || f.fence || ' ' || encode(convert_to(f.lock_name, 'UTF8'), 'hex') |
 // UPDATE or DELETE (blanks and comments aside, and one final semicolon)
 // whose placeholders are $1…$nargs, no more.
 func pgWrite(query string, nargs int) error {
-	first, several, most := pgScan(query)
+	first, several, most, _ := pgScan(query)
 	switch strings.ToLower(first) {
 	case "insert", "update", "delete":
 	case "with":
@@ -137,11 +137,19 @@ func pgWrite(query string, nargs int) error {
 	return nil
 }
 
+// pgReturns reports whether query, a statement pgWrite accepts, has a
+// RETURNING clause (a reserved word: unquoted, it is the keyword).
+func pgReturns(query string) bool {
+	_, _, _, returning := pgScan(query)
+	return returning
+}
+
 // pgScan reads a PostgreSQL statement as the server's lexer would, as far
 // as telling code from comments, strings and quoted identifiers goes: it
 // returns the statement's first word, whether code follows a semicolon,
-// and the highest placeholder ($n) in it.
-func pgScan(q string) (first string, several bool, most int) {
+// the highest placeholder ($n) in it and whether the word RETURNING is in
+// its code.
+func pgScan(q string) (first string, several bool, most int, returning bool) {
 	ident := func(c byte) bool {
 		return c == '_' || c == '$' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 0x80
 	}
@@ -230,6 +238,7 @@ func pgScan(q string) (first string, several bool, most int) {
 			if first == "" {
 				first = q[i:j]
 			}
+			returning = returning || strings.EqualFold(q[i:j], "returning")
 			i = j
 		default:
 			code()
@@ -239,7 +248,7 @@ func pgScan(q string) (first string, several bool, most int) {
 			i++
 		}
 	}
-	return first, several, most
+	return first, several, most, returning
 }
 
 // refusedMark starts what a refusing guard puts in its error: the recorded
