@@ -29,7 +29,7 @@ func TestConcurrentHolders(t *testing.T) {
 				db, tbl := setup(t, s)
 				ctx := testContext(t)
 				race(t, func(token int64) error { return writeOrder(ctx, db.DB, tbl, s, level, token) })
-				fences := orderFences(t, db.DB, hotResource)
+				fences := orderFences(t, db.DB)
 				for i := 1; i < len(fences); i++ {
 					if fences[i] < fences[i-1] {
 						t.Fatalf("order %d has fence %d after fence %d was committed: %v", i, fences[i], fences[i-1], fences)
@@ -176,15 +176,10 @@ func writeOrder(ctx context.Context, db *sql.DB, tbl *fence.Table, s server, lev
 	return tx.Commit()
 }
 
-func orderFences(t *testing.T, db *sql.DB, resource string) []int64 {
+// orderFences returns the fences of the committed orders, in id order.
+func orderFences(t *testing.T, db *sql.DB) []int64 {
 	t.Helper()
-	return int64s(t, db, "SELECT fence FROM orders ORDER BY id")
-}
-
-// int64s returns the one column of query's rows.
-func int64s(t *testing.T, db *sql.DB, query string) []int64 {
-	t.Helper()
-	rows, err := db.QueryContext(testContext(t), query)
+	rows, err := db.QueryContext(testContext(t), "SELECT fence FROM orders ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}

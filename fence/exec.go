@@ -74,8 +74,8 @@ func (t *Table) QueryRow(ctx context.Context, q Querier, resource string, permit
 		r.err = errors.New("fence: QueryRow is PostgreSQL's: on MySQL and MariaDB use Exec (its sql.Result has LastInsertId), or Check and the statement in one transaction")
 		return r
 	}
-	fenced, all, err := pg.fenced(t, resource, permit, token, query, args)
-	if err == nil && !pgReturns(query) {
+	fenced, all, returns, err := pg.fenced(t, resource, permit, token, query, args)
+	if err == nil && !returns {
 		err = errors.New("fence: QueryRow takes a statement with RETURNING, and this one returns no row: use Exec")
 	}
 	if err != nil {

@@ -61,7 +61,7 @@ func (postgres) check(ctx context.Context, r runner, s statements, resource stri
 // carries the row's fence and lock name: nothing can be read after it in an
 // aborted transaction.
 func (d postgres) exec(ctx context.Context, t *Table, q Querier, resource string, permit int, token int64, query string, args []any) (sql.Result, error) {
-	fenced, all, err := d.fenced(t, resource, permit, token, query, args)
+	fenced, all, _, err := d.fenced(t, resource, permit, token, query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -72,14 +72,14 @@ func (d postgres) exec(ctx context.Context, t *Table, q Querier, resource string
 	return res, nil
 }
 
-// fenced returns query with the check in front of it (guard) and the
-// arguments of both.
-func (d postgres) fenced(t *Table, resource string, permit int, token int64, query string, args []any) (string, []any, error) {
-	fenced, err := d.guard(t.quote, query, len(args))
+// fenced returns query with the check in front of it (guard), the
+// arguments of both, and whether query has a RETURNING clause.
+func (d postgres) fenced(t *Table, resource string, permit int, token int64, query string, args []any) (string, []any, bool, error) {
+	fenced, returns, err := d.guard(t.quote, query, len(args))
 	if err != nil {
-		return "", nil, err
+		return "", nil, false, err
 	}
-	return fenced, append(args[:len(args):len(args)], resource, permit, t.lock, token), nil
+	return fenced, append(args[:len(args):len(args)], resource, permit, t.lock, token), returns, nil
 }
 
 // execErr is Exec's error for err, the fenced statement's: a refusal's
@@ -101,47 +101,42 @@ func (postgres) execErr(t *Table, resource string, permit int, token int64, err 
 // finds, and when the row's fence is higher or its lock name another it
 // sets the fence to a cast that fails, on text that carries the row's
 // fence and lock name (refusal reads them): the error aborts the whole
-// statement, the caller's write with it.
-func (postgres) guard(table, query string, nargs int) (string, error) {
-	if err := pgWrite(query, nargs); err != nil {
-		return "", err
+// statement, the caller's write with it. returns says whether query has a
+// RETURNING clause.
+func (postgres) guard(table, query string, nargs int) (fenced string, returns bool, err error) {
+	if returns, err = pgWrite(query, nargs); err != nil {
+		return "", false, err
 	}
 	n := nargs
 	return fmt.Sprintf(`WITH lockstep_fence AS (INSERT INTO %s AS f (resource, permit, lock_name, fence) VALUES ($%d, $%d, $%d, $%d)
 ON CONFLICT (resource, permit) DO UPDATE SET fence = CASE
 WHEN f.lock_name = EXCLUDED.lock_name AND f.fence <= EXCLUDED.fence THEN EXCLUDED.fence
 ELSE ('%s' || f.fence || ' ' || encode(convert_to(f.lock_name, 'UTF8'), 'hex') || '%s')::bigint END)
-`, table, n+1, n+2, n+3, n+4, refusedMark, refusedEnd) + query, nil
+`, table, n+1, n+2, n+3, n+4, refusedMark, refusedEnd) + query, returns, nil
 }
 
 // pgWrite accepts query if the check's WITH can guard it: one INSERT,
 // UPDATE or DELETE (blanks and comments aside, and one final semicolon)
-// whose placeholders are $1…$nargs, no more.
-func pgWrite(query string, nargs int) error {
-	first, several, most, _ := pgScan(query)
+// whose placeholders are $1…$nargs, no more; returns says whether it has a
+// RETURNING clause (a reserved word: unquoted, it is the keyword).
+func pgWrite(query string, nargs int) (returns bool, err error) {
+	first, several, most, returns := pgScan(query)
 	switch strings.ToLower(first) {
 	case "insert", "update", "delete":
 	case "with":
-		return errors.New("fence: Exec: the statement starts with WITH, and the check's WITH must be the statement's first: use Check in the statement's transaction")
+		return false, errors.New("fence: Exec: the statement starts with WITH, and the check's WITH must be the statement's first: use Check in the statement's transaction")
 	case "":
-		return errors.New("fence: Exec: no statement")
+		return false, errors.New("fence: Exec: no statement")
 	default:
-		return fmt.Errorf("fence: Exec takes one INSERT, UPDATE or DELETE, not a statement that starts with %q: use Check in its transaction", first)
+		return false, fmt.Errorf("fence: Exec takes one INSERT, UPDATE or DELETE, not a statement that starts with %q: use Check in its transaction", first)
 	}
 	if several {
-		return errors.New("fence: Exec takes one statement, and the query has more after a semicolon: use Check in their transaction")
+		return false, errors.New("fence: Exec takes one statement, and the query has more after a semicolon: use Check in their transaction")
 	}
 	if most > nargs {
-		return fmt.Errorf("fence: Exec: the statement has placeholder $%d but %d arguments", most, nargs)
+		return false, fmt.Errorf("fence: Exec: the statement has placeholder $%d but %d arguments", most, nargs)
 	}
-	return nil
-}
-
-// pgReturns reports whether query, a statement pgWrite accepts, has a
-// RETURNING clause (a reserved word: unquoted, it is the keyword).
-func pgReturns(query string) bool {
-	_, _, _, returning := pgScan(query)
-	return returning
+	return returns, nil
 }
 
 // pgScan reads a PostgreSQL statement as the server's lexer would, as far

@@ -587,22 +587,22 @@ func checkClusterHistory(t *testing.T, client redis.UniversalClient, insp *asynq
 		// until they agree, for a few of its periods.
 		var h map[string]string
 		var last demo.Execution
-		for tries := 0; ; tries++ {
+		tries := 0
+		redistest.Within(3*time.Second, 100*time.Millisecond, func() bool {
+			if tries++; tries > 1 {
+				fresh, err := demo.ReadExecutions(ctx, client, lock.DefaultPrefix)
+				if err != nil {
+					t.Fatal(err)
+				}
+				xs = demo.ByOrder(okOnly(fresh))[ord]
+			}
 			var err error
 			if h, err = client.HGetAll(ctx, demo.Store(lock.DefaultPrefix, ord)).Result(); err != nil {
 				t.Fatal(err)
 			}
 			last = xs[len(xs)-1]
-			if h["fence"] == strconv.FormatInt(last.Fence, 10) && h["task_id"] == last.TaskID && h["writes"] == strconv.Itoa(len(xs)) || tries == 30 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-			fresh, err := demo.ReadExecutions(ctx, client, lock.DefaultPrefix)
-			if err != nil {
-				t.Fatal(err)
-			}
-			xs = demo.ByOrder(okOnly(fresh))[ord]
-		}
+			return h["fence"] == strconv.FormatInt(last.Fence, 10) && h["task_id"] == last.TaskID && h["writes"] == strconv.Itoa(len(xs))
+		})
 		if h["fence"] != strconv.FormatInt(last.Fence, 10) || h["task_id"] != last.TaskID || h["writes"] != strconv.Itoa(len(xs)) {
 			t.Errorf("order %s: fenced store %v, want fence %d of %s and %d writes", ord, h, last.Fence, last.TaskID, len(xs))
 		}

@@ -285,15 +285,7 @@ func TestParkingWorkerKilledTaskComesBack(t *testing.T) {
 	if err := reg.Beat(ctx, died); err != nil {
 		t.Fatal(err)
 	}
-	var back time.Duration
-	waitFor(t, 15*time.Second, "the dead worker's task back in its queue", func() bool {
-		info, err := e.insp.GetTaskInfo(queue, "parked")
-		back = time.Since(died)
-		return err == nil && info.State == asynq.TaskStatePending
-	})
-	if bound := cfg.LockTTL + 3*time.Second; back > bound {
-		t.Errorf("the dead worker's task came back %v after its death, want within %v", back, bound)
-	}
+	back := backWithin(t, e, queue, "parked", died, cfg.LockTTL+3*time.Second)
 	if n := testutil.ToFloat64(e.metrics.JobsRecovered.WithLabelValues("t:parked")); n != 1 {
 		t.Errorf("lockstep_jobs_recovered_total{t:parked} = %v, want 1", n)
 	}
@@ -349,15 +341,7 @@ func TestGracefulStopLeavesAnUnmovedTaskToRecovery(t *testing.T) {
 	if info, err := e.insp.GetTaskInfo(queue, "unmoved"); err != nil || info.State != asynq.TaskStateActive {
 		t.Fatalf("after the stop the task is %v (%v), want still active: asynq moved it after all", info, err)
 	}
-	var back time.Duration
-	waitFor(t, 15*time.Second, "the task back in its queue", func() bool {
-		info, err := e.insp.GetTaskInfo(queue, "unmoved")
-		back = time.Since(stopped)
-		return err == nil && info.State == asynq.TaskStatePending
-	})
-	if bound := cfg.LockTTL + 3*time.Second; back > bound {
-		t.Errorf("the task back in its queue %v after the stop, want within %v", back, bound)
-	}
+	back := backWithin(t, e, queue, "unmoved", stopped, cfg.LockTTL+3*time.Second)
 	e.logs.Wait(t, 0, time.Second, nil, "the stopped worker's warning", proctest.Msg(
 		"worker stopped with tasks asynq still has active in its name; a live worker brings them back"))
 	if n := testutil.ToFloat64(e.metrics.JobsRecovered.WithLabelValues("t:unmoved")); n != 1 {
@@ -367,4 +351,21 @@ func TestGracefulStopLeavesAnUnmovedTaskToRecovery(t *testing.T) {
 		t.Errorf("%d runs, want 1", n)
 	}
 	t.Logf("back in its queue %v after its worker's graceful stop", back.Round(time.Millisecond))
+}
+
+// backWithin waits (15 s at most) for task id of queue to be pending again
+// in asynq, and fails the test unless that came within bound of since (a
+// worker's death or stop). It returns how long after since it came back.
+func backWithin(t *testing.T, e *env, queue, id string, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	var back time.Duration
+	waitFor(t, 15*time.Second, id+" back in its queue", func() bool {
+		info, err := e.insp.GetTaskInfo(queue, id)
+		back = time.Since(since)
+		return err == nil && info.State == asynq.TaskStatePending
+	})
+	if back > bound {
+		t.Errorf("%s came back in its queue %v after its worker's death or stop, want within %v", id, back, bound)
+	}
+	return back
 }

@@ -41,7 +41,7 @@ func (s *Server) processRun(ctx context.Context, t *asynq.Task, schedule string)
 		if ctx.Err() != nil {
 			return err
 		}
-		return &soonError{step: stepRunLock, err: fmt.Errorf("jobs: %s: run lock of schedule %s: %w", job.Type, schedule, err)}
+		return soon(stepRunLock, job, fmt.Errorf("run lock of schedule %s: %w", schedule, err))
 	}
 	// A later tick that cancels the run (cancel_previous) deletes the run
 	// lock: the watchdog cancels the handler's context as for any lost lock,

@@ -192,9 +192,7 @@ func TestOneAdmissionNeedsOneSlot(t *testing.T) {
 // waits for its turn holding the lock, and is admitted on it.
 func TestTakeOverDecidesTheRate(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c := srv.Client()
-	l := lock.New(c)
+	l, c, _ := newLocker(t)
 	ctx := context.Background()
 	const ttl = 5 * time.Second
 	// handOn returns a grant of resource handed on to the caller for task "next".

@@ -240,8 +240,7 @@ type HandOff struct {
 // HandedOn is what HandOn did.
 type HandedOn struct {
 	Next    *TaskGrant // the caller holds the lock for this task now
-	Marked  bool       // the finished task was marked done
-	Marker  string     // its done marker (DoneKey), when Marked
+	Marker  string     // the finished task's done marker (DoneKey), when the release marked it done
 	Dropped bool       // Drop was deleted
 }
 
@@ -338,8 +337,8 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 				return HandedOn{}, fmt.Errorf("lock: record the hold of %q: %w", lease.resource, err)
 			}
 		}
-		r := HandedOn{Next: g, Marked: outcome != "", Dropped: dropFlag != ""}
-		if r.Marked {
+		r := HandedOn{Next: g, Dropped: dropFlag != ""}
+		if outcome != "" {
 			r.Marker = marker
 		}
 		return r, nil
@@ -347,8 +346,8 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		lease.state.set(errReleased)
 		// Marked also by RecoveryTTL: the caller forgets the marker once
 		// asynq has recorded the task, or it outlives the task by that TTL.
-		r := HandedOn{Marked: outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0), Dropped: dropFlag != ""}
-		if r.Marked {
+		r := HandedOn{Dropped: dropFlag != ""}
+		if outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0) {
 			r.Marker = marker
 		}
 		return r, nil
