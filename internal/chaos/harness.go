@@ -23,6 +23,7 @@ import (
 	"github.com/lockstep-dev/lockstep/internal/etcdtest"
 	"github.com/lockstep-dev/lockstep/internal/lock"
 	"github.com/lockstep-dev/lockstep/internal/procid"
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/redistest"
 	"github.com/lockstep-dev/lockstep/internal/scheduler"
 	"github.com/lockstep-dev/lockstep/internal/sqltest"
@@ -215,7 +216,7 @@ func Run(tb testing.TB, cfg Config) (*Report, History) {
 	r := &run{tb: tb, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6c6f636b))}
 	r.current.Store("")
 
-	schedBin, workerBin := build(tb, tb.TempDir())
+	schedBin, workerBin := build(tb, proctest.TempDir(tb))
 	if cfg.Redis == "cluster" {
 		r.cluster = redistest.StartClusterWithReplicas(tb, clusterMasters)
 	} else {

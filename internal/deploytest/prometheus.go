@@ -58,7 +58,7 @@ type Prometheus struct {
 func StartPrometheus(tb testing.TB, o Options) *Prometheus {
 	tb.Helper()
 	bin := proctest.Binary(tb, "prometheus", "--no-install-recommends prometheus")
-	dir := tb.TempDir()
+	dir := proctest.TempDir(tb)
 	interval := cmp.Or(o.Interval, time.Second)
 	config := filepath.Join(dir, "prometheus.yml")
 	if err := writeConfig(config, o, interval); err != nil {

@@ -98,7 +98,7 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 			Name:      fmt.Sprintf("m%d", i),
 			ClientURL: "http://127.0.0.1:" + strconv.Itoa(cport),
 			PeerURL:   "http://127.0.0.1:" + strconv.Itoa(pport),
-			dir:       dataDir(tb),
+			dir:       proctest.TempDir(tb), // etcd fsyncs every commit: in memory, a shared disk does not slow it
 		}
 		initial = append(initial, m.Name+"="+m.PeerURL)
 		c.Members = append(c.Members, m)
@@ -136,18 +136,6 @@ func launch(tb testing.TB, bin string, n int) (*Cluster, error) {
 		}
 	}
 	return c, nil
-}
-
-// dataDir returns a private directory, in memory where /dev/shm exists:
-// etcd fsyncs every commit, and a disk shared by the whole machine makes that slow.
-func dataDir(tb testing.TB) string {
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		if d, err := os.MkdirTemp("/dev/shm", "etcdtest-"); err == nil {
-			tb.Cleanup(func() { _ = os.RemoveAll(d) })
-			return d
-		}
-	}
-	return tb.TempDir()
 }
 
 // Endpoints returns every member's client URL.

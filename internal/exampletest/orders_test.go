@@ -36,7 +36,7 @@ const orders = "../../examples/orders"
 var bins = map[string]string{}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockstep-example-")
+	dir, err := proctest.MkdirTemp("lockstep-example-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

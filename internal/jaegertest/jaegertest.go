@@ -177,7 +177,7 @@ func launch(tb testing.TB, bin string) (*Server, error) {
 		ports[i] = p
 	}
 	query, grpc, otlp := ports[0], ports[1], ports[2]
-	dir := tb.TempDir()
+	dir := proctest.TempDir(tb)
 	cfg := filepath.Join(dir, "jaeger.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, config, query, grpc, otlp), 0o600); err != nil {
 		return nil, err

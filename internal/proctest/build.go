@@ -53,7 +53,7 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 //
 // m may be a wrapper of the *testing.M, e.g. sqltest.Main(m).
 func Main(m interface{ Run() int }, bins map[string]string, pkgs []string, opts ...goleak.Option) int {
-	dir, err := os.MkdirTemp("", "lockstep-bin-")
+	dir, err := MkdirTemp("lockstep-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -109,7 +109,7 @@ func serverArgs(port int, dir string) []string {
 func launch(tb testing.TB, tlsConf *tls.Config, args func(port int, dir string) []string) *Server {
 	tb.Helper()
 	bin := proctest.Binary(tb, "redis-server", "redis-server")
-	dir := tb.TempDir()
+	dir := proctest.TempDir(tb)
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; try a few
 		port, err := proctest.FreePort()

@@ -20,6 +20,7 @@ var mysqlKind, mysqlSyncKind = mysqlOf("mysql", false), mysqlOf("mysql-sync", tr
 func mysqlOf(name string, sync bool) kind {
 	k := mariadb
 	k.name = name
+	k.sync = sync
 	k.start = func(dir string) (*process, int, error) { return startMySQL(dir, sync) }
 	return k
 }
@@ -29,6 +30,32 @@ var mariadb = kind{
 	dsn:    mysqlDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, "CREATE DATABASE `"+db+"`")
+		return err
+	},
+	drop: func(ctx context.Context, admin *sql.DB, db string) error {
+		// A session left connected inside a transaction would make the drop
+		// wait for its locks: the database's sessions are killed first.
+		rows, err := admin.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE db = ?", db)
+		if err != nil {
+			return err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			_, _ = admin.ExecContext(ctx, "KILL ?", id) // it may have ended meanwhile
+		}
+		_, err = admin.ExecContext(ctx, "DROP DATABASE `"+db+"`")
 		return err
 	},
 	session: `SELECT CONNECTION_ID()`,

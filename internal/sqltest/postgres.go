@@ -19,6 +19,7 @@ var postgresKind, postgresSyncKind = postgresOf("postgres", false), postgresOf("
 func postgresOf(name string, sync bool) kind {
 	k := postgres
 	k.name = name
+	k.sync = sync
 	k.start = func(dir string) (*process, int, error) { return startPostgres(dir, sync) }
 	return k
 }
@@ -28,6 +29,10 @@ var postgres = kind{
 	dsn:    postgresDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, `CREATE DATABASE "`+db+`"`)
+		return err
+	},
+	drop: func(ctx context.Context, admin *sql.DB, db string) error {
+		_, err := admin.ExecContext(ctx, `DROP DATABASE "`+db+`" WITH (FORCE)`)
 		return err
 	},
 	session: `SELECT pg_backend_pid()::bigint`,

@@ -1,9 +1,11 @@
 // Package sqltest starts private PostgreSQL and MariaDB servers for tests.
 //
 // A test package gets one server of each kind it asks for, started on first
-// use on a free loopback port with its data in a temporary directory, and
+// use on a free loopback port with its data in a temporary directory (in
+// memory where the machine has /dev/shm, but for the servers that sync), and
 // killed (its directory removed) once the package's tests have run; each
-// test gets a database of its own on it, so tests can run in parallel.
+// test gets a database of its own on it, so tests can run in parallel,
+// dropped when the test ends.
 // Servers are real processes from Debian's packages (postgresql,
 // mariadb-server), tuned for speed (no fsync; PostgresSync and MySQLSync
 // start servers that sync each commit): nothing here mocks SQL.
@@ -32,6 +34,8 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 )
 
 // startTimeout bounds a server's setup (initdb, mariadb-install-db), its
@@ -115,11 +119,14 @@ type kind struct {
 	// port.
 	start func(dir string) (*process, int, error)
 	dsn   func(port int, db string) string
-	// create creates database db.
-	create  func(ctx context.Context, admin *sql.DB, db string) error
-	session string // SQL: the server's id of the connection
-	waiting string // SQL with one argument, a session id: 1 row when it waits for a lock
-	view    string // SQL: the server's view of sessions and their waits, for failures
+	// sync: the server writes each commit to disk, so its data is on disk.
+	sync bool
+	// create creates database db; drop drops it, closing what is still
+	// connected to it.
+	create, drop func(ctx context.Context, admin *sql.DB, db string) error
+	session      string // SQL: the server's id of the connection
+	waiting      string // SQL with one argument, a session id: 1 row when it waits for a lock
+	view         string // SQL: the server's view of sessions and their waits, for failures
 	// poll is how often waiting may be asked: InnoDB refreshes what
 	// information_schema.innodb_trx shows only when it was not read for
 	// 100ms, so faster polls would see the same old rows forever.
@@ -138,6 +145,13 @@ func newDB(tb testing.TB, k *kind) *DB {
 	if err := k.create(ctx, s.admin, name); err != nil {
 		tb.Fatalf("sqltest: create database %s on %s: %v", name, k.name, err)
 	}
+	tb.Cleanup(func() { // after the pools' Close, registered later
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		defer cancel()
+		if err := k.drop(ctx, s.admin, name); err != nil {
+			tb.Errorf("sqltest: drop database %s on %s: %v", name, k.name, err)
+		}
+	})
 	dsn := k.dsn(s.port, name)
 	db, err := sql.Open(k.driver, dsn)
 	if err != nil {
@@ -176,7 +190,11 @@ func acquire(tb testing.TB, k *kind) *server {
 }
 
 func (s *server) start() {
-	dir, err := os.MkdirTemp("", "sqltest-"+s.kind.name+"-")
+	mkdir := proctest.MkdirTemp
+	if s.kind.sync { // its commits pay a disk's sync, as in production
+		mkdir = func(pattern string) (string, error) { return os.MkdirTemp("", pattern) }
+	}
+	dir, err := mkdir("sqltest-" + s.kind.name + "-")
 	if err != nil {
 		s.err = err
 		return

@@ -3,6 +3,8 @@ package sqltest_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,6 +105,63 @@ func TestSyncServers(t *testing.T) {
 		var got string
 		if err := db.QueryRowContext(ctx, c.query).Scan(&got); err != nil || got != c.want {
 			t.Errorf("%s (%s): %s = %q (%v), want %q", db.Kind, db.Name, c.query, got, err, c.want)
+		}
+	}
+}
+
+// TestDataAndDrop: the tests' servers keep their data in memory where the
+// machine has /dev/shm, the servers that sync on disk; a test's database is
+// dropped when the test ends, even while another pool holds a transaction
+// open on it.
+func TestDataAndDrop(t *testing.T) {
+	t.Parallel()
+	_, shm := os.Stat("/dev/shm")
+	for _, c := range []struct {
+		kind           string
+		open           func(testing.TB) *sqltest.DB
+		dataDir, count string
+	}{
+		{"postgres", sqltest.Postgres, "SHOW data_directory", "SELECT count(*) FROM pg_database WHERE datname = $1"},
+		{"postgres-sync", sqltest.PostgresSync, "SHOW data_directory", "SELECT count(*) FROM pg_database WHERE datname = $1"},
+		{"mysql", sqltest.MySQL, "SELECT @@datadir", "SELECT count(*) FROM information_schema.schemata WHERE schema_name = ?"},
+		{"mysql-sync", sqltest.MySQLSync, "SELECT @@datadir", "SELECT count(*) FROM information_schema.schemata WHERE schema_name = ?"},
+	} {
+		ctx := context.Background()
+		var name string
+		t.Run(c.kind, func(t *testing.T) {
+			var other *sql.DB
+			var tx *sql.Tx
+			t.Cleanup(func() { // after the database's drop, registered later
+				if tx != nil {
+					_ = tx.Rollback() // its session is gone
+				}
+				if other != nil {
+					_ = other.Close()
+				}
+			})
+			db := c.open(t)
+			name = db.Name
+			var dir string
+			if err := db.QueryRowContext(ctx, c.dataDir).Scan(&dir); err != nil {
+				t.Fatal(err)
+			}
+			sync := strings.HasSuffix(db.Kind, "-sync")
+			if inMemory := strings.HasPrefix(dir, "/dev/shm/"); inMemory != (shm == nil && !sync) {
+				t.Errorf("%s keeps its data in %s (/dev/shm: %v)", db.Kind, dir, shm)
+			}
+			mustExec(t, db.DB, ctx, "CREATE TABLE t (id int PRIMARY KEY)") // MySQL commits at a CREATE
+			var err error
+			if other, err = sql.Open(db.Driver(), db.DSN); err != nil {
+				t.Fatal(err)
+			}
+			if tx, err = other.BeginTx(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, tx, ctx, "INSERT INTO t VALUES (1)")
+		})
+		var n int
+		if err := c.open(t).QueryRowContext(ctx, c.count, name).Scan(&n); err != nil || n != 0 {
+			t.Errorf("database %s is there after its test (%d, %v)", name, n, err)
 		}
 	}
 }
