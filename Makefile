@@ -29,6 +29,12 @@ deps:
 # Redlock and etcd fault tests on short leases starved one another beside
 # the other packages (leases lost while healthy, in make test only).
 #
+# The binaries that tests run are built without -race, by several test
+# packages at once (proctest.Main): their packages are compiled once first
+# (go list -export), so that those builds find them in the build cache rather
+# than compile them side by side; 35 s less with an empty cache, 0.4 s with a
+# warm one.
+#
 # It also builds and vets the example service (examples/, modules of their
 # own; internal/exampletest runs them), and builds and tests the library
 # packages with the oldest Go release go.mod declares (GOTOOLCHAIN fetches it
@@ -38,6 +44,7 @@ LIBPKGS  ?= . ./worker ./schedules ./etcd ./fence
 EXAMPLES := $(wildcard examples/*/go.mod)
 test: deps
 	$(GO) vet -race $(PKGS)
+	$(GO) list -export -deps ./cmd/... >/dev/null
 	@for m in $(dir $(EXAMPLES)); do echo "examples: vet and build $$m"; (cd $$m && $(GO) vet -race ./... && $(GO) build -race ./...) || exit 1; done
 	$(GO) test -race -count=1 -parallel 4 -timeout 12m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -v -e '/internal/chaos$$' -e '/internal/lock$$')
 	$(GO) test -race -count=1 -parallel 3 -timeout 8m $(TESTFLAGS) ./internal/lock

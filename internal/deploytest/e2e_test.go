@@ -213,7 +213,7 @@ func buildBinaries(t *testing.T, root string, names ...string) map[string]string
 	for _, n := range names {
 		pkgs = append(pkgs, filepath.Join(root, "cmd", n))
 	}
-	bins, err := proctest.Build(t.TempDir(), pkgs...)
+	bins, err := proctest.Build(proctest.TempDir(t), pkgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
