@@ -344,8 +344,9 @@ func (l *Locker) HandOn(ctx context.Context, lease *Lease, h HandOff) (HandedOn,
 		return r, nil
 	default:
 		lease.state.set(errReleased)
-		// Marked also by RecoveryTTL: the caller forgets the marker once
-		// asynq has recorded the task, or it outlives the task by that TTL.
+		// Marked done also when RecoveryTTL is set: the caller forgets the
+		// marker once asynq has recorded the task, or it outlives the task
+		// by that TTL.
 		r := HandedOn{Dropped: dropFlag != ""}
 		if outcome != "" && (h.MarkAlways || h.RecoveryTTL > 0) {
 			r.Marker = marker

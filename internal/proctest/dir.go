@@ -9,11 +9,16 @@ import (
 // tmpfs on Linux.
 const memDir = "/dev/shm"
 
-// MkdirTemp is os.MkdirTemp("", pattern) in memory (/dev/shm) where the
-// machine has it, else in os.TempDir(): for what a test writes in bulk, its
-// binaries and its servers' data, which then neither fill a disk that the
-// whole machine shares nor wait on its syncs. The caller removes it.
+// MkdirTemp is os.MkdirTemp for what a test writes in bulk, its binaries and
+// its servers' data: in GOTMPDIR when it is set (as the testing package's
+// TempDir and the go command's work files; make test sets it to /dev/shm),
+// else in memory (/dev/shm) where the machine has it, else in os.TempDir().
+// In memory they neither fill a disk that the whole machine shares nor wait
+// on its syncs. The caller removes it.
 func MkdirTemp(pattern string) (string, error) {
+	if d := os.Getenv("GOTMPDIR"); d != "" {
+		return os.MkdirTemp(d, pattern)
+	}
 	if st, err := os.Stat(memDir); err == nil && st.IsDir() {
 		if d, err := os.MkdirTemp(memDir, pattern); err == nil {
 			return d, nil

@@ -145,6 +145,35 @@ func TestLogWait(t *testing.T) {
 	}
 }
 
+// MkdirTemp: in GOTMPDIR when it is set, else in /dev/shm where it exists;
+// TempDir's is removed when its test ends.
+func TestMkdirTemp(t *testing.T) {
+	gotmp := t.TempDir()
+	t.Setenv("GOTMPDIR", gotmp)
+	d, err := proctest.MkdirTemp("x-")
+	if err != nil || filepath.Dir(d) != gotmp {
+		t.Errorf("with GOTMPDIR %s: MkdirTemp made %s (%v)", gotmp, d, err)
+	}
+	t.Setenv("GOTMPDIR", "")
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if d, err := proctest.MkdirTemp("x-"); err != nil || filepath.Dir(d) != "/dev/shm" {
+			t.Errorf("without GOTMPDIR: MkdirTemp made %s (%v), want it in /dev/shm", d, err)
+		} else {
+			_ = os.Remove(d)
+		}
+	}
+	var kept string
+	t.Run("TempDir", func(t *testing.T) {
+		kept = proctest.TempDir(t)
+		if filepath.Dir(kept) != "/dev/shm" && filepath.Dir(kept) != os.TempDir() {
+			t.Errorf("TempDir made %s", kept)
+		}
+	})
+	if _, err := os.Stat(kept); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("TempDir's %s is there after its test (%v)", kept, err)
+	}
+}
+
 func TestWriteFile(t *testing.T) {
 	t.Parallel()
 	path := proctest.WriteFile(t, "c.yaml", "a: 1\n")

@@ -21,12 +21,12 @@ func mysqlOf(name string, sync bool) kind {
 	k := mariadb
 	k.name = name
 	k.sync = sync
-	k.start = func(dir string) (*process, int, error) { return startMySQL(dir, sync) }
 	return k
 }
 
 var mariadb = kind{
 	driver: "mysql",
+	start:  startMySQL,
 	dsn:    mysqlDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, "CREATE DATABASE `"+db+"`")

@@ -20,12 +20,12 @@ func postgresOf(name string, sync bool) kind {
 	k := postgres
 	k.name = name
 	k.sync = sync
-	k.start = func(dir string) (*process, int, error) { return startPostgres(dir, sync) }
 	return k
 }
 
 var postgres = kind{
 	driver: "pgx",
+	start:  startPostgres,
 	dsn:    postgresDSN,
 	create: func(ctx context.Context, admin *sql.DB, db string) error {
 		_, err := admin.ExecContext(ctx, `CREATE DATABASE "`+db+`"`)

@@ -115,11 +115,12 @@ type server struct {
 // kind is what differs between the two servers.
 type kind struct {
 	name, driver string
-	// start sets up and starts a server in dir and returns its process and
-	// port.
-	start func(dir string) (*process, int, error)
+	// start sets up and starts a server in dir, syncing each commit when
+	// sync, and returns its process and port.
+	start func(dir string, sync bool) (*process, int, error)
 	dsn   func(port int, db string) string
-	// sync: the server writes each commit to disk, so its data is on disk.
+	// sync: the server writes each commit to disk before it answers, and
+	// keeps its data on disk.
 	sync bool
 	// create creates database db; drop drops it, closing what is still
 	// connected to it.
@@ -200,7 +201,7 @@ func (s *server) start() {
 		return
 	}
 	s.dir = dir
-	if s.proc, s.port, s.err = s.kind.start(dir); s.err != nil {
+	if s.proc, s.port, s.err = s.kind.start(dir, s.kind.sync); s.err != nil {
 		return
 	}
 	s.admin, s.err = sql.Open(s.kind.driver, s.kind.dsn(s.port, ""))

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/lockstep-dev/lockstep/internal/proctest"
 	"github.com/lockstep-dev/lockstep/internal/sqltest"
 )
 
@@ -109,13 +111,19 @@ func TestSyncServers(t *testing.T) {
 	}
 }
 
-// TestDataAndDrop: the tests' servers keep their data in memory where the
-// machine has /dev/shm, the servers that sync on disk; a test's database is
+// TestDataAndDrop: the tests' servers keep their data where
+// proctest.MkdirTemp puts it (in memory where the machine has /dev/shm), the
+// servers that sync in os.TempDir(), on disk; a test's database is
 // dropped when the test ends, even while another pool holds a transaction
 // open on it.
 func TestDataAndDrop(t *testing.T) {
 	t.Parallel()
-	_, shm := os.Stat("/dev/shm")
+	probe, err := proctest.MkdirTemp("probe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(probe)
+	bulk := filepath.Dir(probe) + string(filepath.Separator)
 	for _, c := range []struct {
 		kind           string
 		open           func(testing.TB) *sqltest.DB
@@ -146,8 +154,12 @@ func TestDataAndDrop(t *testing.T) {
 				t.Fatal(err)
 			}
 			sync := strings.HasSuffix(db.Kind, "-sync")
-			if inMemory := strings.HasPrefix(dir, "/dev/shm/"); inMemory != (shm == nil && !sync) {
-				t.Errorf("%s keeps its data in %s (/dev/shm: %v)", db.Kind, dir, shm)
+			want := bulk
+			if sync {
+				want = os.TempDir() + string(filepath.Separator)
+			}
+			if !strings.HasPrefix(dir, want) {
+				t.Errorf("%s keeps its data in %s, want it in %s", db.Kind, dir, want)
 			}
 			mustExec(t, db.DB, ctx, "CREATE TABLE t (id int PRIMARY KEY)") // MySQL commits at a CREATE
 			var err error
